@@ -1,0 +1,1 @@
+//! SDP message formats (draft-pinkerton-iwarp-sdp-01 §6).
