@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target for SECONDS each (default 60) and prints the
+# number of executions of each. Installs cargo-fuzz when missing.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+
+# libFuzzer's instrumentation needs unstable rustc flags: use a nightly
+# toolchain when one is installed, otherwise let the stable compiler accept them.
+if rustup run nightly rustc --version >/dev/null 2>&1; then
+    fuzz=(cargo +nightly fuzz)
+else
+    export RUSTC_BOOTSTRAP=1
+    fuzz=(cargo fuzz)
+fi
+
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cd fuzz && "${fuzz[@]}" list)
+
+echo "== fuzzing ${#targets[@]} targets, ${seconds}s each"
+"${fuzz[@]}" build -O --fuzz-dir fuzz
+for t in "${targets[@]}"; do
+    log=$(mktemp)
+    if ! "${fuzz[@]}" run -O --fuzz-dir fuzz "$t" -- -max_total_time="$seconds" >"$log" 2>&1; then
+        tail -n 60 "$log"
+        echo "fuzz target $t FAILED"
+        exit 1
+    fi
+    printf '%-20s %s\n' "$t" "$(grep -Eo 'Done [0-9]+ runs' "$log" | tail -n1)"
+    rm -f "$log"
+done

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every check of the project on a fresh machine: installs what is
+# missing, then format, lints, unit/integration/doc tests, end-to-end tests
+# and a short fuzz run of every parser.
+#
+#   scripts/test.sh            everything
+#   FUZZ_SECONDS=60 scripts/test.sh    longer fuzz run per target (default 10)
+#   SKIP_FUZZ=1 scripts/test.sh        everything but the fuzz run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
+step() { printf '\n== %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Debian packages the tests drive. tshark checks our wire format.
+need_pkgs=()
+command -v tshark >/dev/null || need_pkgs+=(tshark)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    step "installing ${need_pkgs[*]}"
+    # Do not ask whether non-root users may capture.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | as_root debconf-set-selections
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test (unit, integration, doc, end-to-end)"
+cargo test --workspace
+
+if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+    scripts/fuzz.sh "$FUZZ_SECONDS"
+fi
+
+step "all checks passed"
