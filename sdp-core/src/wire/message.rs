@@ -784,6 +784,15 @@ mod tests {
     }
 
     #[test]
+    fn message_sizes() {
+        use crate::wire::{BSDH_LEN, HELLO_ACK_MSG_LEN, HELLO_MSG_LEN};
+        assert_eq!((BSDH_LEN, HELLO_MSG_LEN, HELLO_ACK_MSG_LEN), (16, 32, 28));
+        let all = cases();
+        assert_eq!(all[0].bytes.len(), HELLO_MSG_LEN);
+        assert_eq!(all[1].bytes.len(), HELLO_ACK_MSG_LEN);
+    }
+
+    #[test]
     fn test_deconstruct() {
         for case in cases() {
             let msg = Message::new_checked(&case.bytes[..]).unwrap();

@@ -184,6 +184,17 @@ pub use sink_avail::{SinkAvailHeader, SinkAvailRepr};
 pub use src_avail::{SrcAvailHeader, SrcAvailRepr};
 pub use susp_comm::{SuspCommHeader, SuspCommRepr};
 
+/// Size of the BSDH, the smallest SDP Message (§6.1, Figure 2).
+pub const BSDH_LEN: usize = bsdh::HEADER_LEN;
+
+/// Size of a whole Hello Message: BSDH plus HH, and nothing else (§6.2.1).
+/// This is what the Connecting Peer puts in the MPA Request's private data.
+pub const HELLO_MSG_LEN: usize = bsdh::HEADER_LEN + hello::HEADER_LEN;
+
+/// Size of a whole HelloAck Message: BSDH plus HAH, and nothing else
+/// (§6.2.2).
+pub const HELLO_ACK_MSG_LEN: usize = bsdh::HEADER_LEN + hello_ack::HEADER_LEN;
+
 /// The largest private buffer size and the largest advertised RDMA Buffer
 /// the draft allows: "maximum = 2^31 bytes" (§6.2.1.4, §6.2.1.5, §6.2.2.4),
 /// "less than or equal to 2^31 bytes" (§6.3.2.1, §6.3.3.1).
