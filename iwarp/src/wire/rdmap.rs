@@ -844,26 +844,8 @@ mod tests {
             assert_eq!(out, tagged);
 
             // Untagged: the RsvdULP word is passed through.
-            let untagged = [
-                0x01,
-                0x40 | opcode,
-                1,
-                2,
-                3,
-                4,
-                0,
-                0,
-                0,
-                7,
-                0,
-                0,
-                0,
-                1,
-                0,
-                0,
-                0,
-                0,
-            ];
+            let mut untagged = [0x01, 0, 1, 2, 3, 4, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0];
+            untagged[1] = 0x40 | opcode;
             let (repr, len) = RdmapRepr::parse_bytes(&untagged).unwrap();
             assert_eq!(repr.model, untagged_model(7, 0x0102_0304));
             assert_eq!(repr.read_request, None);
