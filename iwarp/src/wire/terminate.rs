@@ -219,9 +219,11 @@ mod tests {
             TermCode::RDMAP_BASE_BOUNDS.header_inclusion(true, true),
             all
         );
-        assert!(!TermCode::RDMAP_BASE_BOUNDS
-            .header_inclusion(false, true)
-            .rdma_header);
+        assert!(
+            !TermCode::RDMAP_BASE_BOUNDS
+                .header_inclusion(false, true)
+                .rdma_header
+        );
         assert_eq!(
             TermCode::RDMAP_UNEXPECTED_OPCODE.header_inclusion(true, true),
             HdrCt {
@@ -256,7 +258,10 @@ mod tests {
         ] {
             assert!(code.name().is_some(), "{code:?}");
         }
-        assert_eq!(TermCode::MPA_CRC.to_string(), "layer 0x2 type 0x0 code 0x02 (MPA: CRC mismatch)");
+        assert_eq!(
+            TermCode::MPA_CRC.to_string(),
+            "layer 0x2 type 0x0 code 0x02 (MPA: CRC mismatch)"
+        );
         assert_eq!(tc(0x3, 0x0, 0x00).name(), None);
     }
 }
