@@ -1575,8 +1575,8 @@ mod tests {
             at += used;
         }
         assert_eq!(at, stream.len());
-        // Every multiple of 512 in the stream holds a marker pointing back
-        // at a ULPDU_Length field (or 0, then the next octets are one).
+        // parse checked every FPDUPTR; here: every multiple of 512 in the
+        // stream starts a marker, its reserved half zero.
         for m in (0..stream.len()).step_by(512) {
             assert_eq!(&stream[m..m + 2], &[0, 0]);
         }
