@@ -73,6 +73,22 @@ pub fn decode(pcap: &[u8], filter: &str, fields: &[&str]) -> Vec<Frame> {
         .collect()
 }
 
+/// The verbose (`-O`) text of the given protocols, for facts the dissector
+/// only prints, such as whether a CRC is good.
+pub fn verbose(pcap: &[u8], protocols: &str) -> String {
+    let mut file = tempfile();
+    file.1.write_all(pcap).expect("write capture");
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(&file.0)
+        .args(DISABLED)
+        .args(["-O", protocols])
+        .output()
+        .expect("tshark is installed");
+    std::fs::remove_file(&file.0).ok();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Returns every expert-info message tshark attaches to the capture, one per
 /// line, as `severity group message`.
 pub fn expert_infos(pcap: &[u8]) -> Vec<String> {
