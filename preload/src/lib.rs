@@ -5,3 +5,5 @@
 //! The interposition layer is built on `sdp-core` and the `portmapper`
 //! client; until it lands, loading the library changes nothing for the
 //! program.
+
+pub mod rules;
