@@ -318,18 +318,24 @@ impl StartupConfig {
         }
         // RFC 6581 §9: "IRD and ORD encoded as 14-bit unsigned integers".
         if self.ird > NO_NEG || self.ord > NO_NEG {
-            return Err(StartupError::InvalidConfig("ird and ord must be at most 0x3FFF"));
+            return Err(StartupError::InvalidConfig(
+                "ird and ord must be at most 0x3FFF",
+            ));
         }
         if self.required_ord >= NO_NEG {
-            return Err(StartupError::InvalidConfig("required_ord must be below 0x3FFF"));
+            return Err(StartupError::InvalidConfig(
+                "required_ord must be below 0x3FFF",
+            ));
         }
         match role {
             // RFC 6581 §9.2: "The initiator MUST set each Control Flag B, C,
             // and D to 1 for each of the options it supports, if Control
             // Flag A is set to 1." With none, no RTR could ever be agreed.
-            Role::Initiator if self.rev >= REV_2 && self.peer_to_peer && self.rtr.is_empty() => Err(
-                StartupError::InvalidConfig("peer_to_peer needs at least one RTR option"),
-            ),
+            Role::Initiator if self.rev >= REV_2 && self.peer_to_peer && self.rtr.is_empty() => {
+                Err(StartupError::InvalidConfig(
+                    "peer_to_peer needs at least one RTR option",
+                ))
+            }
             // RFC 6581 §9.2: "The responder MUST support at least one RTR
             // indication option if it supports Enhanced RDMA connection
             // establishment."
@@ -437,7 +443,10 @@ pub enum StartupEvent {
     /// `send_terminate`: send a Terminate FPDU carrying `code` before closing
     /// TCP (codes 6 and 7, once both frames were exchanged); otherwise close
     /// TCP at once (codes 1, 4, 5). See [`Startup::failure`] for the cause.
-    Failed { code: TermCode, send_terminate: bool },
+    Failed {
+        code: TermCode,
+        send_terminate: bool,
+    },
 }
 
 /// A refused call: nothing was sent unless the variant says so.
@@ -455,7 +464,10 @@ pub enum StartupError {
     /// [`StartupConfig::required_ord`]. The call did act: the Request was
     /// answered with a Reply R=1 carrying `required_ord` as the responder
     /// ORD (RFC 6581 §9.1), and a [`StartupEvent::Rejected`] follows.
-    InsufficientIrd { initiator_ird: u16, required_ord: u16 },
+    InsufficientIrd {
+        initiator_ird: u16,
+        required_ord: u16,
+    },
     /// A frame could not be encoded (a bug: the inputs are checked first).
     Encode(mpa::Error),
 }
@@ -576,16 +588,27 @@ impl fmt::Display for FailureReason {
             FailureReason::UnexpectedReply => f.write_str("MPA Reply received by the responder"),
             FailureReason::UnsupportedRev(rev) => write!(f, "unsupported MPA Rev {rev}"),
             FailureReason::EnhancedMismatch { sent, received } => {
-                write!(f, "Reply S={} to a Request S={}", *received as u8, *sent as u8)
+                write!(
+                    f,
+                    "Reply S={} to a Request S={}",
+                    *received as u8, *sent as u8
+                )
             }
             FailureReason::InsufficientIrd { responder_ord, ird } => {
                 write!(f, "responder ORD {responder_ord} exceeds local IRD {ird}")
             }
             FailureReason::ConnectionModelMismatch { sent, received } => {
-                write!(f, "Reply A={} to a Request A={}", *received as u8, *sent as u8)
+                write!(
+                    f,
+                    "Reply A={} to a Request A={}",
+                    *received as u8, *sent as u8
+                )
             }
             FailureReason::NoMatchingRtr { offered, responder } => {
-                write!(f, "no matching RTR: offered {offered:?}, responder {responder:?}")
+                write!(
+                    f,
+                    "no matching RTR: offered {offered:?}, responder {responder:?}"
+                )
             }
             FailureReason::Timeout => f.write_str("MPA startup timed out"),
             FailureReason::ConnectionClosed => f.write_str("TCP connection closed during startup"),
@@ -706,14 +729,7 @@ impl Startup {
         check_private_data(private_data, sent.is_some())?;
         // RFC 5044 §7.1.2 rule 1: "When MPA is started in the Initiator
         // mode, the MPA implementation MUST send a valid MPA Request Frame."
-        let frame = build_frame(
-            FrameKind::Request,
-            &cfg,
-            false,
-            cfg.rev,
-            sent,
-            private_data,
-        )?;
+        let frame = build_frame(FrameKind::Request, &cfg, false, cfg.rev, sent, private_data)?;
         let mut s = Startup::new(Role::Initiator, cfg, Phase::WaitingForReply, now);
         s.sent = sent;
         s.private_data = private_data.to_vec();
@@ -747,8 +763,9 @@ impl Startup {
     /// [`Startup::handle_close`] first. Rev 1 carries no IRD/ORD or RTR:
     /// the ULP handles them.
     pub fn retry_with_rev1(&self, now: Instant) -> Option<Startup> {
-        let closed_before_reply = matches!(self.phase, Phase::Failed(FailureReason::ConnectionClosed))
-            && self.rx_total == 0;
+        let closed_before_reply =
+            matches!(self.phase, Phase::Failed(FailureReason::ConnectionClosed))
+                && self.rx_total == 0;
         if self.role != Role::Initiator || self.cfg.rev < REV_2 || !closed_before_reply {
             return None;
         }
@@ -841,7 +858,8 @@ impl Startup {
         let want = frame_len.saturating_sub(self.rx.len());
         let rest = data.get(used..).unwrap_or_default();
         let take = want.min(rest.len());
-        self.rx.extend_from_slice(rest.get(..take).unwrap_or_default());
+        self.rx
+            .extend_from_slice(rest.get(..take).unwrap_or_default());
         self.rx_total += take;
         used += take;
         if self.rx.len() == frame_len {
@@ -985,7 +1003,10 @@ impl Startup {
 
     /// Checks the header octets received so far; called after each one.
     fn check_header(&self, expected: FrameKind) -> Result<(), FailureReason> {
-        let key = self.rx.get(..self.rx.len().min(KEY_LEN)).unwrap_or_default();
+        let key = self
+            .rx
+            .get(..self.rx.len().min(KEY_LEN))
+            .unwrap_or_default();
         let request = REQUEST_KEY.starts_with(key);
         let reply = REPLY_KEY.starts_with(key);
         match (request, reply, expected) {
@@ -1101,7 +1122,9 @@ impl Startup {
         let outcome = match (self.sent, enhanced) {
             // Rev 1 (or S=0) both ways: RFC 5044 as it stands, no RTR.
             (None, None) => Ok(()),
-            (Some(sent), Some(reply)) => negotiate_initiator(&self.cfg, &sent, &reply, &mut negotiated),
+            (Some(sent), Some(reply)) => {
+                negotiate_initiator(&self.cfg, &sent, &reply, &mut negotiated)
+            }
             // RFC 6581 §10: "If the responder receives an enhanced MPA
             // message, it MUST respond with an enhanced MPA message", and to
             // an unenhanced one "it MUST respond with an unenhanced MPA
@@ -1420,7 +1443,9 @@ mod tests {
         assert_eq!(RtrSet::only(Rtr::Send).preferred(), Some(Rtr::Send));
         assert_eq!(RtrSet::NONE.preferred(), None);
         assert_eq!(
-            RtrSet::only(Rtr::Send).with(Rtr::Read).intersection(RtrSet::ALL),
+            RtrSet::only(Rtr::Send)
+                .with(Rtr::Read)
+                .intersection(RtrSet::ALL),
             RtrSet {
                 send: true,
                 write: false,
@@ -1490,7 +1515,12 @@ mod tests {
         );
         // ORD lowered to the responder IRD, IRD kept.
         assert_eq!(
-            negotiate_initiator(&cfg, &sent, &enh(true, RtrSet::only(Rtr::Read), 2, 8), &mut n),
+            negotiate_initiator(
+                &cfg,
+                &sent,
+                &enh(true, RtrSet::only(Rtr::Read), 2, 8),
+                &mut n
+            ),
             Ok(())
         );
         assert_eq!((n.ird, n.ord, n.rtr), (8, 2, Some(Rtr::Read)));
@@ -1502,7 +1532,12 @@ mod tests {
         assert_eq!((n.ird, n.ord, n.rtr), (8, 4, Some(Rtr::Write)));
         // Read only, responder IRD 0: no usable RTR.
         assert_eq!(
-            negotiate_initiator(&cfg, &sent, &enh(true, RtrSet::only(Rtr::Read), 0, 0), &mut n),
+            negotiate_initiator(
+                &cfg,
+                &sent,
+                &enh(true, RtrSet::only(Rtr::Read), 0, 0),
+                &mut n
+            ),
             Err(FailureReason::NoMatchingRtr {
                 offered: RtrSet::ALL,
                 responder: RtrSet::only(Rtr::Read)
@@ -1512,7 +1547,12 @@ mod tests {
         let cfg0 = StartupConfig { ord: 0, ..cfg };
         let sent0 = enh(true, RtrSet::only(Rtr::Read), 8, 0);
         assert_eq!(
-            negotiate_initiator(&cfg0, &sent0, &enh(true, RtrSet::only(Rtr::Read), 1, 0), &mut n),
+            negotiate_initiator(
+                &cfg0,
+                &sent0,
+                &enh(true, RtrSet::only(Rtr::Read), 1, 0),
+                &mut n
+            ),
             Ok(())
         );
         assert_eq!((n.ord, n.rtr), (1, Some(Rtr::Read)));
@@ -1524,8 +1564,14 @@ mod tests {
         assert_eq!(ok.validate(Role::Initiator), Ok(()));
         assert_eq!(ok.validate(Role::Responder), Ok(()));
         for bad in [
-            StartupConfig { rev: 0, ..ok.clone() },
-            StartupConfig { rev: 3, ..ok.clone() },
+            StartupConfig {
+                rev: 0,
+                ..ok.clone()
+            },
+            StartupConfig {
+                rev: 3,
+                ..ok.clone()
+            },
             StartupConfig {
                 ird: 0x4000,
                 ..ok.clone()
@@ -1544,7 +1590,8 @@ mod tests {
             },
         ] {
             assert!(matches!(
-                bad.validate(Role::Initiator).or(bad.validate(Role::Responder)),
+                bad.validate(Role::Initiator)
+                    .or(bad.validate(Role::Responder)),
                 Err(StartupError::InvalidConfig(_))
             ));
         }
