@@ -620,11 +620,11 @@ impl fmt::Display for FailureReason {
 /// Where the Startup Phase is, in RFC 5044 §7.1's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
-    /// Responder: "waits for <MPA Request frame>" (§7.1.4.2).
+    /// Responder: "waits for \<MPA Request frame\>" (§7.1.4.2).
     WaitingForRequest,
     /// Responder: "Consumer examines Private Data" and decides (§7.1.4.2).
     ExaminingRequest,
-    /// Initiator: "MPA waits for incoming <MPA Reply Frame>" (§7.1.4.2).
+    /// Initiator: "MPA waits for incoming \<MPA Reply Frame\>" (§7.1.4.2).
     WaitingForReply,
     /// "Full MPA/DDP Operation" (§7.1.2): FPDUs from now on.
     FullOperation,
@@ -759,7 +759,7 @@ impl Startup {
     /// enhanced request as incorrectly formatted and closes the TCP
     /// connection ... the initiator MAY attempt to establish an RDMA
     /// connection using the unenhanced MPA protocol as defined in
-    /// [RFC5044]". The caller reports the close with
+    /// \[RFC5044\]". The caller reports the close with
     /// [`Startup::handle_close`] first. Rev 1 carries no IRD/ORD or RTR:
     /// the ULP handles them.
     pub fn retry_with_rev1(&self, now: Instant) -> Option<Startup> {
