@@ -357,7 +357,10 @@ pub struct Negotiated {
     /// "When this bit is '1' in either the MPA Request Frame or MPA Reply
     /// Frame, CRCs MUST be generated and checked by both endpoints."
     pub crc: bool,
-    /// Markers in the FPDUs we send: the peer's M bit.
+    /// Markers in the FPDUs we send: the peer's M bit. RFC 5044 §7.1.1 M:
+    /// "When in a received MPA Request Frame or MPA Reply Frame and the
+    /// value is '0', Markers MUST NOT be added to the data stream by that
+    /// endpoint. When '1' Markers MUST be added".
     pub tx_markers: bool,
     /// Markers in the FPDUs we receive: our M bit.
     pub rx_markers: bool,
@@ -715,8 +718,11 @@ impl Startup {
         // enhanced functionality is desired": Rev 1 sends none.
         let sent = (cfg.rev >= REV_2).then(|| {
             let a = cfg.peer_to_peer;
-            // RFC 6581 §9.2: "If Control Flag A is set to 0, then Control
-            // Flags B, C, and D MUST also be set to 0."
+            // RFC 6581 §9.2: "The initiator MUST set Control Flag A to 1 for
+            // the peer-to-peer model. The initiator MUST set each Control
+            // Flag B, C, and D to 1 for each of the options it supports, if
+            // Control Flag A is set to 1." and "If Control Flag A is set to
+            // 0, then Control Flags B, C, and D MUST also be set to 0."
             EnhancedRepr {
                 peer_to_peer: a,
                 rtr_send: a && cfg.rtr.send,
@@ -922,7 +928,11 @@ impl Startup {
         self.send_reply(&req, false, plan.reply, private_data)?;
         let negotiated = Negotiated {
             rev: req.rev,
+            // RFC 5044 §7.1.1 C: "When this bit is '1' in either the MPA
+            // Request Frame or MPA Reply Frame, CRCs MUST be generated and
+            // checked by both endpoints."
             crc: self.cfg.crc || req.crc,
+            // M: the Request's M asks for Markers in what we send.
             tx_markers: req.markers,
             rx_markers: self.cfg.markers,
             ird: plan.ird,
@@ -1108,7 +1118,11 @@ impl Startup {
         }
         let mut negotiated = Negotiated {
             rev: repr.rev,
+            // RFC 5044 §7.1.1 C: "When this bit is '1' in either the MPA
+            // Request Frame or MPA Reply Frame, CRCs MUST be generated and
+            // checked by both endpoints."
             crc: self.cfg.crc || repr.crc,
+            // M: the Reply's M asks for Markers in what we send.
             tx_markers: repr.markers,
             rx_markers: self.cfg.markers,
             ird: self.cfg.ird,
