@@ -6,6 +6,9 @@
 //!
 //! * [`wire`] — one module per wire format: a checked view over bytes plus a
 //!   plain struct with `parse`/`emit`. Nothing in it panics on any input.
+//! * [`mpa`] — the MPA Startup Phase (RFC 5044 §7.1, RFC 6581): a sans-IO
+//!   machine exchanging Request/Reply Frames and negotiating Full Operation.
 #![forbid(unsafe_code)]
 
+pub mod mpa;
 pub mod wire;
