@@ -5,4 +5,5 @@
 //!   and every extended header, as checked views and plain structs.
 #![forbid(unsafe_code)]
 
+pub mod decode;
 pub mod wire;
