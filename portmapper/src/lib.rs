@@ -10,8 +10,14 @@
 //! * [`control`] — the local registration protocol spoken over the daemon's
 //!   Unix-domain control socket.
 //! * [`procnet`] — which process listens on which TCP port (`/proc`).
+//!
+//! The daemon `sdp-portmapper` (src/bin) drives [`server`]; see
+//! `docs/portmapper.md` for operating it.
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod control;
+pub mod net;
+pub mod procnet;
 pub mod server;
 pub mod wire;
