@@ -400,6 +400,8 @@ impl Helper {
                 };
             }
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("helper did not register");
     }
 }
