@@ -65,8 +65,8 @@ impl Default for ServerConfig {
             accept_timeout: Duration::from_secs(2),
             max_pending: 4096,
             max_registrations: 4096,
-            rate_per_sec: 500,
-            burst: 1000,
+            rate_per_sec: 200,
+            burst: 200,
             max_sources: 4096,
             rewrite_addrs: Vec::new(),
         }

@@ -14,6 +14,12 @@ use portmapper::control::ControlClient;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sdp-portmapper");
 
+/// The daemon binary: `PM_DAEMON_BIN` (e.g. a release build, for
+/// measurements) or the one cargo built for these tests.
+pub fn daemon_bin() -> std::ffi::OsString {
+    std::env::var_os("PM_DAEMON_BIN").unwrap_or_else(|| BIN.into())
+}
+
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let d = std::env::temp_dir().join(format!(
@@ -42,7 +48,7 @@ impl Daemon {
         let dir = temp_dir();
         let control = dir.join("control.sock");
         let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(daemon_bin());
         cmd.args(["--port", "0", "--control"]).arg(&control);
         for b in binds {
             cmd.args(["--bind", b]);

@@ -33,6 +33,9 @@ pub struct Options {
 
 /// Output a control connection may have queued before it is cut off.
 const MAX_CONTROL_OUTPUT: usize = 8 << 20;
+/// Output all control connections together may have queued; past it, LIST
+/// is refused ("ERR busy") until clients read what they asked for.
+const MAX_TOTAL_CONTROL_OUTPUT: usize = 16 << 20;
 /// Datagrams handled per socket per wake-up, so control traffic and timers
 /// keep running under a flood.
 const UDP_BATCH: usize = 1024;
@@ -574,7 +577,13 @@ impl Daemon {
                 self.server.handle_connection(sdp_port, cp.ip(), cp.port());
                 "OK\n".into()
             }
-            Request::List => self.listing(now),
+            Request::List => {
+                let queued: usize = self.conns.iter().map(|c| c.out.len() - c.out_pos).sum();
+                if queued > MAX_TOTAL_CONTROL_OUTPUT {
+                    return "ERR busy\n".into();
+                }
+                self.listing(now)
+            }
         }
     }
 
