@@ -29,7 +29,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::wire::{self, MessageRepr, MsgType, PmTime, MESSAGE_LEN};
@@ -745,17 +745,10 @@ impl Server {
     }
 }
 
-/// The unspecified address of `ip`'s family.
-pub fn unspecified_like(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     const P: u16 = 5001;
     const Q: u16 = 40001;
