@@ -1,0 +1,319 @@
+//! The local registration protocol of the `sdp-portmapper` daemon (DESIGN
+//! §5), spoken over its Unix-domain stream socket.
+//!
+//! One request per line, one reply per request, ASCII:
+//!
+//! | request                          | reply                          |
+//! |----------------------------------|--------------------------------|
+//! | `REGISTER <addr> <P> <Q>`        | `OK` or `ERR <reason>`         |
+//! | `UNREGISTER <addr> <P>`          | `OK` or `ERR <reason>`         |
+//! | `CONNECTED <Q> <cp-addr> <cp-port>` | `OK`                        |
+//! | `LIST`                           | lines, then `END`              |
+//!
+//! A registration lasts as long as the control connection that made it: the
+//! daemon forgets it when the connection closes, which happens at the latest
+//! when the registering process exits. `CONNECTED` tells the daemon that the
+//! SDP listener Q accepted a connection from the given client, which
+//! completes that client's transaction (§7.5.2). Requests longer than
+//! [`MAX_LINE`] bytes close the connection.
+//!
+//! ```no_run
+//! use portmapper::control::ControlClient;
+//! use std::net::TcpListener;
+//!
+//! let app = TcpListener::bind("0.0.0.0:5001")?; // the application's P
+//! let sdp = TcpListener::bind("0.0.0.0:0")?; // the hidden SDP listener Q
+//! let mut ctl = ControlClient::connect(portmapper::control::default_path())?;
+//! ctl.register(
+//!     app.local_addr()?.ip(),
+//!     app.local_addr()?.port(),
+//!     sdp.local_addr()?.port(),
+//! )?;
+//! // ... registered until `ctl` is dropped or the process exits.
+//! # Ok::<(), std::io::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Longest request line accepted, newline included.
+pub const MAX_LINE: usize = 256;
+
+/// Environment variable naming the control socket, for daemon and clients.
+pub const ENV_PATH: &str = "SDP_PM_CONTROL";
+
+/// The system-wide control socket, used by a daemon run as root.
+pub const SYSTEM_PATH: &str = "/run/sdp-portmapper.sock";
+
+fn uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX)
+}
+
+/// The per-user control socket: `$XDG_RUNTIME_DIR/sdp-portmapper.sock`, or
+/// `/tmp/sdp-portmapper-<uid>.sock` without it.
+pub fn user_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => Path::new(&d).join("sdp-portmapper.sock"),
+        _ => PathBuf::from(format!("/tmp/sdp-portmapper-{}.sock", uid())),
+    }
+}
+
+/// Where a daemon listens by default: `$SDP_PM_CONTROL` if set, else
+/// [`SYSTEM_PATH`] for root, else [`user_path`].
+pub fn default_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(ENV_PATH).filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if uid() == 0 {
+        PathBuf::from(SYSTEM_PATH)
+    } else {
+        user_path()
+    }
+}
+
+/// Where a client looks, in order: `$SDP_PM_CONTROL` alone if set, else
+/// [`SYSTEM_PATH`] then [`user_path`].
+pub fn candidate_paths() -> Vec<PathBuf> {
+    if let Some(p) = std::env::var_os(ENV_PATH).filter(|p| !p.is_empty()) {
+        return vec![PathBuf::from(p)];
+    }
+    vec![PathBuf::from(SYSTEM_PATH), user_path()]
+}
+
+/// A control request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// TCP port `port` on `addr` is served by the SDP listener `sdp_port`.
+    Register {
+        /// Address both listeners are bound to.
+        addr: IpAddr,
+        /// P.
+        port: u16,
+        /// Q.
+        sdp_port: u16,
+    },
+    /// Withdraw a registration.
+    Unregister {
+        /// Address.
+        addr: IpAddr,
+        /// P.
+        port: u16,
+    },
+    /// SDP listener `sdp_port` accepted a connection from `cp`.
+    Connected {
+        /// Q.
+        sdp_port: u16,
+        /// The connecting peer's address and port.
+        cp: SocketAddr,
+    },
+    /// List registrations, pending transactions and counters.
+    List,
+}
+
+/// A request line that does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadRequest;
+
+impl fmt::Display for BadRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("bad request")
+    }
+}
+
+impl std::error::Error for BadRequest {}
+
+impl Request {
+    /// Parse one line (without or with its newline).
+    pub fn parse(line: &str) -> Result<Request, BadRequest> {
+        let w: Vec<&str> = line.split_ascii_whitespace().collect();
+        let ip = |s: &str| s.parse::<IpAddr>().map_err(|_| BadRequest);
+        let port = |s: &str| s.parse::<u16>().map_err(|_| BadRequest);
+        match w.as_slice() {
+            ["REGISTER", a, p, q] => Ok(Request::Register {
+                addr: ip(a)?,
+                port: port(p)?,
+                sdp_port: port(q)?,
+            }),
+            ["UNREGISTER", a, p] => Ok(Request::Unregister {
+                addr: ip(a)?,
+                port: port(p)?,
+            }),
+            ["CONNECTED", q, a, p] => Ok(Request::Connected {
+                sdp_port: port(q)?,
+                cp: SocketAddr::new(ip(a)?, port(p)?),
+            }),
+            ["LIST"] => Ok(Request::List),
+            _ => Err(BadRequest),
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    /// The request line, without newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Register {
+                addr,
+                port,
+                sdp_port,
+            } => write!(f, "REGISTER {addr} {port} {sdp_port}"),
+            Request::Unregister { addr, port } => write!(f, "UNREGISTER {addr} {port}"),
+            Request::Connected { sdp_port, cp } => {
+                write!(f, "CONNECTED {sdp_port} {} {}", cp.ip(), cp.port())
+            }
+            Request::List => f.write_str("LIST"),
+        }
+    }
+}
+
+/// A connection to the daemon's control socket. Registrations made through
+/// it last until it is dropped (or the process exits).
+#[derive(Debug)]
+pub struct ControlClient {
+    reader: BufReader<UnixStream>,
+}
+
+impl ControlClient {
+    /// Connect to the control socket at `path`. Replies are awaited at most
+    /// 5 s.
+    pub fn connect(path: impl AsRef<Path>) -> io::Result<ControlClient> {
+        let s = UnixStream::connect(path)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(ControlClient {
+            reader: BufReader::new(s),
+        })
+    }
+
+    /// Connect to the first of [`candidate_paths`] that answers.
+    pub fn connect_default() -> io::Result<ControlClient> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no control socket");
+        for p in candidate_paths() {
+            match ControlClient::connect(&p) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn send(&mut self, req: &Request) -> io::Result<()> {
+        let mut s = self.reader.get_ref();
+        s.write_all(format!("{req}\n").as_bytes())
+    }
+
+    fn line(&mut self) -> io::Result<String> {
+        let mut l = String::new();
+        if self.reader.read_line(&mut l)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "control connection closed",
+            ));
+        }
+        Ok(l.trim_end().to_string())
+    }
+
+    fn simple(&mut self, req: Request) -> io::Result<()> {
+        self.send(&req)?;
+        let l = self.line()?;
+        match l.strip_prefix("ERR") {
+            None if l == "OK" => Ok(()),
+            Some(reason) => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("port mapper refused: {}", reason.trim()),
+            )),
+            None => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unexpected reply {l:?}"),
+            )),
+        }
+    }
+
+    /// Register "TCP `port` on `addr` is served by SDP listener `sdp_port`".
+    /// Refused (`PermissionDenied`) unless this process listens on both.
+    pub fn register(&mut self, addr: IpAddr, port: u16, sdp_port: u16) -> io::Result<()> {
+        self.simple(Request::Register {
+            addr,
+            port,
+            sdp_port,
+        })
+    }
+
+    /// Withdraw a registration made on this connection.
+    pub fn unregister(&mut self, addr: IpAddr, port: u16) -> io::Result<()> {
+        self.simple(Request::Unregister { addr, port })
+    }
+
+    /// Tell the daemon SDP listener `sdp_port` accepted a connection from
+    /// `cp`.
+    pub fn connected(&mut self, sdp_port: u16, cp: SocketAddr) -> io::Result<()> {
+        self.simple(Request::Connected { sdp_port, cp })
+    }
+
+    /// The daemon's listing: registrations, pending transactions, counters.
+    pub fn list(&mut self) -> io::Result<Vec<String>> {
+        self.send(&Request::List)?;
+        let mut out = Vec::new();
+        loop {
+            let l = self.line()?;
+            if l == "END" {
+                return Ok(out);
+            }
+            out.push(l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for r in [
+            Request::Register {
+                addr: "::".parse().unwrap(),
+                port: 5001,
+                sdp_port: 40001,
+            },
+            Request::Unregister {
+                addr: "127.0.0.1".parse().unwrap(),
+                port: 1,
+            },
+            Request::Connected {
+                sdp_port: 9,
+                cp: "[::1]:4".parse().unwrap(),
+            },
+            Request::List,
+        ] {
+            assert_eq!(Request::parse(&format!("{r}\n")), Ok(r));
+        }
+    }
+
+    #[test]
+    fn bad_lines() {
+        for l in [
+            "",
+            "LIST x",
+            "REGISTER 1.2.3.4 1",
+            "REGISTER 1.2.3.4 1 70000",
+            "REGISTER host 1 2",
+            "register ::1 1 2",
+        ] {
+            assert_eq!(Request::parse(l), Err(BadRequest), "{l:?}");
+        }
+    }
+
+    #[test]
+    fn paths() {
+        assert!(!candidate_paths().is_empty());
+        assert!(!default_path().as_os_str().is_empty());
+    }
+}
