@@ -14,5 +14,7 @@
 
 pub mod conn;
 pub mod errno;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod verbs;
 pub mod wire;

@@ -55,6 +55,8 @@ pub mod credit;
 pub mod recv;
 pub mod send;
 pub mod setup;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -486,6 +488,11 @@ impl Conn {
         self.disconn != DisConn::NotSent
     }
 
+    /// Whether an abortive close is sending its AbortConn (§8.2.2).
+    pub fn is_aborting(&self) -> bool {
+        self.abort_conn != AbortConn::None
+    }
+
     /// Whether the peer's DisConn arrived (end of the received stream).
     pub fn disconn_received(&self) -> bool {
         self.peer_disconn.is_some()
@@ -910,13 +917,15 @@ impl Conn {
             State::Closed => return,
         }
         let has_payload = !msg.payload.is_empty();
+        let credit_before = self.credits.send_credit();
         if let Err(fault) = self
             .credits
             .on_receive(msg.mseq, msg.mseq_ack, msg.bufs, has_payload)
         {
             return self.violation(Violation::Credit(fault));
         }
-        if self.credits.send_credit() >= PAYLOAD_MIN_CREDIT {
+        if self.credits.send_credit() > credit_before {
+            // New credit: a credit request may go again if we are stuck.
             self.asked = false;
         }
         if let SrcAvail::SendSmSent(mseq) = self.src_avail {
@@ -993,30 +1002,29 @@ impl Conn {
         if !self.accept_payload(Mid::DATA) {
             return;
         }
-        let start = self.rx.total();
-        self.rx.push(buf, msg.payload.start, msg.payload.end);
-        if msg.flags.contains(Flags::OOB_PRES) {
-            // §9.5.3: OOB_PEND "MUST be set on an SDP Message that is sent no
-            // later than the SDP Message containing the Out-Of-Band data
-            // byte".
-            let Some(pend_at) = self.oob_pend.pop_front() else {
-                return self.violation(Violation::OobPresWithoutPend);
-            };
-            let offset = self.rx.total().saturating_sub(1);
-            debug_assert!(offset >= start);
-            // §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent
-            // between the flag and its associated Out-Of-Band data byte".
-            if offset + 1 - pend_at.min(offset) > OOB_PEND_REACH {
-                return self.violation(Violation::OobPendTooFar);
-            }
-            let mut freed = core::mem::take(&mut self.freed);
-            self.rx
-                .set_mark(offset, msg.last, self.config.oob_inline, &mut freed);
-            for b in freed.drain(..) {
-                self.repost(b, PostKind::Fresh);
-            }
-            self.freed = freed;
+        if !msg.flags.contains(Flags::OOB_PRES) {
+            self.rx.push(buf, msg.payload.start, msg.payload.end);
+            return;
         }
+        // §9.5.3: OOB_PEND "MUST be set on an SDP Message that is sent no
+        // later than the SDP Message containing the Out-Of-Band data byte".
+        let Some(pend_at) = self.oob_pend.pop_front() else {
+            return self.violation(Violation::OobPresWithoutPend);
+        };
+        let offset = self.rx.total() + (msg.payload.len() as u64 - 1);
+        // §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent
+        // between the flag and its associated Out-Of-Band data byte".
+        if (offset + 1).saturating_sub(pend_at) > OOB_PEND_REACH {
+            return self.violation(Violation::OobPendTooFar);
+        }
+        self.rx.push(buf, msg.payload.start, msg.payload.end);
+        let mut freed = core::mem::take(&mut self.freed);
+        self.rx
+            .set_mark(offset, msg.last, self.config.oob_inline, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
     }
 
     /// §9.2, §9.5.2.1, §11.2: a SrcAvail in Combined Mode carries the first
