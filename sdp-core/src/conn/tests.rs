@@ -212,6 +212,7 @@ fn large_transfer_both_ways() {
         p.apps[0].read == total && p.apps[1].read == total
     });
     assert!(done);
+    assert!(pair.transport_events.iter().all(Vec::is_empty));
     assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
     assert_eq!(pair.apps[0].read_hash, pair.apps[1].write_hash);
     assert_ne!(pair.apps[0].read_hash, StreamHash::default());
@@ -248,6 +249,10 @@ fn random_interleavings_tiny_buffers() {
             pair.conns[1].state(),
         );
         assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+        assert!(
+            pair.transport_events.iter().all(Vec::is_empty),
+            "seed {seed}"
+        );
     }
 }
 
@@ -826,6 +831,51 @@ fn hostile_peer_sending_without_credit() {
     };
     assert_eq!(f, credit::CreditFault::PayloadWithoutCredit);
     assert_eq!(Violation::Credit(f).rule(), "§10.5");
+}
+
+#[test]
+fn hostile_peer_oob_pend_without_its_byte() {
+    // OOB_PEND, then 65 535 bytes without OOB_PRES: the byte can no longer
+    // come within reach (§9.5.3).
+    let big = Config {
+        bufs: 8,
+        buf_size: 64 * 1024,
+        ..Config::default()
+    };
+    let mut pair = Pair::new(&small(), &big, 26);
+    pair.apps[1].reading = false;
+    let data = vec![7u8; 40_000];
+    let m = message(&pair, Flags::OOB_PEND, Body::Data { payload: &data });
+    assert_eq!(inject(&mut pair, &m, m.len()), None);
+    assert!(pair.conns[1].take_urgent_notice());
+    // Announced but not here: EAGAIN, as Linux before the urgent byte.
+    assert_eq!(
+        pair.conns[1].recv(&mut [0; 1], RecvFlags::OOB),
+        Err(Error::WouldBlock)
+    );
+    let m = message(
+        &pair,
+        Flags::EMPTY,
+        Body::Data {
+            payload: &data[..25_535],
+        },
+    );
+    assert_violation(inject(&mut pair, &m, m.len()), "§9.5.3");
+    // And an OOB_PRES too far from its OOB_PEND.
+    let mut pair = Pair::new(&small(), &big, 27);
+    let m = message(&pair, Flags::OOB_PEND, Body::Data { payload: &data });
+    inject(&mut pair, &m, m.len());
+    let m = message(
+        &pair,
+        Flags::OOB_PRES,
+        Body::Data {
+            payload: &data[..25_536],
+        },
+    );
+    assert_eq!(
+        inject(&mut pair, &m, m.len()),
+        Some(CloseReason::Violation(Violation::OobPendTooFar))
+    );
 }
 
 #[test]
