@@ -116,11 +116,11 @@ impl TxStream {
         let mut end = self.accepted.min(start.saturating_add(max_payload));
         let mut flags = Flags::EMPTY;
         if let Some(u) = self.urgent.front() {
-            let reach = u.offset + 1 - start;
+            let reach = (u.offset + 1).saturating_sub(start);
             if !u.pend_sent && reach > OOB_PEND_REACH {
                 // Too far for OOB_PEND yet: stop where the next message can
                 // carry it.
-                end = end.min(u.offset + 1 - OOB_PEND_REACH);
+                end = end.min((u.offset + 1).saturating_sub(OOB_PEND_REACH));
             } else {
                 // §9.5.3: "The OOB_PEND flag MUST be set on an SDP Message
                 // that is sent no later than the SDP Message containing the
@@ -158,9 +158,9 @@ impl TxStream {
     /// Whether a message without payload sent now may carry OOB_PEND: an
     /// OOB byte is waiting for its flag and lies within reach.
     pub fn pend_due(&self) -> bool {
-        self.urgent
-            .front()
-            .is_some_and(|u| !u.pend_sent && u.offset + 1 - self.sent <= OOB_PEND_REACH)
+        self.urgent.front().is_some_and(|u| {
+            !u.pend_sent && (u.offset + 1).saturating_sub(self.sent) <= OOB_PEND_REACH
+        })
     }
 
     /// Records that OOB_PEND went out for the oldest OOB byte.
