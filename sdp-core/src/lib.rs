@@ -3,7 +3,22 @@
 //!
 //! * [`wire`] — the SDP messages of draft §6: the Base Sockets Direct Header
 //!   and every extended header, as checked views and plain structs.
+//! * [`conn`] — the SDP connection: setup (§8.1), Bcopy (§9.1), OOB
+//!   (§9.5.3), credits (§10), close (§8.2), as a sans-IO state machine.
+//! * [`verbs`] — the operations and events it exchanges with the iWARP
+//!   engine's queue pair.
+//! * [`errno`] — the socket errors a TCP program expects.
+//! * `testing` (feature `testing`) — a deterministic two-connection
+//!   harness with an in-memory RDMA Send transport.
 #![forbid(unsafe_code)]
 
+<<<<<<< HEAD
 pub mod decode;
+=======
+pub mod conn;
+pub mod errno;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod verbs;
+>>>>>>> sdp-conn
 pub mod wire;

@@ -1,0 +1,251 @@
+//! Why a connection closed, and the protocol violations that close it
+//! abortively (draft §8.2).
+//!
+//! §8.2.2: "If an SDP protocol violation occurs, an implementation SHOULD
+//! abortively close the connection." Every [`Violation`] names the rule it
+//! breaks ([`Violation::rule`]) so the close can be logged as
+//! `abortive close: <what> (<section>)`.
+//!
+//! ```
+//! use sdp_core::conn::{CloseReason, Violation};
+//!
+//! let v = Violation::DataAfterDisConn;
+//! assert_eq!(v.rule(), "§8.2.1");
+//! assert_eq!(
+//!     CloseReason::Violation(v).to_string(),
+//!     "abortive close: ULP payload after DisConn (§8.2.1)"
+//! );
+//! ```
+
+use core::fmt;
+
+use super::credit::CreditFault;
+use crate::verbs::ErrorKind;
+use crate::wire::{self, Mid};
+
+/// A protocol violation by the peer (or a broken adapter), each naming the
+/// draft section it breaks.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// A message that does not parse or breaks a field rule of §6
+    /// (bad Len, payload where none is allowed, MaxAdverts 0, ...).
+    Malformed(wire::Error),
+    /// A reserved or experimental MID (§6.1.1, Figure 3).
+    ReservedMid(Mid),
+    /// A defined message that may not arrive now: a Hello or HelloAck after
+    /// setup, a completion or acknowledgement of something never sent, a
+    /// second DisConn, a first message other than HelloAck.
+    UnexpectedMessage(Mid),
+    /// A message longer than the receive Private Buffer it landed in
+    /// (§10 constraint 3: "A Local Peer MUST NOT send SDP Messages larger
+    /// than the size of the Remote Peer's receive Private Buffers").
+    MessageTooLarge {
+        /// Message length.
+        len: usize,
+        /// Buffer size.
+        size: usize,
+    },
+    /// MSeq gap, bad MSeqAck, or a message sent without the credit §10.5
+    /// requires.
+    Credit(CreditFault),
+    /// ULP payload after the peer's DisConn (§8.2.1: "no ULP data will be
+    /// received by the Remote Peer after the Remote Peer receives the
+    /// DisConn Message").
+    DataAfterDisConn,
+    /// OOB_PRES without an OOB_PEND sent no later (§9.5.3).
+    OobPresWithoutPend,
+    /// More than 65,535 bytes between OOB_PEND and its OOB byte (§9.5.3).
+    OobPendTooFar,
+    /// Initial Bufs below three in Hello or HelloAck (§10.3: "The initial
+    /// send credit advertisements from each peer MUST be greater than or
+    /// equal to three").
+    TooFewBufs(u16),
+    /// A receive Private Buffer size below BSDH + SinkAH + 1 = 37 bytes
+    /// (§10 constraint 4).
+    BufferTooSmall(u32),
+    /// A Combined Mode rule broken (§11.2): SrcAvail without payload, a
+    /// second SrcAvail or payload while one is In-Process, or a SinkAvail
+    /// (Write Zcopy needs Pipelined Mode).
+    CombinedMode(Mid),
+    /// A message this implementation does not handle yet (ModeChange,
+    /// SuspComm: Mode transitions §12 and socket duplication §13).
+    Unsupported(Mid),
+    /// The adapter reported a completion that does not match the oldest
+    /// posted work request (RFC 5040 §5: completions are in order).
+    BadCompletion,
+}
+
+impl Violation {
+    /// The draft section(s) whose rule was broken.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Violation::Malformed(e) => e.rule(),
+            Violation::ReservedMid(_) => "§6.1.1",
+            Violation::UnexpectedMessage(mid) => match *mid {
+                Mid::HELLO | Mid::HELLO_ACK => "§8.1.1",
+                Mid::DIS_CONN => "§8.2.1",
+                Mid::SEND_SM => "§9.5.2.1",
+                Mid::RDMA_RD_COMPL => "§9.2",
+                Mid::RDMA_WR_COMPL => "§9.3",
+                Mid::SINK_CANCEL_ACK => "§9.5.5",
+                Mid::CH_RCV_BUF_ACK => "§10.6",
+                Mid::SUSP_COMM_ACK => "§13.1",
+                _ => "§6.1.1",
+            },
+            Violation::MessageTooLarge { .. } => "§10",
+            Violation::Credit(CreditFault::SequenceGap { .. }) => "§10.1",
+            Violation::Credit(CreditFault::BadAck) => "§6.1.6",
+            Violation::Credit(_) => "§10.5",
+            Violation::DataAfterDisConn => "§8.2.1",
+            Violation::OobPresWithoutPend | Violation::OobPendTooFar => "§9.5.3",
+            Violation::TooFewBufs(_) => "§10.3",
+            Violation::BufferTooSmall(_) => "§10",
+            Violation::CombinedMode(_) => "§11.2",
+            Violation::Unsupported(Mid::MODE_CHANGE) => "§12",
+            Violation::Unsupported(_) => "§13",
+            Violation::BadCompletion => "RFC 5040 §5",
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            // The wire error's text already ends with its section.
+            Violation::Malformed(e) => return write!(f, "{e}"),
+            Violation::ReservedMid(mid) => write!(f, "undefined MID {mid}"),
+            Violation::UnexpectedMessage(mid) => write!(f, "unexpected {mid} message"),
+            Violation::MessageTooLarge { len, size } => {
+                write!(f, "{len}-byte message for a {size}-byte receive buffer")
+            }
+            Violation::Credit(CreditFault::SequenceGap { expected, got }) => {
+                write!(f, "MSeq {got} where {expected} was due")
+            }
+            Violation::Credit(CreditFault::BadAck) => {
+                write!(f, "MSeqAck acknowledges a message never sent")
+            }
+            Violation::Credit(CreditFault::NoCredit) => write!(f, "message sent without credit"),
+            Violation::Credit(CreditFault::PayloadWithoutCredit) => {
+                write!(f, "ULP payload sent with fewer than three credits")
+            }
+            Violation::Credit(CreditFault::LastCreditMisused) => {
+                write!(f, "last credit used for a message that gives no credit")
+            }
+            Violation::DataAfterDisConn => write!(f, "ULP payload after DisConn"),
+            Violation::OobPresWithoutPend => write!(f, "OOB_PRES without OOB_PEND"),
+            Violation::OobPendTooFar => {
+                write!(f, "more than 65535 bytes between OOB_PEND and its OOB byte")
+            }
+            Violation::TooFewBufs(n) => write!(f, "initial Bufs {n} below 3"),
+            Violation::BufferTooSmall(n) => {
+                write!(f, "receive Private Buffer size {n} below 37 bytes")
+            }
+            Violation::CombinedMode(mid) => write!(f, "{mid} breaks Combined Mode"),
+            Violation::Unsupported(mid) => write!(f, "{mid} not supported yet"),
+            Violation::BadCompletion => write!(f, "completion out of order"),
+        }?;
+        write!(f, " ({})", self.rule())
+    }
+}
+
+impl std::error::Error for Violation {}
+
+impl From<wire::Error> for Violation {
+    fn from(e: wire::Error) -> Violation {
+        Violation::Malformed(e)
+    }
+}
+
+/// How and why a connection ended.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Both DisConn Messages exchanged and the LLP closed (§8.2.1).
+    Graceful,
+    /// The local application aborted: SO_LINGER 0, close with unread
+    /// data, or data arriving after close (as Linux TCP resets).
+    LocalAbort,
+    /// The peer sent AbortConn (§8.2.2).
+    PeerAbort,
+    /// The peer broke a rule; we closed abortively (§8.2.2).
+    Violation(Violation),
+    /// The LLP or iWARP connection failed.
+    Transport(ErrorKind),
+    /// The LLP closed without a DisConn: "MUST consider the connection
+    /// abortively torn down if the LLP connection is torn down without
+    /// receiving a DisConn Message" (§8.2.2).
+    TornDown,
+    /// The close did not finish in time (§8.2.1 step 3: "When no forward
+    /// progress is being made, the connection MAY be abortively closed").
+    Timeout,
+}
+
+impl CloseReason {
+    /// Whether the close was abortive.
+    pub fn is_abortive(&self) -> bool {
+        !matches!(self, CloseReason::Graceful)
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseReason::Graceful => write!(f, "graceful close (§8.2.1)"),
+            CloseReason::LocalAbort => write!(f, "abortive close by the application (§8.2.2)"),
+            CloseReason::PeerAbort => write!(f, "abortive close: AbortConn received (§8.2.2)"),
+            CloseReason::Violation(v) => write!(f, "abortive close: {v}"),
+            CloseReason::Transport(k) => write!(f, "abortive close: {k} (§8.2.2)"),
+            CloseReason::TornDown => {
+                write!(f, "abortive close: LLP torn down without DisConn (§8.2.2)")
+            }
+            CloseReason::Timeout => write!(f, "abortive close: close timed out (§8.2.1)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_violation_names_its_rule() {
+        let cases: [(Violation, &str); 8] = [
+            (
+                Violation::Malformed(wire::Error::LengthMismatch),
+                "Len is not the size of the message (§6.1.4)",
+            ),
+            (
+                Violation::ReservedMid(Mid(0x20)),
+                "undefined MID Reserved(0x20) (§6.1.1)",
+            ),
+            (
+                Violation::MessageTooLarge { len: 70, size: 64 },
+                "70-byte message for a 64-byte receive buffer (§10)",
+            ),
+            (
+                Violation::Credit(CreditFault::SequenceGap {
+                    expected: 3,
+                    got: 5,
+                }),
+                "MSeq 5 where 3 was due (§10.1)",
+            ),
+            (
+                Violation::Credit(CreditFault::NoCredit),
+                "message sent without credit (§10.5)",
+            ),
+            (
+                Violation::DataAfterDisConn,
+                "ULP payload after DisConn (§8.2.1)",
+            ),
+            (
+                Violation::UnexpectedMessage(Mid::HELLO_ACK),
+                "unexpected HelloAck message (§8.1.1)",
+            ),
+            (Violation::TooFewBufs(2), "initial Bufs 2 below 3 (§10.3)"),
+        ];
+        for (v, text) in cases {
+            assert_eq!(v.to_string(), text);
+        }
+    }
+}

@@ -1,0 +1,1384 @@
+//! The SDP connection (draft-pinkerton-iwarp-sdp-01): a sans-IO state
+//! machine that speaks verbs values ([`crate::verbs`]).
+//!
+//! Read first: draft §8 (setup and teardown), §9.1 (Bcopy), §9.5.3 (OOB),
+//! §10 (Private Buffers and credits), §14.2 (solicited events).
+//!
+//! * [`setup`] — Hello/HelloAck (§8.1.1).
+//! * [`credit`] — §10.2–§10.5 credit arithmetic.
+//! * [`recv`] — the receive Private Buffer pool and received stream.
+//! * [`send`] — the send stream and Data Message chunking.
+//! * [`close`] — close reasons and protocol violations (§8.2).
+//!
+//! # Driving a connection
+//!
+//! Inputs: [`Conn::handle_event`] (verbs completions and LLP events),
+//! [`Conn::handle_timeout`], and the socket calls [`Conn::send`],
+//! [`Conn::recv`], [`Conn::shutdown`], [`Conn::close`], [`Conn::abort`].
+//! Outputs: [`Conn::poll_op`] (verbs operations) and [`Conn::poll_timeout`].
+//! After every input the driver drains `poll_op` until it returns `None`
+//! and re-arms its timer from `poll_timeout`; that is all it takes for
+//! accepted bytes to leave, credits to be returned and closes to finish
+//! while the application does nothing.
+//!
+//! Both half-connections are in Combined Mode after setup (§8.1.1 steps 6
+//! and 7e) and stay there; this implementation sends Data Messages only
+//! (Bcopy) and answers a SrcAvail with SendSm (§9.5.2.1).
+//!
+//! ```
+//! use std::time::Instant;
+//! use sdp_core::conn::{Config, Conn, RecvFlags, SendFlags, State};
+//! use sdp_core::verbs::{Event, Op, WrId};
+//!
+//! let now = Instant::now();
+//! let config = Config { bufs: 4, buf_size: 256, ..Config::default() };
+//! let mut client = Conn::connect(&config);
+//! // The adapter posts the receive buffers, then sends the Hello in the
+//! // MPA Request's private data.
+//! while let Some(op) = client.poll_op() {
+//!     assert!(matches!(op, Op::PostRecv { .. }));
+//! }
+//! let mut server = Conn::accept(&config, client.hello().unwrap()).unwrap();
+//! while server.poll_op().is_some() {}
+//! // The initiator's RTR arrived: the HelloAck goes as Send with SE.
+//! server.handle_event(now, Event::Established);
+//! let Some(Op::Send { header, .. }) = server.poll_op() else { panic!() };
+//! // The in-memory "wire": the HelloAck lands in the client's first buffer.
+//! client.pool_mut().buffer_mut(0).unwrap()[..header.len()].copy_from_slice(&header);
+//! client.handle_event(now, Event::RecvDone { wr_id: WrId(0), len: header.len() });
+//! assert_eq!(client.state(), State::Connected);
+//! assert_eq!(client.send(5, SendFlags::EMPTY), Ok(5));
+//! ```
+
+pub mod close;
+pub mod credit;
+pub mod recv;
+pub mod send;
+pub mod setup;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+pub use close::{CloseReason, Violation};
+pub use recv::BufferPool;
+pub use setup::Config;
+
+use credit::{Credits, CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
+use recv::RxStream;
+use send::{Chunk, TxStream, OOB_PEND_REACH};
+use setup::PeerParams;
+
+use crate::errno::Error;
+use crate::verbs::{ErrorKind, Event, Op, SendHeader, SendKind, Teardown, WrId, MAX_HEADER_LEN};
+use crate::wire::{
+    self, Body, Bsdh, BsdhRepr, ChRcvBufAckRepr, Flags, MessageRepr, Mid, HELLO_MSG_LEN,
+};
+
+/// Which end of the connection setup this is (§5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Sent the connection request and the Hello.
+    Connecting,
+    /// Answered with the HelloAck.
+    Accepting,
+}
+
+/// Where the connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Connecting Peer: the Hello went in the MPA Request; waiting for the
+    /// HelloAck (§8.1.1 steps 1–2, 7).
+    HelloSent,
+    /// Accepting Peer: the Hello was accepted; the HelloAck goes once the
+    /// iWARP connection is up (§8.1.1 steps 3–5).
+    HelloReceived,
+    /// Both half-connections carry data (§8.1.1 steps 6, 7e), possibly
+    /// half-closed.
+    Connected,
+    /// The LLP teardown was requested; only reading what was received
+    /// remains.
+    Closed,
+}
+
+/// The Flow Control Mode of a half-connection (§11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlowControlMode {
+    /// Bcopy only (§11.1).
+    Buffered,
+    /// Bcopy and Read Zcopy (§11.2).
+    Combined,
+    /// Every mechanism (§11.3).
+    Pipelined,
+}
+
+/// Which half-connection `shutdown` closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shutdown {
+    /// SHUT_RD.
+    Read,
+    /// SHUT_WR: DisConn once the data is out (§8.2.1).
+    Write,
+    /// SHUT_RDWR.
+    Both,
+}
+
+/// `send` flags, with the Linux `MSG_*` values so raw flags convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SendFlags(pub u32);
+
+impl SendFlags {
+    /// No flag.
+    pub const EMPTY: SendFlags = SendFlags(0);
+    /// MSG_OOB: the last byte accepted is urgent (§9.5.3).
+    pub const OOB: SendFlags = SendFlags(0x1);
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: SendFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// `recv` flags, with the Linux `MSG_*` values so raw flags convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RecvFlags(pub u32);
+
+impl RecvFlags {
+    /// No flag.
+    pub const EMPTY: RecvFlags = RecvFlags(0);
+    /// MSG_OOB: read the urgent byte out of line.
+    pub const OOB: RecvFlags = RecvFlags(0x1);
+    /// MSG_PEEK: copy without consuming.
+    pub const PEEK: RecvFlags = RecvFlags(0x2);
+    /// MSG_WAITALL: see [`Conn::recv`].
+    pub const WAITALL: RecvFlags = RecvFlags(0x100);
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: RecvFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for RecvFlags {
+    type Output = RecvFlags;
+    fn bitor(self, rhs: RecvFlags) -> RecvFlags {
+        RecvFlags(self.0 | rhs.0)
+    }
+}
+
+/// A snapshot of the credit state (§10), for observability and for tests
+/// asserting the §10.5 rules after every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreditState {
+    /// Our send credit (§10.2).
+    pub send_credit: i64,
+    /// The peer's send credit as our last message set it, less what it
+    /// sent since.
+    pub remote_credit: i64,
+    /// Buffers posted since our last message: positive means the next
+    /// message provides additional credit.
+    pub gain: i64,
+    /// §10.5 requires a credit update now.
+    pub must_update: bool,
+    /// The Bufs our next message carries: posted minus received (§6.1.3).
+    pub bufs: u16,
+    /// Buffers on the receive queue (PostRecv returned, RecvDone not yet).
+    pub rq_posted: usize,
+    /// MSeq of our last message (LSSeq).
+    pub lsseq: u32,
+    /// MSeq of the last message received.
+    pub mseq_ack: u32,
+    /// Bufs of the last message received.
+    pub peer_bufs: u16,
+    /// MSeqAck of the last message received.
+    pub peer_mseq_ack: u32,
+}
+
+/// How a buffer goes back on the receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PostKind {
+    /// Posted at setup, already counted in the Hello's or HelloAck's Bufs.
+    Initial,
+    /// Re-posted after its message was consumed.
+    Fresh,
+    /// Re-posted after holding a pure credit update.
+    Pure,
+}
+
+/// Our DisConn (§8.2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DisConn {
+    NotSent,
+    /// Posted as MSeq `mseq`; `after_peer`: the peer's DisConn had arrived.
+    Sent {
+        mseq: u32,
+        after_peer: bool,
+    },
+    /// Its Send completed.
+    Done {
+        mseq: u32,
+        after_peer: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AbortConn {
+    None,
+    /// To be sent next (§8.2.2).
+    Pending,
+    /// Sent; the LLP teardown follows its completion.
+    Sent,
+}
+
+/// A SrcAvail from the peer (§9.2, §11.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SrcAvail {
+    None,
+    /// Received; our SendSm is queued.
+    NeedSendSm,
+    /// SendSm sent as MSeq `0`; the peer sends no payload until it saw it.
+    SendSmSent(u32),
+}
+
+/// Control messages waiting for credit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Control {
+    SendSm,
+    ChRcvBufAck,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Other,
+    DisConn,
+    AbortConn,
+}
+
+/// A Send posted and not completed.
+#[derive(Debug, Clone, Copy)]
+struct SendRecord {
+    wr_id: u64,
+    stream_end: u64,
+    what: Sent,
+}
+
+/// Send work request ids carry this bit; receive ids are buffer indices.
+const SEND_WR_BIT: u64 = 1 << 63;
+
+/// A received message, parsed and copied out of its buffer.
+#[derive(Debug, Clone)]
+struct Received {
+    bufs: u16,
+    flags: Flags,
+    mseq: u32,
+    mseq_ack: u32,
+    mid: Mid,
+    /// Payload bytes inside the buffer.
+    payload: core::ops::Range<usize>,
+    /// Last payload byte (the OOB byte with OOB_PRES).
+    last: u8,
+    /// HelloAck parameters, when this is the expected HelloAck.
+    hello_ack: Option<PeerParams>,
+}
+
+/// `a` is at or after `b` in 32-bit sequence space.
+fn seq_ge(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) < 1 << 31
+}
+
+/// One SDP connection; see the module documentation.
+#[derive(Debug)]
+pub struct Conn {
+    role: Role,
+    config: Config,
+    state: State,
+    pool: BufferPool,
+    /// Buffers on the receive queue, in posting order.
+    posted: VecDeque<usize>,
+    /// Buffers to post.
+    to_post: VecDeque<(usize, PostKind)>,
+    credits: Credits,
+    peer: Option<PeerParams>,
+    ird: u16,
+    ord: u16,
+    minor: u8,
+    hello: Option<[u8; HELLO_MSG_LEN]>,
+    hello_ack_due: bool,
+    tx: TxStream,
+    next_send_id: u64,
+    sends: VecDeque<SendRecord>,
+    control: VecDeque<Control>,
+    /// A credit request (a no-payload message at credit 2) is out.
+    asked: bool,
+    rx: RxStream,
+    /// Stream offsets at which OOB_PEND notices arrived, oldest first.
+    oob_pend: VecDeque<u64>,
+    urgent_notice: bool,
+    src_avail: SrcAvail,
+    send_closed: bool,
+    read_closed: bool,
+    orphaned: bool,
+    disconn: DisConn,
+    /// The MSeqAck of the peer's DisConn, once received.
+    peer_disconn: Option<u32>,
+    abort_conn: AbortConn,
+    teardown: Option<Teardown>,
+    torn_down: bool,
+    reason: Option<CloseReason>,
+    error: Option<Error>,
+    deadline: Option<Instant>,
+    freed: Vec<usize>,
+}
+
+impl Conn {
+    fn new(role: Role, config: Config, credits: Credits, state: State) -> Conn {
+        let count = usize::from(config.bufs);
+        let pool = BufferPool::new(count, config.buf_size as usize);
+        Conn {
+            role,
+            ird: config.ird,
+            ord: config.ord,
+            config,
+            state,
+            pool,
+            posted: VecDeque::with_capacity(count),
+            to_post: (0..count).map(|i| (i, PostKind::Initial)).collect(),
+            credits,
+            peer: None,
+            minor: wire::MINOR_VERSION,
+            hello: None,
+            hello_ack_due: false,
+            tx: TxStream::default(),
+            next_send_id: 0,
+            sends: VecDeque::new(),
+            control: VecDeque::new(),
+            asked: false,
+            rx: RxStream::default(),
+            oob_pend: VecDeque::new(),
+            urgent_notice: false,
+            src_avail: SrcAvail::None,
+            send_closed: false,
+            read_closed: false,
+            orphaned: false,
+            disconn: DisConn::NotSent,
+            peer_disconn: None,
+            abort_conn: AbortConn::None,
+            teardown: None,
+            torn_down: false,
+            reason: None,
+            error: None,
+            deadline: None,
+            freed: Vec::new(),
+        }
+    }
+
+    /// A Connecting Peer (§8.1.1 steps 1–2). The first Ops are the
+    /// PostRecvs of every receive buffer; once they are posted, the
+    /// adapter sends [`Conn::hello`] as the MPA Request's private data.
+    /// `config` is [normalized](Config::normalized).
+    pub fn connect(config: &Config) -> Conn {
+        let config = config.normalized();
+        let hello = setup::hello_message(&config);
+        let credits = Credits::connecting(config.bufs);
+        let mut conn = Conn::new(Role::Connecting, config, credits, State::HelloSent);
+        conn.hello = Some(hello);
+        conn
+    }
+
+    /// An Accepting Peer for the Hello `hello` (the SDP bytes of the MPA
+    /// Request's private data), §8.1.1 steps 3–4. On `Err` the caller
+    /// rejects the MPA connection. On `Ok` the adapter posts the receive
+    /// buffers (the first Ops), answers the MPA Request with
+    /// [`Conn::ird`]/[`Conn::ord`], and reports [`Event::Established`] when
+    /// the initiator's RTR arrived; the HelloAck follows.
+    pub fn accept(config: &Config, hello: &[u8]) -> Result<Conn, Violation> {
+        let config = config.normalized();
+        let peer = setup::check_hello(hello)?;
+        let (ird, ord) = setup::adjust_ird_ord(&config, &peer);
+        let credits = Credits::accepting(peer.bufs, config.bufs);
+        let mut conn = Conn::new(Role::Accepting, config, credits, State::HelloReceived);
+        conn.peer = Some(peer);
+        conn.ird = ird;
+        conn.ord = ord;
+        conn.minor = setup::minor_version(&peer);
+        Ok(conn)
+    }
+
+    /// The Hello Message to send in Streaming Mode (Connecting Peer only).
+    pub fn hello(&self) -> Option<&[u8]> {
+        self.hello.as_ref().map(|h| &h[..])
+    }
+
+    /// Which end of the setup this is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Where the connection stands.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The Flow Control Mode of our sending half-connection.
+    pub fn send_mode(&self) -> FlowControlMode {
+        FlowControlMode::Combined
+    }
+
+    /// The Flow Control Mode of our receiving half-connection.
+    pub fn recv_mode(&self) -> FlowControlMode {
+        FlowControlMode::Combined
+    }
+
+    /// The IRD to use on the queue pair, after the §8.1.1 adjustment.
+    pub fn ird(&self) -> u16 {
+        self.ird
+    }
+
+    /// The ORD to use on the queue pair, after the §8.1.1 adjustment.
+    pub fn ord(&self) -> u16 {
+        self.ord
+    }
+
+    /// The minor protocol version in use (§8.1.1 steps 3b, 7b).
+    pub fn minor_version(&self) -> u8 {
+        self.minor
+    }
+
+    /// The size of the peer's receive Private Buffers, once known: the
+    /// largest message we send.
+    pub fn peer_buf_size(&self) -> Option<u32> {
+        self.peer.map(|p| p.rcv_size)
+    }
+
+    /// The configuration in use (normalized).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The receive Private Buffers.
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// The receive Private Buffers, for the adapter to place received
+    /// messages into.
+    pub fn pool_mut(&mut self) -> &mut BufferPool {
+        &mut self.pool
+    }
+
+    /// The send stream: which offsets are accepted, sent and released.
+    pub fn tx(&self) -> &TxStream {
+        &self.tx
+    }
+
+    /// Why the connection closed, once it did.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.reason.as_ref()
+    }
+
+    /// Whether the LLP teardown Op went out: the adapter may drop the
+    /// connection once the application is done with it.
+    pub fn is_closed(&self) -> bool {
+        self.torn_down
+    }
+
+    /// Whether our DisConn went out.
+    pub fn disconn_sent(&self) -> bool {
+        self.disconn != DisConn::NotSent
+    }
+
+    /// Whether an abortive close is sending its AbortConn (§8.2.2).
+    pub fn is_aborting(&self) -> bool {
+        self.abort_conn != AbortConn::None
+    }
+
+    /// Whether the peer's DisConn arrived (end of the received stream).
+    pub fn disconn_received(&self) -> bool {
+        self.peer_disconn.is_some()
+    }
+
+    /// The credit state, see [`CreditState`].
+    pub fn credit_state(&self) -> CreditState {
+        CreditState {
+            send_credit: self.credits.send_credit(),
+            remote_credit: self.credits.remote_credit(),
+            gain: self.credits.gain(),
+            must_update: self.credits.must_update(),
+            bufs: self.credits.bufs(),
+            rq_posted: self.posted.len(),
+            lsseq: self.credits.lsseq(),
+            mseq_ack: self.credits.mseq_ack(),
+            peer_bufs: self.credits.peer_bufs(),
+            peer_mseq_ack: self.credits.peer_mseq_ack(),
+        }
+    }
+
+    // ----- outputs -----------------------------------------------------
+
+    /// The next verbs operation, or `None` when there is nothing to do
+    /// until the next input.
+    pub fn poll_op(&mut self) -> Option<Op> {
+        if self.torn_down {
+            return None;
+        }
+        if let Some(t) = self.teardown.take() {
+            self.torn_down = true;
+            return Some(Op::Teardown(t));
+        }
+        if let Some((buf, kind)) = self.to_post.pop_front() {
+            match kind {
+                PostKind::Initial => {}
+                PostKind::Fresh => self.credits.on_post(true),
+                PostKind::Pure => self.credits.on_post(false),
+            }
+            self.posted.push_back(buf);
+            return Some(Op::PostRecv {
+                wr_id: WrId(buf as u64),
+                buf,
+            });
+        }
+        if self.state != State::Connected {
+            return None;
+        }
+        self.next_message()
+    }
+
+    /// When [`Conn::handle_timeout`] wants to be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The next SDP Message to send, if §10.5 allows one.
+    fn next_message(&mut self) -> Option<Op> {
+        let credit = self.credits.send_credit();
+        let gain = self.credits.gain();
+        // §10.5: "If one credit is available, an implementation MUST only
+        // send SDP Messages that provide additional credits and do not
+        // contain ULP payload."
+        let control_ok = credit >= CONTROL_MIN_CREDIT || (credit >= 1 && gain > 0);
+        match self.abort_conn {
+            AbortConn::Pending if control_ok => {
+                self.abort_conn = AbortConn::Sent;
+                return Some(self.emit(Body::AbortConn, Flags::EMPTY, Sent::AbortConn));
+            }
+            AbortConn::Pending => {
+                // No credit for the AbortConn: the LLP reset says the same.
+                self.finish(Teardown::Abortive);
+                return self.poll_op();
+            }
+            AbortConn::Sent => return None,
+            AbortConn::None => {}
+        }
+        // §10.5: "If no credits are available, an implementation MUST NOT
+        // send any type of SDP Message."
+        if credit <= 0 {
+            return None;
+        }
+        if self.hello_ack_due {
+            // §8.1.1 step 5: "Send the HelloAck Message using the iWARP
+            // Send with SE Message." The credit is the Hello's Bufs, ≥ 3.
+            self.hello_ack_due = false;
+            let hah = setup::hello_ack_repr(&self.config, self.ird, self.ord);
+            return Some(self.emit(Body::HelloAck(hah), Flags::EMPTY, Sent::Other));
+        }
+        if let Some(&control) = self.control.front() {
+            if !control_ok {
+                return None;
+            }
+            self.control.pop_front();
+            let op = match control {
+                Control::SendSm => {
+                    let op = self.emit(Body::SendSm, Flags::EMPTY, Sent::Other);
+                    self.src_avail = SrcAvail::SendSmSent(self.credits.lsseq());
+                    op
+                }
+                Control::ChRcvBufAck => {
+                    // §10.6: "If the Remote Peer is unable to resize its
+                    // receive Private Buffers, it MUST specify in the
+                    // ChRcvBufAck Message the original receive Private
+                    // Buffer size."
+                    let crbah = ChRcvBufAckRepr {
+                        act_sz: self.config.buf_size,
+                    };
+                    self.emit(Body::ChRcvBufAck(crbah), Flags::EMPTY, Sent::Other)
+                }
+            };
+            return Some(op);
+        }
+        // §10.5: "If two credits are available, an implementation MUST only
+        // send SDP Messages that do not contain ULP payload."
+        if credit >= PAYLOAD_MIN_CREDIT {
+            if let Some(chunk) = self.tx.next_chunk(self.max_payload()) {
+                return Some(self.emit_data(chunk));
+            }
+        }
+        // §8.2.1 steps 1–2: DisConn after all data posted before the close.
+        if self.send_closed && self.disconn == DisConn::NotSent && self.tx.unsent() == 0 {
+            if !control_ok {
+                return None;
+            }
+            let after_peer = self.peer_disconn.is_some();
+            let op = self.emit(Body::DisConn, Flags::EMPTY, Sent::DisConn);
+            self.disconn = DisConn::Sent {
+                mseq: self.credits.lsseq(),
+                after_peer,
+            };
+            return Some(op);
+        }
+        // §9.5.3: "It is RECOMMENDED that this notification be accomplished
+        // in an expeditious fashion"; "an implementation MAY send an SDP
+        // Message with the OOB_PEND flag using a reserved credit".
+        if control_ok && self.tx.pend_due() {
+            self.tx.on_pend_sent();
+            return Some(self.emit(Body::Data { payload: &[] }, Flags::OOB_PEND, Sent::Other));
+        }
+        // §10.4: gratuitous credit update.
+        if self.credits.should_update(self.config.bufs) {
+            return Some(self.emit(Body::Data { payload: &[] }, Flags::EMPTY, Sent::Other));
+        }
+        // Two credits and data waiting: the peer may have buffers it has
+        // not told us about but cannot see that we are stuck. One empty
+        // Data Message (allowed with two credits) lowers our credit as the
+        // peer sees it and so triggers its update.
+        if credit == CONTROL_MIN_CREDIT && !self.asked && self.tx.unsent() > 0 {
+            self.asked = true;
+            return Some(self.emit(Body::Data { payload: &[] }, Flags::EMPTY, Sent::Other));
+        }
+        None
+    }
+
+    /// The largest Data Message payload: the peer's receive Private Buffer
+    /// minus the BSDH (§9.1, §10 constraint 3).
+    fn max_payload(&self) -> u64 {
+        self.peer.map_or(0, |p| {
+            u64::from(p.rcv_size).saturating_sub(wire::BSDH_LEN as u64)
+        })
+    }
+
+    fn next_wr(&mut self) -> u64 {
+        let id = SEND_WR_BIT | self.next_send_id;
+        self.next_send_id = self.next_send_id.wrapping_add(1) & !SEND_WR_BIT;
+        id
+    }
+
+    /// Emits a message without payload.
+    fn emit(&mut self, body: Body<'_>, flags: Flags, what: Sent) -> Op {
+        let (mseq, bufs, mseq_ack) = self.credits.on_send();
+        let repr = MessageRepr {
+            bufs,
+            flags,
+            mseq,
+            mseq_ack,
+            body,
+        };
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        let len = repr.header_len().min(MAX_HEADER_LEN);
+        repr.emit_header(&mut buf[..len]);
+        let header = SendHeader::from_array(buf, len);
+        let at = self.tx.sent();
+        self.post_send(body.mid(), flags, header, at..at, what)
+    }
+
+    /// Emits a Data Message with payload.
+    fn emit_data(&mut self, chunk: Chunk) -> Op {
+        let (mseq, bufs, mseq_ack) = self.credits.on_send();
+        let payload_len = chunk.range.end.saturating_sub(chunk.range.start);
+        // max_payload keeps this below 2^31.
+        let len = u32::try_from(payload_len + wire::BSDH_LEN as u64).unwrap_or(u32::MAX);
+        let bsdh = BsdhRepr {
+            mid: Mid::DATA,
+            flags: chunk.flags,
+            bufs,
+            len,
+            mseq,
+            mseq_ack,
+        };
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        bsdh.emit(&mut Bsdh::new_unchecked(&mut buf[..wire::BSDH_LEN]));
+        let header = SendHeader::from_array(buf, wire::BSDH_LEN);
+        self.tx.on_chunk_sent(&chunk);
+        self.post_send(Mid::DATA, chunk.flags, header, chunk.range, Sent::Other)
+    }
+
+    fn post_send(
+        &mut self,
+        mid: Mid,
+        flags: Flags,
+        header: SendHeader,
+        payload: core::ops::Range<u64>,
+        what: Sent,
+    ) -> Op {
+        let wr_id = self.next_wr();
+        self.sends.push_back(SendRecord {
+            wr_id,
+            stream_end: payload.end,
+            what,
+        });
+        Op::Send {
+            wr_id: WrId(wr_id),
+            kind: SendKind::for_message(mid, flags),
+            header,
+            payload,
+        }
+    }
+
+    // ----- inputs: events ----------------------------------------------
+
+    /// Feeds one verbs or LLP event.
+    pub fn handle_event(&mut self, now: Instant, event: Event) {
+        match event {
+            Event::Established => {
+                if self.state == State::HelloReceived {
+                    // §8.1.1 step 6: "The Accepting Peer MUST set the Flow
+                    // Control Mode to Combined Mode and MAY immediately
+                    // commence data transfer."
+                    self.state = State::Connected;
+                    self.hello_ack_due = true;
+                }
+            }
+            Event::RecvDone { wr_id, len } => self.on_recv(now, wr_id, len),
+            Event::SendDone { wr_id } => self.on_send_done(now, wr_id),
+            Event::TransportError(kind) => self.on_transport_error(kind),
+            Event::TransportClosed => self.on_transport_closed(),
+        }
+    }
+
+    /// Acts on an expired timer.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(deadline) = self.deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        self.deadline = None;
+        if self.state == State::Closed {
+            return;
+        }
+        if matches!(self.disconn, DisConn::Done { .. }) && self.peer_disconn.is_some() {
+            // Both DisConns went; the peer never closed the LLP.
+            self.reason.get_or_insert(CloseReason::Graceful);
+            self.finish(Teardown::Graceful);
+        } else {
+            self.abort_with(CloseReason::Timeout, Some(Error::TimedOut));
+        }
+    }
+
+    fn on_send_done(&mut self, now: Instant, wr_id: WrId) {
+        if self.state == State::Closed {
+            return;
+        }
+        match self.sends.front() {
+            Some(s) if s.wr_id == wr_id.0 => {}
+            _ => return self.violation(Violation::BadCompletion),
+        }
+        let Some(record) = self.sends.pop_front() else {
+            return;
+        };
+        self.tx.release(record.stream_end);
+        match record.what {
+            Sent::Other => {}
+            Sent::DisConn => {
+                if let DisConn::Sent { mseq, after_peer } = self.disconn {
+                    self.disconn = DisConn::Done { mseq, after_peer };
+                }
+                self.check_graceful(now);
+            }
+            // §8.2.2: "Once the AbortConn Message completion event occurs,
+            // an SDP implementation MUST use the normal LLP connection
+            // teardown protocol to complete the teardown."
+            Sent::AbortConn => self.finish(Teardown::Graceful),
+        }
+    }
+
+    fn on_transport_error(&mut self, kind: ErrorKind) {
+        if self.state == State::Closed {
+            return;
+        }
+        let error = match (self.state, kind) {
+            (State::HelloSent, _) | (_, ErrorKind::Refused) => Error::ConnectionRefused,
+            (_, ErrorKind::TimedOut) => Error::TimedOut,
+            _ => Error::ConnectionReset,
+        };
+        self.reason.get_or_insert(CloseReason::Transport(kind));
+        self.error.get_or_insert(error);
+        // §8.2.2: the LLP is not valid: no more SDP Messages.
+        self.finish(Teardown::Abortive);
+    }
+
+    fn on_transport_closed(&mut self) {
+        if self.state == State::Closed {
+            return;
+        }
+        if self.state == State::Connected
+            && self.peer_disconn.is_some()
+            && self.abort_conn == AbortConn::None
+        {
+            // §8.2.1 step 4: "If a DisConn Message was received without an
+            // AbortConn, the graceful close was successfully completed."
+            self.reason.get_or_insert(CloseReason::Graceful);
+            self.finish(Teardown::Graceful);
+        } else {
+            // §8.2.2: "MUST consider the connection abortively torn down if
+            // the LLP connection is torn down without receiving a DisConn
+            // Message".
+            let error = if self.state == State::HelloSent {
+                Error::ConnectionRefused
+            } else {
+                Error::ConnectionReset
+            };
+            self.reason.get_or_insert(CloseReason::TornDown);
+            self.error.get_or_insert(error);
+            self.finish(Teardown::Abortive);
+        }
+    }
+
+    fn on_recv(&mut self, now: Instant, wr_id: WrId, len: usize) {
+        if self.state == State::Closed {
+            return;
+        }
+        match self.posted.front() {
+            Some(&buf) if buf as u64 == wr_id.0 => {}
+            _ => return self.violation(Violation::BadCompletion),
+        }
+        let Some(buf) = self.posted.pop_front() else {
+            return;
+        };
+        // §10 constraint 3: "A Local Peer MUST NOT send SDP Messages larger
+        // than the size of the Remote Peer's receive Private Buffers."
+        let size = self.pool.buf_size();
+        if len > size {
+            return self.violation(Violation::MessageTooLarge { len, size });
+        }
+        match self.parse(buf, len) {
+            Ok(msg) => self.on_message(now, buf, msg),
+            Err(v) => self.violation(v),
+        }
+    }
+
+    /// Parses and checks the message in `buf` (§6 rules needing no state).
+    fn parse(&self, buf: usize, len: usize) -> Result<Received, Violation> {
+        let bytes = self
+            .pool
+            .buffer(buf)
+            .and_then(|b| b.get(..len))
+            .ok_or(Violation::BadCompletion)?;
+        let msg = MessageRepr::parse(bytes)?;
+        if let Body::Other { mid, .. } = msg.body {
+            // §6.1.1 Figure 3: reserved and experimental values define no
+            // message.
+            return Err(Violation::ReservedMid(mid));
+        }
+        msg.validate()?;
+        let hello_ack = if self.state == State::HelloSent {
+            // §8.1.1 step 2: the Accepting Peer's first iWARP Message is the
+            // HelloAck; step 7a checks.
+            Some(setup::check_hello_ack(&msg)?)
+        } else {
+            None
+        };
+        let payload = msg.body.payload();
+        let start = msg.header_len();
+        Ok(Received {
+            bufs: msg.bufs,
+            flags: msg.flags,
+            mseq: msg.mseq,
+            mseq_ack: msg.mseq_ack,
+            mid: msg.body.mid(),
+            payload: start..start + payload.len(),
+            last: payload.last().copied().unwrap_or(0),
+            hello_ack,
+        })
+    }
+
+    fn on_message(&mut self, now: Instant, buf: usize, msg: Received) {
+        match self.state {
+            State::HelloSent => {
+                let Some(peer) = msg.hello_ack else {
+                    return self.violation(Violation::UnexpectedMessage(msg.mid));
+                };
+                // §6.2.2: "MSeq = set to zero and not checked on receive".
+                self.credits.hello_ack_received(peer.bufs);
+                let (ird, ord) = setup::adjust_ird_ord(&self.config, &peer);
+                self.ird = ird;
+                self.ord = ord;
+                self.minor = setup::minor_version(&peer);
+                self.peer = Some(peer);
+                // §8.1.1 step 7e: Combined Mode, data may flow.
+                self.state = State::Connected;
+                self.repost(buf, PostKind::Fresh);
+                return;
+            }
+            // §8.1.1 step 2: "The Connecting Peer MUST NOT send any iWARP
+            // Messages until a HelloAck Message is received".
+            State::HelloReceived => return self.violation(Violation::UnexpectedMessage(msg.mid)),
+            State::Connected => {}
+            State::Closed => return,
+        }
+        let has_payload = !msg.payload.is_empty();
+        let credit_before = self.credits.send_credit();
+        if let Err(fault) = self
+            .credits
+            .on_receive(msg.mseq, msg.mseq_ack, msg.bufs, has_payload)
+        {
+            return self.violation(Violation::Credit(fault));
+        }
+        if self.credits.send_credit() > credit_before {
+            // New credit: a credit request may go again if we are stuck.
+            self.asked = false;
+        }
+        if let SrcAvail::SendSmSent(mseq) = self.src_avail {
+            if seq_ge(msg.mseq_ack, mseq) {
+                self.src_avail = SrcAvail::None;
+            }
+        }
+        if msg.flags.contains(Flags::OOB_PEND) {
+            // §9.5.3: the OOB byte follows within 65,535 bytes.
+            if self.oob_pend.len() >= usize::from(u16::MAX) {
+                return self.violation(Violation::OobPendTooFar);
+            }
+            self.oob_pend.push_back(self.rx.total());
+            self.urgent_notice = true;
+        }
+        match msg.mid {
+            Mid::DATA => self.on_data(buf, &msg),
+            Mid::SRC_AVAIL => self.on_src_avail(buf, &msg),
+            Mid::DIS_CONN => {
+                // A second DisConn.
+                if self.peer_disconn.is_some() {
+                    return self.violation(Violation::UnexpectedMessage(Mid::DIS_CONN));
+                }
+                // §8.2.1 (Remote Peer) step 1: complete receives and report
+                // the end of the stream; there are no SinkAvail
+                // advertisements of ours to cancel.
+                self.peer_disconn = Some(msg.mseq_ack);
+                self.repost(buf, PostKind::Fresh);
+                self.check_graceful(now);
+            }
+            Mid::ABORT_CONN => {
+                // §8.2.2: AbortConn "tells the Remote Peer to ignore an
+                // earlier DisConn Message (if received) and to consider
+                // socket teardown as abortive".
+                self.reason.get_or_insert(CloseReason::PeerAbort);
+                self.error.get_or_insert(Error::ConnectionReset);
+                self.finish(Teardown::Abortive);
+            }
+            Mid::CH_RCV_BUF => {
+                self.control.push_back(Control::ChRcvBufAck);
+                self.repost(buf, PostKind::Fresh);
+            }
+            // §9.5.4, §9.5.5: with every advertisement Processed (we answer
+            // each SrcAvail with SendSm and never see a SinkAvail), the
+            // cancels "MUST" be ignored.
+            Mid::SRC_AVAIL_CANCEL | Mid::SINK_AVAIL_CANCEL => self.repost(buf, PostKind::Fresh),
+            // §11.2: Write Zcopy (SinkAvail) needs Pipelined Mode.
+            Mid::SINK_AVAIL => self.violation(Violation::CombinedMode(Mid::SINK_AVAIL)),
+            Mid::MODE_CHANGE | Mid::SUSP_COMM => self.violation(Violation::Unsupported(msg.mid)),
+            // Hello and HelloAck after setup; SendSm, RdmaRdCompl,
+            // RdmaWrCompl, SinkCancelAck, ChRcvBufAck, SuspCommAck answer
+            // something we never sent.
+            mid => self.violation(Violation::UnexpectedMessage(mid)),
+        }
+        if self.state == State::Connected {
+            if let Some(&at) = self.oob_pend.front() {
+                if self.rx.total().saturating_sub(at) >= OOB_PEND_REACH {
+                    self.violation(Violation::OobPendTooFar);
+                }
+            }
+        }
+    }
+
+    fn on_data(&mut self, buf: usize, msg: &Received) {
+        if msg.payload.is_empty() {
+            // A gratuitous credit update (§6.3.1), maybe with OOB_PEND.
+            let kind = if msg.flags.is_empty() {
+                PostKind::Pure
+            } else {
+                PostKind::Fresh
+            };
+            return self.repost(buf, kind);
+        }
+        if !self.accept_payload(Mid::DATA) {
+            return;
+        }
+        if !msg.flags.contains(Flags::OOB_PRES) {
+            self.rx.push(buf, msg.payload.start, msg.payload.end);
+            return;
+        }
+        // §9.5.3: OOB_PEND "MUST be set on an SDP Message that is sent no
+        // later than the SDP Message containing the Out-Of-Band data byte".
+        let Some(pend_at) = self.oob_pend.pop_front() else {
+            return self.violation(Violation::OobPresWithoutPend);
+        };
+        let offset = self.rx.total() + (msg.payload.len() as u64 - 1);
+        // §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent
+        // between the flag and its associated Out-Of-Band data byte".
+        if (offset + 1).saturating_sub(pend_at) > OOB_PEND_REACH {
+            return self.violation(Violation::OobPendTooFar);
+        }
+        self.rx.push(buf, msg.payload.start, msg.payload.end);
+        let mut freed = core::mem::take(&mut self.freed);
+        self.rx
+            .set_mark(offset, msg.last, self.config.oob_inline, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+    }
+
+    /// §9.2, §9.5.2.1, §11.2: a SrcAvail in Combined Mode carries the first
+    /// bytes of the buffer; we take them as Bcopy data and force the rest
+    /// to come as Data Messages with SendSm.
+    fn on_src_avail(&mut self, buf: usize, msg: &Received) {
+        // §11.2: "only a single SrcAvail Message may be In-Process at any
+        // one time"; "In Combined Mode, the SrcAvail Message MUST contain
+        // greater than zero bytes of ULP payload."
+        if self.src_avail != SrcAvail::None || msg.payload.is_empty() {
+            return self.violation(Violation::CombinedMode(Mid::SRC_AVAIL));
+        }
+        if !self.accept_payload(Mid::SRC_AVAIL) {
+            return;
+        }
+        self.rx.push(buf, msg.payload.start, msg.payload.end);
+        self.control.push_back(Control::SendSm);
+        self.src_avail = SrcAvail::NeedSendSm;
+    }
+
+    /// Whether ULP payload may arrive now; closes the connection if not.
+    fn accept_payload(&mut self, mid: Mid) -> bool {
+        if self.peer_disconn.is_some() {
+            self.violation(Violation::DataAfterDisConn);
+            return false;
+        }
+        // §11.2: after a SrcAvail the Data Source "MUST NOT send any SDP
+        // Messages containing a ULP payload until ... a RdmaRdCompl or
+        // SendSm Message is received".
+        if self.src_avail != SrcAvail::None {
+            self.violation(Violation::CombinedMode(mid));
+            return false;
+        }
+        if self.orphaned {
+            // Nobody will read it: Linux TCP answers data after close()
+            // with a reset.
+            self.abort_with(CloseReason::LocalAbort, None);
+            return false;
+        }
+        true
+    }
+
+    fn repost(&mut self, buf: usize, kind: PostKind) {
+        if self.state != State::Closed {
+            self.to_post.push_back((buf, kind));
+        }
+    }
+
+    /// §8.2.1: both DisConns are out and ours completed.
+    fn check_graceful(&mut self, now: Instant) {
+        if self.state != State::Connected || self.abort_conn != AbortConn::None {
+            return;
+        }
+        let (DisConn::Done { mseq, after_peer }, Some(peer_ack)) =
+            (self.disconn, self.peer_disconn)
+        else {
+            return;
+        };
+        // The Remote Peer (which received the DisConn first) "MUST use the
+        // LLP connection teardown protocol to complete the teardown"
+        // (§8.2.1 Remote Peer step 4). If the two DisConns crossed, both
+        // are Remote Peers.
+        if after_peer || !seq_ge(peer_ack, mseq) {
+            self.reason.get_or_insert(CloseReason::Graceful);
+            self.finish(Teardown::Graceful);
+        } else if self.deadline.is_none() {
+            // Local Peer: wait for the LLP teardown (§8.2.1 steps 3–4).
+            self.deadline = Some(now + self.config.close_timeout);
+        }
+    }
+
+    /// A protocol violation: abortive close naming the rule (§8.2.2).
+    fn violation(&mut self, v: Violation) {
+        self.abort_with(CloseReason::Violation(v), Some(Error::ConnectionReset));
+    }
+
+    /// Abortive close (§8.2.2).
+    fn abort_with(&mut self, reason: CloseReason, error: Option<Error>) {
+        if self.state == State::Closed || self.abort_conn != AbortConn::None {
+            return;
+        }
+        self.reason.get_or_insert(reason);
+        if let Some(e) = error {
+            self.error.get_or_insert(e);
+        }
+        // §8.2.2: "An implementation MUST discard any unsent ULP data."
+        self.tx.discard_unsent();
+        self.control.clear();
+        self.hello_ack_due = false;
+        self.deadline = None;
+        if self.state == State::Connected && self.disconn != DisConn::NotSent {
+            // §8.2.2: "If the LLP connection is still valid and a DisConn
+            // Message was previously sent, then an implementation MUST send
+            // an AbortConn Message and process its completion before
+            // terminating the LLP connection."
+            self.abort_conn = AbortConn::Pending;
+        } else {
+            // §8.2.2: "If the LLP connection is not valid, or if the LLP
+            // connection is valid and no DisConn Message was previously
+            // sent, an implementation MUST NOT attempt to send additional
+            // SDP Messages and MUST immediately terminate the LLP
+            // connection."
+            self.finish(Teardown::Abortive);
+        }
+    }
+
+    /// Ends the connection: the next Op is the LLP teardown.
+    fn finish(&mut self, teardown: Teardown) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.state = State::Closed;
+        self.teardown = Some(teardown);
+        self.deadline = None;
+        self.to_post.clear();
+        self.control.clear();
+        self.hello_ack_due = false;
+        if teardown == Teardown::Abortive {
+            self.tx.discard_unsent();
+        }
+    }
+
+    // ----- inputs: the socket calls -------------------------------------
+
+    /// Offers `len` more bytes of the send stream. Returns how many are
+    /// accepted (limited by [`Config::send_buffer`]); they get the next
+    /// send stream offsets, `tx().accepted() - n .. tx().accepted()`, and
+    /// the adapter keeps them until their Sends complete. With
+    /// [`SendFlags::OOB`] the last accepted byte is urgent (§9.5.3).
+    ///
+    /// Errors: EAGAIN while the send buffer is full or before setup
+    /// finished; a pending connection error once (ECONNRESET, ETIMEDOUT,
+    /// ...); then EPIPE after shutdown(SHUT_WR), close or abort (§8.2.1:
+    /// "MUST reject any send data posted by the ULP after the ULP close
+    /// call").
+    pub fn send(&mut self, len: usize, flags: SendFlags) -> Result<usize, Error> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        match self.state {
+            State::HelloSent | State::HelloReceived => return Err(Error::WouldBlock),
+            State::Closed => return Err(Error::BrokenPipe),
+            State::Connected => {}
+        }
+        if self.send_closed || self.abort_conn != AbortConn::None {
+            return Err(Error::BrokenPipe);
+        }
+        if len == 0 {
+            return Ok(0);
+        }
+        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
+        if room == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let n = (len as u64).min(room);
+        self.tx.accept(n, flags.contains(SendFlags::OOB));
+        Ok(n as usize)
+    }
+
+    /// Copies received bytes into `buf` and gives emptied receive buffers
+    /// back to the peer (re-posted, credited on the next message). Never
+    /// blocks: EAGAIN when nothing is there; 0 at the end of the stream
+    /// (the peer's DisConn, SHUT_RD, or after the connection closed and a
+    /// pending error was reported).
+    ///
+    /// Linux TCP semantics: a read stops at the urgent mark; the urgent
+    /// byte is skipped unless SO_OOBINLINE. [`RecvFlags::PEEK`] copies
+    /// without consuming. [`RecvFlags::OOB`] reads the urgent byte: EINVAL
+    /// with SO_OOBINLINE or when there is none, EAGAIN while it is
+    /// announced (OOB_PEND) but not here. [`RecvFlags::WAITALL`] returns
+    /// what is there like a plain read — the blocking caller repeats until
+    /// its buffer is full, the stream ends or an error comes — except
+    /// with PEEK, where it reports EAGAIN until `buf.len()` bytes are there
+    /// (or no more can come because every receive buffer holds data).
+    pub fn recv(&mut self, buf: &mut [u8], flags: RecvFlags) -> Result<usize, Error> {
+        let peek = flags.contains(RecvFlags::PEEK);
+        if flags.contains(RecvFlags::OOB) {
+            return self.recv_oob(buf, peek);
+        }
+        if matches!(self.state, State::HelloSent | State::HelloReceived) {
+            return Err(Error::WouldBlock);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let inline = self.config.oob_inline;
+        if peek && flags.contains(RecvFlags::WAITALL) && !self.at_eof() {
+            let full = self.rx.held_buffers() + 2 >= self.pool.len();
+            if self.rx.readable(inline) < buf.len() as u64 && !full {
+                return Err(Error::WouldBlock);
+            }
+        }
+        let mut freed = core::mem::take(&mut self.freed);
+        let n = self.rx.read(&self.pool, buf, peek, inline, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+        if n > 0 {
+            return Ok(n);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if self.at_eof() {
+            return Ok(0);
+        }
+        Err(Error::WouldBlock)
+    }
+
+    /// No more bytes will arrive.
+    fn at_eof(&self) -> bool {
+        self.peer_disconn.is_some() || self.read_closed || self.state == State::Closed
+    }
+
+    /// `recv(MSG_OOB)` as Linux `tcp_recv_urg`.
+    fn recv_oob(&mut self, buf: &mut [u8], peek: bool) -> Result<usize, Error> {
+        if self.config.oob_inline {
+            return Err(Error::InvalidInput);
+        }
+        match self.rx.mark.as_mut() {
+            Some(mark) if !mark.read => {
+                if !peek {
+                    mark.read = true;
+                }
+                match buf.first_mut() {
+                    Some(b) => {
+                        *b = mark.byte;
+                        Ok(1)
+                    }
+                    None => Ok(0),
+                }
+            }
+            _ if !self.oob_pend.is_empty() => {
+                if self.at_eof() {
+                    Ok(0)
+                } else {
+                    Err(Error::WouldBlock)
+                }
+            }
+            _ => Err(Error::InvalidInput),
+        }
+    }
+
+    /// SIOCATMARK: the next byte to read is the urgent byte.
+    pub fn at_mark(&self) -> bool {
+        self.rx.at_mark()
+    }
+
+    /// An urgent byte waits to be read (POLLPRI).
+    pub fn urgent_ready(&self) -> bool {
+        self.rx.mark.is_some_and(|m| !m.read)
+    }
+
+    /// Whether an OOB_PEND arrived since the last call (for SIGURG).
+    pub fn take_urgent_notice(&mut self) -> bool {
+        core::mem::take(&mut self.urgent_notice)
+    }
+
+    /// SO_OOBINLINE.
+    pub fn set_oob_inline(&mut self, inline: bool) {
+        self.config.oob_inline = inline;
+    }
+
+    /// Readable (POLLIN): data, end of stream, or a pending error.
+    pub fn readable(&self) -> bool {
+        match self.state {
+            State::HelloSent | State::HelloReceived => false,
+            _ => {
+                self.rx.readable(self.config.oob_inline) > 0
+                    || self.error.is_some()
+                    || self.at_eof()
+            }
+        }
+    }
+
+    /// Writable (POLLOUT): a send would accept at least one byte, or fail
+    /// at once.
+    pub fn writable(&self) -> bool {
+        match self.state {
+            State::HelloSent | State::HelloReceived => false,
+            State::Closed => true,
+            State::Connected => {
+                self.error.is_some()
+                    || self.send_closed
+                    || self.abort_conn != AbortConn::None
+                    || self.tx.buffered() < self.config.send_buffer
+            }
+        }
+    }
+
+    /// Bytes readable now (FIONREAD).
+    pub fn bytes_readable(&self) -> u64 {
+        self.rx.readable(self.config.oob_inline)
+    }
+
+    /// `shutdown(2)`. SHUT_WR sends DisConn once every accepted byte is
+    /// sent (§8.2.1); receiving goes on. ENOTCONN before setup finished or
+    /// after the connection closed.
+    pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
+        if self.state != State::Connected {
+            return Err(Error::NotConnected);
+        }
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            self.read_closed = true;
+        }
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            self.send_closed = true;
+        }
+        Ok(())
+    }
+
+    /// `close(2)` of the last descriptor: a graceful close that finishes
+    /// on its own (data out, DisConn, wait for the peer's DisConn and the
+    /// LLP teardown), aborted after [`Config::close_timeout`]. As Linux
+    /// TCP, unread received data turns it into an abortive close, and so
+    /// does data arriving afterwards.
+    pub fn close(&mut self, now: Instant) {
+        self.orphaned = true;
+        self.read_closed = true;
+        match self.state {
+            State::Closed => {}
+            State::HelloSent | State::HelloReceived => {
+                self.reason.get_or_insert(CloseReason::LocalAbort);
+                self.finish(Teardown::Abortive);
+            }
+            State::Connected => {
+                if self.rx.queued() > 0 {
+                    self.abort_with(CloseReason::LocalAbort, None);
+                } else {
+                    self.send_closed = true;
+                    if self.deadline.is_none() {
+                        self.deadline = Some(now + self.config.close_timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Abortive close by the application (`SO_LINGER` 0 then close):
+    /// AbortConn if a DisConn went out, else an immediate LLP reset
+    /// (§8.2.2).
+    pub fn abort(&mut self) {
+        self.orphaned = true;
+        self.read_closed = true;
+        self.abort_local();
+    }
+
+    fn abort_local(&mut self) {
+        if matches!(self.state, State::HelloSent | State::HelloReceived) {
+            self.reason.get_or_insert(CloseReason::LocalAbort);
+            self.finish(Teardown::Abortive);
+        } else {
+            self.abort_with(CloseReason::LocalAbort, None);
+        }
+    }
+}

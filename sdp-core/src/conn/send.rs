@@ -1,0 +1,250 @@
+//! The send stream at the Data Source (draft §9.1 Bcopy, §9.5.3 OOB).
+//!
+//! The connection never holds payload. The application's bytes are named
+//! by their send stream offset: `send` accepts bytes up to the send buffer
+//! size, Data Messages reference ranges of them, and a range is released
+//! when its Send completes.
+//!
+//! ```text
+//!  0 ........ released ........ sent ........ accepted
+//!     done       in Sends posted    waiting for credit
+//! ```
+//!
+//! Each Data Message carries at most the peer's receive Private Buffer size
+//! minus the BSDH (§9.1: "The Data Source MUST limit the amount of ULP data
+//! sent in an SDP Message ... to ensure the ULP data plus SDP header(s) fits
+//! within the receive Private Buffer size advertised by the Data Sink"),
+//! ends at an OOB byte (OOB_PRES), and is cut so that OOB_PEND can precede
+//! its byte by at most 65,535 bytes (§9.5.3).
+//!
+//! ```
+//! use sdp_core::conn::send::TxStream;
+//! use sdp_core::wire::Flags;
+//!
+//! let mut tx = TxStream::default();
+//! tx.accept(10, true); // 10 bytes, the last one urgent
+//! let chunk = tx.next_chunk(100).unwrap();
+//! assert_eq!(chunk.range, 0..10);
+//! assert_eq!(chunk.flags, Flags::OOB_PEND | Flags::OOB_PRES);
+//! ```
+
+use core::ops::Range;
+use std::collections::VecDeque;
+
+use crate::wire::Flags;
+
+/// §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent between the
+/// flag and its associated Out-Of-Band data byte".
+pub const OOB_PEND_REACH: u64 = 65_535;
+
+/// One OOB indication of the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Urgent {
+    /// Send stream offset of the urgent byte.
+    offset: u64,
+    /// OOB_PEND already sent for it.
+    pend_sent: bool,
+}
+
+/// The next Data Message's payload and OOB flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// Send stream offsets.
+    pub range: Range<u64>,
+    /// OOB_PEND and/or OOB_PRES.
+    pub flags: Flags,
+}
+
+/// The application's send stream; see the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct TxStream {
+    accepted: u64,
+    sent: u64,
+    released: u64,
+    /// OOB bytes not yet sent with OOB_PRES, in stream order.
+    urgent: VecDeque<Urgent>,
+}
+
+impl TxStream {
+    /// Bytes accepted from the application so far: the stream offset the
+    /// next accepted byte gets.
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
+    /// Bytes handed to Sends.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Bytes whose Sends completed.
+    pub fn released(&self) -> u64 {
+        self.released
+    }
+
+    /// Bytes accepted and not released: what occupies the send buffer.
+    pub fn buffered(&self) -> u64 {
+        self.accepted.saturating_sub(self.released)
+    }
+
+    /// Bytes accepted and not yet in a Send.
+    pub fn unsent(&self) -> u64 {
+        self.accepted.saturating_sub(self.sent)
+    }
+
+    /// Appends `n` bytes; with `oob`, the last of them is urgent.
+    pub fn accept(&mut self, n: u64, oob: bool) {
+        if n == 0 {
+            return;
+        }
+        self.accepted = self.accepted.saturating_add(n);
+        if oob {
+            self.urgent.push_back(Urgent {
+                offset: self.accepted - 1,
+                pend_sent: false,
+            });
+        }
+    }
+
+    /// The payload of the next Data Message, at most `max_payload` bytes,
+    /// or `None` when everything accepted is sent.
+    pub fn next_chunk(&self, max_payload: u64) -> Option<Chunk> {
+        let start = self.sent;
+        if start >= self.accepted || max_payload == 0 {
+            return None;
+        }
+        let mut end = self.accepted.min(start.saturating_add(max_payload));
+        let mut flags = Flags::EMPTY;
+        if let Some(u) = self.urgent.front() {
+            let reach = (u.offset + 1).saturating_sub(start);
+            if !u.pend_sent && reach > OOB_PEND_REACH {
+                // Too far for OOB_PEND yet: stop where the next message can
+                // carry it.
+                end = end.min((u.offset + 1).saturating_sub(OOB_PEND_REACH));
+            } else {
+                // §9.5.3: "The OOB_PEND flag MUST be set on an SDP Message
+                // that is sent no later than the SDP Message containing the
+                // Out-Of-Band data byte."
+                if !u.pend_sent {
+                    flags |= Flags::OOB_PEND;
+                }
+                // §9.5.3: "the Data Source MUST send the Out-Of-Band data
+                // using a Data Message with the OOB_PRES bit set and the
+                // Out-of-Band data byte as the last byte of the ULP
+                // payload".
+                if u.offset < end {
+                    end = u.offset + 1;
+                    flags |= Flags::OOB_PRES;
+                }
+            }
+        }
+        Some(Chunk {
+            range: start..end,
+            flags,
+        })
+    }
+
+    /// Records that `chunk` went out in a Data Message.
+    pub fn on_chunk_sent(&mut self, chunk: &Chunk) {
+        self.sent = chunk.range.end;
+        if chunk.flags.contains(Flags::OOB_PEND) {
+            self.on_pend_sent();
+        }
+        if chunk.flags.contains(Flags::OOB_PRES) {
+            self.urgent.pop_front();
+        }
+    }
+
+    /// Whether a message without payload sent now may carry OOB_PEND: an
+    /// OOB byte is waiting for its flag and lies within reach.
+    pub fn pend_due(&self) -> bool {
+        self.urgent.front().is_some_and(|u| {
+            !u.pend_sent && (u.offset + 1).saturating_sub(self.sent) <= OOB_PEND_REACH
+        })
+    }
+
+    /// Records that OOB_PEND went out for the oldest OOB byte.
+    pub fn on_pend_sent(&mut self) {
+        if let Some(u) = self.urgent.front_mut() {
+            u.pend_sent = true;
+        }
+    }
+
+    /// Releases stream bytes up to `end` (a Send completed).
+    pub fn release(&mut self, end: u64) {
+        self.released = self.released.max(end.min(self.sent));
+    }
+
+    /// Drops everything unsent (§8.2.2: "An implementation MUST discard any
+    /// unsent ULP data").
+    pub fn discard_unsent(&mut self) {
+        self.accepted = self.sent;
+        self.urgent.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_respect_the_peer_buffer() {
+        let mut tx = TxStream::default();
+        tx.accept(25, false);
+        let c = tx.next_chunk(10).unwrap();
+        assert_eq!((c.range.clone(), c.flags), (0..10, Flags::EMPTY));
+        tx.on_chunk_sent(&c);
+        let c = tx.next_chunk(10).unwrap();
+        tx.on_chunk_sent(&c);
+        let c = tx.next_chunk(10).unwrap();
+        assert_eq!(c.range, 20..25);
+        tx.on_chunk_sent(&c);
+        assert_eq!(tx.next_chunk(10), None);
+        tx.release(20);
+        assert_eq!(tx.buffered(), 5);
+    }
+
+    #[test]
+    fn oob_byte_ends_its_message() {
+        let mut tx = TxStream::default();
+        tx.accept(5, false);
+        tx.accept(5, true); // byte 9 urgent
+        tx.accept(5, false);
+        let c = tx.next_chunk(100).unwrap();
+        assert_eq!(c.range, 0..10);
+        assert_eq!(c.flags, Flags::OOB_PEND | Flags::OOB_PRES);
+        tx.on_chunk_sent(&c);
+        let c = tx.next_chunk(100).unwrap();
+        assert_eq!((c.range.clone(), c.flags), (10..15, Flags::EMPTY));
+    }
+
+    #[test]
+    fn oob_pend_waits_until_within_65535_bytes() {
+        let mut tx = TxStream::default();
+        tx.accept(100_000, true); // byte 99_999 urgent
+        assert!(!tx.pend_due());
+        let c = tx.next_chunk(1 << 20).unwrap();
+        // Cut so that the next message starts 65_535 bytes before the end.
+        assert_eq!((c.range.clone(), c.flags), (0..34_465, Flags::EMPTY));
+        tx.on_chunk_sent(&c);
+        assert!(tx.pend_due());
+        let c = tx.next_chunk(1 << 20).unwrap();
+        assert_eq!(c.range, 34_465..100_000);
+        assert_eq!(c.flags, Flags::OOB_PEND | Flags::OOB_PRES);
+        assert_eq!(c.range.end - c.range.start, OOB_PEND_REACH);
+    }
+
+    #[test]
+    fn pend_sent_early_is_not_repeated() {
+        let mut tx = TxStream::default();
+        tx.accept(50, true);
+        assert!(tx.pend_due());
+        tx.on_pend_sent();
+        let c = tx.next_chunk(20).unwrap();
+        assert_eq!((c.range.clone(), c.flags), (0..20, Flags::EMPTY));
+        tx.on_chunk_sent(&c);
+        tx.on_chunk_sent(&tx.next_chunk(20).unwrap());
+        let c = tx.next_chunk(20).unwrap();
+        assert_eq!((c.range.clone(), c.flags), (40..50, Flags::OOB_PRES));
+    }
+}
