@@ -8,17 +8,16 @@
 //! * [`verbs`] — the operations and events it exchanges with the iWARP
 //!   engine's queue pair.
 //! * [`errno`] — the socket errors a TCP program expects.
+//! * [`decode`] — prints the MPA, RDMAP and SDP messages of a capture file
+//!   (the `sdp-decode` tool).
 //! * `testing` (feature `testing`) — a deterministic two-connection
 //!   harness with an in-memory RDMA Send transport.
 #![forbid(unsafe_code)]
 
-<<<<<<< HEAD
-pub mod decode;
-=======
 pub mod conn;
+pub mod decode;
 pub mod errno;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verbs;
->>>>>>> sdp-conn
 pub mod wire;
