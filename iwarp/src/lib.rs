@@ -6,6 +6,12 @@
 //!
 //! * [`wire`] — one module per wire format: a checked view over bytes plus a
 //!   plain struct with `parse`/`emit`. Nothing in it panics on any input.
+//! * [`mem`] — memory regions, protection domains, STags and the checks
+//!   that keep the peer inside what was registered.
+//! * [`engine`] — the data path (MPA FPDUs, DDP, RDMAP) as a sans-IO queue
+//!   pair.
 #![forbid(unsafe_code)]
 
+pub mod engine;
+pub mod mem;
 pub mod wire;
