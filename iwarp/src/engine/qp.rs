@@ -30,8 +30,8 @@ use super::terminate::{self, Echo, TERM_CAP};
 use super::tx::{Framer, MsgKind, OutMsg, Source};
 use super::txq::{Mark, MissingRegion, TxChunk, TxQueue};
 use super::wr::{
-    Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Status,
-    TerminateInfo, WcOpcode, WriteWr,
+    Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Status, TerminateInfo,
+    WcOpcode, WriteWr,
 };
 
 /// The STag a zero-length tagged RTR carries: any non-zero value (the
@@ -136,8 +136,15 @@ pub(crate) struct ReadOut {
 
 #[derive(Debug)]
 enum Work {
-    Send { kind: SendKind, payload: Payload },
-    Write { stag: Stag, to: u64, payload: Payload },
+    Send {
+        kind: SendKind,
+        payload: Payload,
+    },
+    Write {
+        stag: Stag,
+        to: u64,
+        payload: Payload,
+    },
     Read(ReadWr),
 }
 
@@ -446,7 +453,13 @@ impl DataPath {
                 )
                 .map_err(|_| PostError::LocalProtection)?;
         }
-        self.push_work(wr.wr_id, WcOpcode::Read, wr.signaled, wr.len, Work::Read(wr));
+        self.push_work(
+            wr.wr_id,
+            WcOpcode::Read,
+            wr.signaled,
+            wr.len,
+            Work::Read(wr),
+        );
         Ok(())
     }
 
@@ -689,7 +702,8 @@ impl DataPath {
             self.sq_next += 1;
             return self.start_sq();
         }
-        if matches!(entry.work, Some(Work::Read(_))) && self.reads_out.len() >= usize::from(self.ord)
+        if matches!(entry.work, Some(Work::Read(_)))
+            && self.reads_out.len() >= usize::from(self.ord)
         {
             // ORD reached: the queue waits (RFC 5040 §5.5 rule 13 keeps
             // later work behind it).

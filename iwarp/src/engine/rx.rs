@@ -363,7 +363,7 @@ impl Deframer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::fpdu::{Framing, FpduRepr, Ulpdu};
+    use crate::wire::fpdu::{FpduRepr, Framing, Ulpdu};
 
     /// Feeds `wire` in chunks of `step`, collecting payload via the fast
     /// path; returns (headers, payloads, verdicts).

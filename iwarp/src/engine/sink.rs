@@ -290,9 +290,7 @@ impl DataPath {
                 let invalidate = repr.invalidate_stag().unwrap_or_default();
                 match qn {
                     QueueNumber::SEND => self.check_send(opcode, &repr, msn, mo, len, invalidate),
-                    QueueNumber::READ_REQUEST => {
-                        self.check_read_request(&repr, msn, mo, len)
-                    }
+                    QueueNumber::READ_REQUEST => self.check_read_request(&repr, msn, mo, len),
                     _ => self.check_terminate(hdr, repr.last, msn, mo, len),
                 }
             }
@@ -458,9 +456,7 @@ impl DataPath {
         if len > READ_REQUEST_LEN || !repr.last {
             return Err(TermCode::DDP_MESSAGE_TOO_LONG);
         }
-        let rr = repr
-            .read_request
-            .ok_or(TermCode::RDMAP_OP_UNSPECIFIED)?;
+        let rr = repr.read_request.ok_or(TermCode::RDMAP_OP_UNSPECIFIED)?;
         Ok((Target::Discard, Action::ReadRequest(rr)))
     }
 

@@ -74,8 +74,8 @@ pub(crate) fn build(code: TermCode, echo: &Echo) -> ([u8; TERM_CAP], usize, Term
 /// peer's code if its control field is there (RFC 5040 §5.4: "an error is
 /// surfaced"), else [`TermCode::RDMAP_OP_UNSPECIFIED`].
 pub(crate) fn parse(data: &[u8]) -> TerminateInfo {
-    let parsed = TerminateHeader::new_checked(data)
-        .and_then(|h| TerminateRepr::parse(&h).map(|r| (r, h)));
+    let parsed =
+        TerminateHeader::new_checked(data).and_then(|h| TerminateRepr::parse(&h).map(|r| (r, h)));
     match parsed {
         Ok((repr, _)) => TerminateInfo {
             code: repr.code,

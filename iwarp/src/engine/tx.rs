@@ -422,7 +422,7 @@ pub(crate) const INTERVAL: u64 = MARKER_INTERVAL;
 mod tests {
     use super::*;
     use crate::mem::VecMemory;
-    use crate::wire::fpdu::{Framing, FpduRepr, Ulpdu};
+    use crate::wire::fpdu::{FpduRepr, Framing, Ulpdu};
 
     fn drain(q: &mut TxQueue, mem: &VecMemory) -> Vec<u8> {
         let mut v = Vec::new();
@@ -459,7 +459,12 @@ mod tests {
                         .to_vec(pos, Framing { markers, crc })
                         .unwrap();
                         let diff = got.iter().zip(&want).position(|(a, b)| a != b);
-                        assert!(got == want, "pos {pos} len {len} markers {markers} diff {diff:?} tails {:?} {:?}", &got[got.len().saturating_sub(12)..], &want[want.len().saturating_sub(12)..]);
+                        assert!(
+                            got == want,
+                            "pos {pos} len {len} markers {markers} diff {diff:?} tails {:?} {:?}",
+                            &got[got.len().saturating_sub(12)..],
+                            &want[want.len().saturating_sub(12)..]
+                        );
                         assert_eq!(framer.pos, pos + wire_len(pos, len, markers) as u64);
                     }
                 }

@@ -326,7 +326,10 @@ mod tests {
         q.push_mark(Mark::Message(2));
         assert_eq!(q.len(), 12);
         assert_eq!(q.chunks().count(), 3);
-        assert_eq!(collect(&q, &mem), [b'a', b'b', b'c', 10, 11, 12, 13, 14, 15, 16, 0, 0]);
+        assert_eq!(
+            collect(&q, &mem),
+            [b'a', b'b', b'c', 10, 11, 12, 13, 14, 15, 16, 0, 0]
+        );
         q.advance(4);
         assert_eq!(collect(&q, &mem), [11, 12, 13, 14, 15, 16, 0, 0]);
         assert_eq!(q.pop_done_mark(), None);
