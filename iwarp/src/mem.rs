@@ -528,11 +528,11 @@ impl Registry {
         })
     }
 
-    /// Remote invalidation by Send with Invalidate from a stream of `pd`
-    /// (RFC 5040 §5.3, §7.2 checks 4 and 5).
-    pub fn remote_invalidate(&mut self, stag: Stag, pd: Pd) -> Result<(), InvalidateError> {
+    /// Whether the peer (a stream of `pd`) may invalidate `stag` with Send
+    /// with Invalidate (RFC 5040 §5.3, §7.2 checks 4 and 5).
+    pub fn check_remote_invalidate(&self, stag: Stag, pd: Pd) -> Result<(), InvalidateError> {
         let mr = self
-            .slot_mut(stag)
+            .slot(stag)
             .filter(|mr| mr.valid)
             .ok_or(InvalidateError::InvalidStag)?;
         // RFC 5040 §5.3: "Invalidate the STag if it is associated with the
@@ -542,7 +542,16 @@ impl Registry {
         if mr.attrs.pd != pd || mr.attrs.scope != Scope::Stream {
             return Err(InvalidateError::CannotInvalidate);
         }
-        mr.valid = false;
+        Ok(())
+    }
+
+    /// Remote invalidation by Send with Invalidate from a stream of `pd`:
+    /// [`Registry::check_remote_invalidate`], then the STag is invalid.
+    pub fn remote_invalidate(&mut self, stag: Stag, pd: Pd) -> Result<(), InvalidateError> {
+        self.check_remote_invalidate(stag, pd)?;
+        if let Some(mr) = self.slot_mut(stag) {
+            mr.valid = false;
+        }
         Ok(())
     }
 

@@ -392,6 +392,15 @@ impl DataPath {
         {
             return Ok((Target::Discard, Action::RtrSend));
         }
+        // RFC 5040 §7.2 checks 4 and 5 on the Invalidate STag. They apply
+        // when the message is delivered (and are repeated then), but every
+        // segment carries the STag: checking it before placing keeps an
+        // invalid Send with Invalidate from placing anything.
+        if opcode.has_invalidate_stag() {
+            self.reg
+                .check_remote_invalidate(inv, self.pd)
+                .map_err(|e| e.code())?;
+        }
         // Check 2: "The QN and MSN have an associated buffer".
         let buf = match &self.rx_send {
             Some(p) => p.wr.sge,

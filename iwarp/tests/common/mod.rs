@@ -305,6 +305,14 @@ impl<E: Endpoint> Pair<E> {
         panic!("no quiescence");
     }
 
+    /// Puts `bytes` on the stream of `dir` as if its sender had sent them
+    /// (the sender's stream offset advances; its engine knows nothing).
+    pub fn inject(&mut self, dir: Dir, bytes: &[u8]) {
+        let (from, to) = self.sides(dir);
+        to.inbox.extend_from_slice(bytes);
+        from.sent += bytes.len() as u64;
+    }
+
     /// Advances virtual time.
     pub fn advance(&mut self, d: Duration) {
         self.now += d;
