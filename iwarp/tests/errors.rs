@@ -17,7 +17,7 @@ use iwarp::engine::{
 };
 use iwarp::mem::{Access, MrAttrs, Pd, RegionId, Scope};
 use iwarp::wire::ddp::{BufferModel, QueueNumber, Stag};
-use iwarp::wire::fpdu::{self, Framing, FpduRepr, Ulpdu};
+use iwarp::wire::fpdu::{self, FpduRepr, Framing, Ulpdu};
 use iwarp::wire::rdmap::{Opcode, RdmapRepr, ReadRequestRepr};
 use iwarp::wire::terminate::{HdrCt, TermCode, TerminateHeader, TerminateRepr};
 
@@ -38,7 +38,15 @@ const MDR: HdrCt = HdrCt {
 };
 
 /// The ULPDU of an untagged segment.
-fn untagged(opcode: Opcode, qn: u32, msn: u32, mo: u32, last: bool, inv: u32, payload: &[u8]) -> Vec<u8> {
+fn untagged(
+    opcode: Opcode,
+    qn: u32,
+    msn: u32,
+    mo: u32,
+    last: bool,
+    inv: u32,
+    payload: &[u8],
+) -> Vec<u8> {
     let repr = RdmapRepr {
         opcode,
         last,
@@ -98,8 +106,7 @@ fn read_request(msn: u32, rr: ReadRequestRepr) -> Vec<u8> {
 struct T {
     pair: Pair<DataPath>,
     framing: Framing,
-    /// B: registered for remote write, 100 bytes, zero-based.
-    b_buf: RegionId,
+    /// B: 100 bytes registered for remote write and read, zero-based.
     b_stag: Stag,
     /// B: the source of A's Read.
     b_src_stag: Stag,
@@ -123,9 +130,17 @@ impl T {
             .register(b_buf, 0, 100, Access::REMOTE_WRITE | Access::REMOTE_READ)
             .unwrap();
         let b_src = pair.b.mem.add(vec![1; 10]);
-        let b_src_stag = pair.b.ep.register(b_src, 0, 10, Access::REMOTE_READ).unwrap();
+        let b_src_stag = pair
+            .b
+            .ep
+            .register(b_src, 0, 10, Access::REMOTE_READ)
+            .unwrap();
         let a_sink = pair.a.mem.add(vec![0; 10]);
-        let a_sink_stag = pair.a.ep.register(a_sink, 0, 10, Access::LOCAL_WRITE).unwrap();
+        let a_sink_stag = pair
+            .a
+            .ep
+            .register(a_sink, 0, 10, Access::LOCAL_WRITE)
+            .unwrap();
         pair.a
             .ep
             .post_read(ReadWr {
@@ -142,7 +157,6 @@ impl T {
         T {
             pair,
             framing: Framing { markers, crc },
-            b_buf,
             b_stag,
             b_src_stag,
             check_mem: true,
@@ -236,18 +250,22 @@ impl T {
         assert_eq!(c.len(), 1, "{c:?}");
         assert_eq!(
             (c[0].wr_id, c[0].opcode, c[0].status),
-            (
-                77,
-                WcOpcode::Read,
-                Status::Error { code, remote: true }
-            )
+            (77, WcOpcode::Read, Status::Error { code, remote: true })
         );
         assert_eq!(self.pair.a.ep.state(), State::Error);
-        assert!(self.pair.a.ep.post_recv(RecvWr {
-            wr_id: 1,
-            sge: Sge { region: RegionId(0), offset: 0, len: 0 }
-        })
-        .is_err());
+        assert!(self
+            .pair
+            .a
+            .ep
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sge: Sge {
+                    region: RegionId(0),
+                    offset: 0,
+                    len: 0
+                }
+            })
+            .is_err());
         // Nothing more moves.
         self.pair.drive();
         assert_eq!(self.pair.b.inbox(), &[] as &[u8]);
@@ -347,7 +365,13 @@ fn ddp_tagged_invalid_version() {
     let mut t = T::new(true, false);
     let mut u = tagged(Opcode::RDMA_WRITE, t.b_stag, 0, true, &[1; 10]);
     u[0] = (u[0] & !3) | 2;
-    t.expect(&[u], TermCode::DDP_TAGGED_INVALID_VERSION, MD, Some(0), None);
+    t.expect(
+        &[u],
+        TermCode::DDP_TAGGED_INVALID_VERSION,
+        MD,
+        Some(0),
+        None,
+    );
 }
 
 #[test]
@@ -412,10 +436,13 @@ fn ddp_message_too_long() {
     let got = t.pair.b.mem.get(buf).unwrap();
     assert_eq!(&got[..60], &[1; 60][..]);
     assert_eq!(&got[60..], &[0x33; 40][..]);
-    assert_eq!(t.pair.completions(Dir::BtoA)[0].status, Status::Error {
-        code: TermCode::DDP_MESSAGE_TOO_LONG,
-        remote: false
-    });
+    assert_eq!(
+        t.pair.completions(Dir::BtoA)[0].status,
+        Status::Error {
+            code: TermCode::DDP_MESSAGE_TOO_LONG,
+            remote: false
+        }
+    );
 }
 
 #[test]
@@ -424,7 +451,13 @@ fn ddp_untagged_invalid_version() {
     t.post_recv(100);
     let mut u = send(1, 0, &[1; 10]);
     u[0] &= !3;
-    t.expect(&[u], TermCode::DDP_UNTAGGED_INVALID_VERSION, MD, Some(0), None);
+    t.expect(
+        &[u],
+        TermCode::DDP_UNTAGGED_INVALID_VERSION,
+        MD,
+        Some(0),
+        None,
+    );
 }
 
 // ---- RDMAP (RFC 5040 §4.8 Figure 9, §7.2) -----------------------------
@@ -433,14 +466,26 @@ fn ddp_untagged_invalid_version() {
 fn rdmap_read_invalid_stag() {
     let mut t = T::new(true, false);
     let r = rr(0, 4, Stag(0x0077_0000), 0);
-    t.expect(&[read_request(2, r)], TermCode::RDMAP_INVALID_STAG, MDR, Some(0), Some(r));
+    t.expect(
+        &[read_request(2, r)],
+        TermCode::RDMAP_INVALID_STAG,
+        MDR,
+        Some(0),
+        Some(r),
+    );
 }
 
 #[test]
 fn rdmap_read_base_bounds() {
     let mut t = T::new(true, true);
     let r = rr(0, 11, t.b_src_stag, 0);
-    t.expect(&[read_request(2, r)], TermCode::RDMAP_BASE_BOUNDS, MDR, Some(0), Some(r));
+    t.expect(
+        &[read_request(2, r)],
+        TermCode::RDMAP_BASE_BOUNDS,
+        MDR,
+        Some(0),
+        Some(r),
+    );
 }
 
 #[test]
@@ -454,7 +499,13 @@ fn rdmap_read_access_rights() {
         .register(r_only_write, 0, 8, Access::REMOTE_WRITE)
         .unwrap();
     let r = rr(0, 8, stag, 0);
-    t.expect(&[read_request(2, r)], TermCode::RDMAP_ACCESS_RIGHTS, MDR, Some(0), Some(r));
+    t.expect(
+        &[read_request(2, r)],
+        TermCode::RDMAP_ACCESS_RIGHTS,
+        MDR,
+        Some(0),
+        Some(r),
+    );
 }
 
 #[test]
@@ -481,14 +532,28 @@ fn rdmap_read_stag_not_associated() {
 fn rdmap_read_to_wrap() {
     let mut t = T::new(true, false);
     let r = rr(0, 8, t.b_src_stag, u64::MAX - 2);
-    t.expect(&[read_request(2, r)], TermCode::RDMAP_TO_WRAP, MDR, Some(0), Some(r));
+    t.expect(
+        &[read_request(2, r)],
+        TermCode::RDMAP_TO_WRAP,
+        MDR,
+        Some(0),
+        Some(r),
+    );
 }
 
 #[test]
 fn rdmap_invalidate_invalid_stag() {
     let mut t = T::new(true, false);
     t.post_recv(100);
-    let u = untagged(Opcode::SEND_INVALIDATE, 0, 1, 0, true, 0x0099_0000, &[1; 10]);
+    let u = untagged(
+        Opcode::SEND_INVALIDATE,
+        0,
+        1,
+        0,
+        true,
+        0x0099_0000,
+        &[1; 10],
+    );
     // Figure 10: R only exists for Read Requests.
     t.expect(&[u], TermCode::RDMAP_INVALID_STAG, MD, Some(0), None);
 }
@@ -501,7 +566,13 @@ fn rdmap_cannot_invalidate() {
     t.post_recv(100);
     let stag = t.b_stag;
     let u = untagged(Opcode::SEND_SE_INVALIDATE, 0, 1, 0, true, stag.0, &[1; 10]);
-    t.expect(&[u], TermCode::RDMAP_PROT_CANNOT_INVALIDATE, MD, Some(0), None);
+    t.expect(
+        &[u],
+        TermCode::RDMAP_PROT_CANNOT_INVALIDATE,
+        MD,
+        Some(0),
+        None,
+    );
     assert!(t.pair.b.ep.registry().get(stag).unwrap().valid);
 
     // Nor one of another protection domain.
@@ -520,7 +591,13 @@ fn rdmap_cannot_invalidate() {
         )
         .unwrap();
     let u = untagged(Opcode::SEND_INVALIDATE, 0, 1, 0, true, stag.0, &[]);
-    t.expect(&[u], TermCode::RDMAP_PROT_CANNOT_INVALIDATE, MD, Some(0), None);
+    t.expect(
+        &[u],
+        TermCode::RDMAP_PROT_CANNOT_INVALIDATE,
+        MD,
+        Some(0),
+        None,
+    );
 }
 
 #[test]
@@ -591,15 +668,33 @@ fn rdmap_local_catastrophic_sent_instead_of_request() {
     pair.drive();
     let code = TermCode::RDMAP_LOCAL_CATASTROPHIC;
     let sent = pair.a.record.take().unwrap();
-    let (f, _) = fpdu::parse(&sent, 0, Framing { markers: true, crc: true }).unwrap();
+    let (f, _) = fpdu::parse(
+        &sent,
+        0,
+        Framing {
+            markers: true,
+            crc: true,
+        },
+    )
+    .unwrap();
     let u = f.ulpdu.to_vec();
     let term = TerminateRepr::parse(&TerminateHeader::new_checked(&u[18..]).unwrap()).unwrap();
     assert_eq!((term.code, term.hdrct()), (code, NONE));
-    let c: Vec<_> = pair.completions(Dir::AtoB).iter().map(|c| (c.wr_id, c.status)).collect();
+    let c: Vec<_> = pair
+        .completions(Dir::AtoB)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
     assert_eq!(
         c,
         vec![
-            (1, Status::Error { code, remote: false }),
+            (
+                1,
+                Status::Error {
+                    code,
+                    remote: false
+                }
+            ),
             (2, Status::Flushed)
         ]
     );
@@ -673,7 +768,13 @@ fn mpa_connection_lost() {
     let code = TermCode::MPA_CONNECTION_LOST;
     assert_eq!(t.pair.events(Dir::AtoB), vec![Event::Failed(code)]);
     let c = t.pair.completions(Dir::AtoB);
-    assert_eq!(c[0].status, Status::Error { code, remote: false });
+    assert_eq!(
+        c[0].status,
+        Status::Error {
+            code,
+            remote: false
+        }
+    );
     assert_eq!(t.pair.a.ep.state(), State::Error);
     // No Terminate can go out on a lost connection.
     assert_eq!(t.pair.a.ep.poll_transmit(&t.pair.a.mem, 1 << 20), 0);
@@ -718,7 +819,11 @@ fn write_running_off_the_end_places_nothing_beyond() {
     let mut pair = datapaths(p, p, 4);
     let dst = pair.b.mem.add(vec![0; 3000]);
     // Register only the first 2000 bytes.
-    let stag = pair.b.ep.register(dst, 0, 2000, Access::REMOTE_WRITE).unwrap();
+    let stag = pair
+        .b
+        .ep
+        .register(dst, 0, 2000, Access::REMOTE_WRITE)
+        .unwrap();
     pair.a
         .ep
         .post_write(WriteWr {
@@ -747,7 +852,11 @@ fn local_invalidate_mid_segment_stops_placement() {
     let p = params(true, false, 65483);
     let mut pair = datapaths(p, p, 6);
     let dst = pair.b.mem.add(vec![0; 10_000]);
-    let stag = pair.b.ep.register(dst, 0, 10_000, Access::REMOTE_WRITE).unwrap();
+    let stag = pair
+        .b
+        .ep
+        .register(dst, 0, 10_000, Access::REMOTE_WRITE)
+        .unwrap();
     pair.a
         .ep
         .post_write(WriteWr {

@@ -5,11 +5,9 @@
 
 mod common;
 
-use common::{datapaths, params, Chunking, Dir, Pair};
-use iwarp::engine::{
-    DataPath, Payload, ReadWr, RecvWr, SendKind, SendWr, Sge, Status, WcOpcode, WriteWr,
-};
-use iwarp::mem::{Access, Memory, MrAttrs, Scope};
+use common::{conn_config, connected, datapaths, params, Chunking, Dir, Pair, Verbs};
+use iwarp::engine::{Payload, ReadWr, RecvWr, SendKind, SendWr, Sge, Status, WcOpcode, WriteWr};
+use iwarp::mem::{Access, MrAttrs, Scope};
 use iwarp::wire::ddp::Stag;
 use iwarp::wire::fpdu;
 
@@ -38,7 +36,7 @@ const FILL: u8 = 0xee;
 
 /// Runs `op` of `len` bytes from A to B (for Read: A reads from B) and
 /// checks data, completions and untouched neighbours.
-fn run_op(pair: &mut Pair<DataPath>, op: Op, len: usize) {
+fn run_op<E: Verbs>(pair: &mut Pair<E>, op: Op, len: usize) {
     let data = pair.rng.bytes(len);
     let wr_id = pair.rng.next_u64();
     match op {
@@ -53,7 +51,8 @@ fn run_op(pair: &mut Pair<DataPath>, op: Op, len: usize) {
                     dst,
                     0,
                     8,
-                    MrAttrs::new(pair.b.ep.pd(), Access::REMOTE_WRITE).with_scope(Scope::Stream),
+                    MrAttrs::new(pair.b.ep.dp().pd(), Access::REMOTE_WRITE)
+                        .with_scope(Scope::Stream),
                 )
                 .unwrap();
             let kind = match op {
@@ -99,7 +98,10 @@ fn run_op(pair: &mut Pair<DataPath>, op: Op, len: usize) {
             assert_eq!(c.solicited, matches!(op, Op::SendSe | Op::SendSeInv));
             let invalidates = matches!(op, Op::SendInv | Op::SendSeInv);
             assert_eq!(c.invalidated, invalidates.then_some(inv));
-            assert_eq!(pair.b.ep.registry().get(inv).unwrap().valid, !invalidates);
+            assert_eq!(
+                pair.b.ep.dp().registry().get(inv).unwrap().valid,
+                !invalidates
+            );
             let got = pair.b.mem.remove(dst).unwrap();
             check(&got, GUARD, &data, op);
             pair.a.mem.remove(src);
@@ -116,7 +118,7 @@ fn run_op(pair: &mut Pair<DataPath>, op: Op, len: usize) {
                     dst,
                     0,
                     (len + 2 * GUARD) as u64,
-                    MrAttrs::new(pair.b.ep.pd(), Access::REMOTE_WRITE).with_base_to(base),
+                    MrAttrs::new(pair.b.ep.dp().pd(), Access::REMOTE_WRITE).with_base_to(base),
                 )
                 .unwrap();
             pair.a
@@ -518,4 +520,27 @@ fn write_then_send_delivery_order() {
     }
     assert_eq!(done_at, Some(inbox.len() - 1));
     let _ = Stag(0);
+}
+
+/// The same through whole connections: MPA startup (markers and CRC as
+/// both sides ask), RTR, then every operation around MULPDU and 1 MiB.
+#[test]
+fn through_connections() {
+    for (i, (crc, markers)) in FRAMINGS.into_iter().enumerate() {
+        let cfg = |seed| conn_config(crc, markers, 1460, seed);
+        let mut pair = connected(cfg(1), cfg(2), 400 + i as u64);
+        pair.direct = i % 2 == 1;
+        pair.chunking = Chunking { max: 5000 };
+        let mulpdu = pair.a.ep.datapath().mulpdu();
+        assert_eq!(mulpdu, fpdu::mulpdu(1460, markers));
+        for len in sizes(mulpdu) {
+            for op in OPS {
+                run_op(&mut pair, op, len);
+                // And the other way round.
+                core::mem::swap(&mut pair.a, &mut pair.b);
+                run_op(&mut pair, op, len);
+                core::mem::swap(&mut pair.a, &mut pair.b);
+            }
+        }
+    }
 }

@@ -50,6 +50,7 @@
 //! assert_eq!(&mb.region(dst).unwrap()[..5], b"hello");
 //! ```
 
+mod connection;
 mod qp;
 mod rx;
 mod sink;
@@ -58,6 +59,7 @@ mod tx;
 mod txq;
 mod wr;
 
+pub use connection::{Connection, ConnectionConfig, Role};
 pub use qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State, RTR_STAG};
 pub use txq::{MissingRegion, TxChunk, TxQueue};
 pub use wr::{

@@ -833,10 +833,7 @@ impl DataPath {
         internal[..len].copy_from_slice(&bytes[..len]);
         let mut msg = OutMsg::new(
             MsgKind::Terminate { msn },
-            Source::Internal {
-                bytes: internal,
-                len,
-            },
+            Source::Internal { bytes: internal },
             len as u64,
             Some(Mark::Terminate),
         );
@@ -886,6 +883,15 @@ impl DataPath {
                 self.events.push_back(Event::Failed(code));
             }
             State::Terminate | State::Error => {}
+        }
+    }
+
+    /// The stream will never reach the Full Operation Phase (the MPA
+    /// startup was rejected): everything posted is flushed, quietly.
+    pub(crate) fn abandon(&mut self) {
+        if self.state == State::Idle {
+            self.state = State::Error;
+            self.fail_all(TermCode::MPA_CONNECTION_LOST, false);
         }
     }
 

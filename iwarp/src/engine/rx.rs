@@ -348,13 +348,8 @@ impl Deframer {
         ev
     }
 
-    /// Whether the ULPDU is too short to be a DDP segment (RFC 5041 §5:
-    /// every segment carries a whole header).
-    pub fn too_short(&self) -> bool {
-        self.ulpdu_len < MIN_ULPDU_LEN
-    }
-
     /// Whether the stream is between FPDUs (nothing of one received).
+    #[cfg(test)]
     pub fn at_boundary(&self) -> bool {
         self.phase == Phase::Length && self.len_have == 0 && self.in_marker() == 0
     }

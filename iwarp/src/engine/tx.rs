@@ -12,7 +12,7 @@
 use crate::mem::{Memory, RegionId};
 use crate::wire::crc::{self, Crc, CRC_LEN};
 use crate::wire::ddp::{BufferModel, QueueNumber, Stag};
-use crate::wire::fpdu::{self, HEADER_LEN, MARKER_INTERVAL, MARKER_LEN};
+use crate::wire::fpdu::{self, HEADER_LEN, MARKER_LEN};
 use crate::wire::rdmap::{Opcode, RdmapRepr, ReadRequestRepr};
 
 use super::txq::{Mark, MissingRegion, TxQueue};
@@ -186,8 +186,9 @@ pub(crate) enum Source {
     Payload(Payload),
     /// The source range of an RDMA Read Response.
     Region { region: RegionId, offset: usize },
-    /// Engine-made payload (the Terminate header).
-    Internal { bytes: [u8; 64], len: usize },
+    /// Engine-made payload (the Terminate header; its length is the
+    /// message's).
+    Internal { bytes: [u8; 64] },
 }
 
 /// A message being segmented.
@@ -232,6 +233,7 @@ impl OutMsg {
     }
 
     /// Whether every segment has been written.
+    #[cfg(test)]
     pub fn done(&self) -> bool {
         self.finished
     }
@@ -416,7 +418,7 @@ impl OutMsg {
 
 /// Stream octets per marker interval, for tests.
 #[cfg(test)]
-pub(crate) const INTERVAL: u64 = MARKER_INTERVAL;
+pub(crate) const INTERVAL: u64 = fpdu::MARKER_INTERVAL;
 
 #[cfg(test)]
 mod tests {

@@ -103,6 +103,7 @@ impl TxQueue {
     }
 
     /// Appends `n` zero octets.
+    #[cfg(test)]
     pub(crate) fn push_zeros(&mut self, n: usize) {
         if n == 0 {
             return;
@@ -285,15 +286,6 @@ impl TxQueue {
     /// The next mark whose octets are all written.
     pub(crate) fn pop_done_mark(&mut self) -> Option<Mark> {
         self.done_marks.pop_front()
-    }
-
-    /// Drops everything unwritten (marks included, unreported).
-    pub(crate) fn clear(&mut self) {
-        self.bytes.clear();
-        self.head = 0;
-        self.entries.clear();
-        self.front_done = 0;
-        self.len = 0;
     }
 }
 

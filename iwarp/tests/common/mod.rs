@@ -8,8 +8,12 @@
 
 use std::time::{Duration, Instant};
 
-use iwarp::engine::{Completion, DataPath, Event, Params, RecvTarget, TxQueue};
-use iwarp::mem::{Memory, Pd, VecMemory};
+use iwarp::engine::{
+    Completion, Connection, ConnectionConfig, DataPath, Event, Params, PostError, ReadWr,
+    RecvTarget, RecvWr, SendWr, TxQueue, WriteWr,
+};
+use iwarp::mem::{Access, Memory, MrAttrs, Pd, RegError, RegionId, VecMemory};
+use iwarp::wire::ddp::Stag;
 
 /// splitmix64: small, seeded, good enough to cut streams.
 #[derive(Debug, Clone)]
@@ -274,8 +278,8 @@ impl<E: Endpoint> Pair<E> {
         head
     }
 
-    /// Runs both directions until nothing moves and no timer is due.
-    pub fn drive(&mut self) {
+    /// Moves bytes both ways until nothing moves; time stands still.
+    pub fn settle(&mut self) {
         for _ in 0..1_000_000 {
             let partial = self.rng.range(0, 3) == 0;
             let mut moved = self.transmit(Dir::AtoB, partial);
@@ -285,24 +289,33 @@ impl<E: Endpoint> Pair<E> {
                 moved += self.deliver(Dir::BtoA);
             }
             if moved == 0 {
-                let next = [self.a.ep.poll_timeout(), self.b.ep.poll_timeout()]
-                    .into_iter()
-                    .flatten()
-                    .min();
-                match next {
-                    // A deadline that survived its own firing: done.
-                    Some(t) if Some(t) != self.last_fired => {
-                        self.last_fired = Some(t);
-                        self.now = self.now.max(t);
-                        let now = self.now;
-                        self.a.ep.handle_timeout(now);
-                        self.b.ep.handle_timeout(now);
-                    }
-                    _ => return,
-                }
+                return;
             }
         }
         panic!("no quiescence");
+    }
+
+    /// Runs both directions until nothing moves, jumping virtual time to
+    /// each next deadline, until no deadline is left or one survives its
+    /// own firing.
+    pub fn drive(&mut self) {
+        loop {
+            self.settle();
+            let next = [self.a.ep.poll_timeout(), self.b.ep.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if Some(t) != self.last_fired => {
+                    self.last_fired = Some(t);
+                    self.now = self.now.max(t);
+                    let now = self.now;
+                    self.a.ep.handle_timeout(now);
+                    self.b.ep.handle_timeout(now);
+                }
+                _ => return,
+            }
+        }
     }
 
     /// Puts `bytes` on the stream of `dir` as if its sender had sent them
@@ -392,4 +405,151 @@ pub fn params(crc: bool, markers: bool, emss: usize) -> Params {
         emss,
         ..Params::default()
     }
+}
+
+impl Endpoint for Connection {
+    fn poll_transmit(&mut self, now: Instant, mem: &dyn Memory, budget: usize) -> usize {
+        Connection::poll_transmit(self, now, mem, budget)
+    }
+    fn txq(&self) -> &TxQueue {
+        Connection::txq(self)
+    }
+    fn tx_advance(&mut self, now: Instant, n: usize) {
+        Connection::tx_advance(self, now, n)
+    }
+    fn handle_input(&mut self, now: Instant, data: &[u8], mem: &mut dyn Memory) -> usize {
+        Connection::handle_input(self, now, data, mem)
+    }
+    fn recv_target(&self) -> RecvTarget {
+        Connection::recv_target(self)
+    }
+    fn placed(&mut self, now: Instant, n: usize, mem: &mut dyn Memory) {
+        Connection::placed(self, now, n, mem)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Connection::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Connection::handle_timeout(self, now)
+    }
+    fn poll_completion(&mut self) -> Option<Completion> {
+        Connection::poll_completion(self)
+    }
+    fn poll_event(&mut self) -> Option<Event> {
+        Connection::poll_event(self)
+    }
+}
+
+/// The verbs both endpoints offer, for tests that run on either.
+pub trait Verbs: Endpoint {
+    fn dp(&self) -> &DataPath;
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostError>;
+    fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError>;
+    fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError>;
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>;
+    fn register_with(
+        &mut self,
+        region: RegionId,
+        offset: usize,
+        len: u64,
+        attrs: MrAttrs,
+    ) -> Result<Stag, RegError>;
+    fn deregister(&mut self, stag: Stag) -> Result<(), RegError>;
+    fn register(
+        &mut self,
+        region: RegionId,
+        offset: usize,
+        len: u64,
+        access: Access,
+    ) -> Result<Stag, RegError> {
+        let pd = self.dp().pd();
+        self.register_with(region, offset, len, MrAttrs::new(pd, access))
+    }
+}
+
+fn dp_of_dp(d: &DataPath) -> &DataPath {
+    d
+}
+
+fn dp_of_conn(c: &Connection) -> &DataPath {
+    c.datapath()
+}
+
+macro_rules! verbs {
+    ($t:ty, $dp:expr) => {
+        impl Verbs for $t {
+            fn dp(&self) -> &DataPath {
+                $dp(self)
+            }
+            fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+                <$t>::post_send(self, wr)
+            }
+            fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError> {
+                <$t>::post_write(self, wr)
+            }
+            fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError> {
+                <$t>::post_read(self, wr)
+            }
+            fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+                <$t>::post_recv(self, wr)
+            }
+            fn register_with(
+                &mut self,
+                region: RegionId,
+                offset: usize,
+                len: u64,
+                attrs: MrAttrs,
+            ) -> Result<Stag, RegError> {
+                <$t>::register_with(self, region, offset, len, attrs)
+            }
+            fn deregister(&mut self, stag: Stag) -> Result<(), RegError> {
+                <$t>::deregister(self, stag)
+            }
+        }
+    };
+}
+
+verbs!(DataPath, dp_of_dp);
+verbs!(Connection, dp_of_conn);
+
+/// Connection parameters with the given framing wishes (both C bits, both
+/// M bits) and EMSS.
+pub fn conn_config(crc: bool, markers: bool, emss: usize, seed: u64) -> ConnectionConfig {
+    let mut cfg = ConnectionConfig {
+        emss,
+        pd: Pd(1),
+        stag_seed: seed,
+        ..ConnectionConfig::default()
+    };
+    cfg.startup.crc = crc;
+    cfg.startup.markers = markers;
+    cfg.startup.ird = 8;
+    cfg.startup.ord = 8;
+    cfg
+}
+
+/// An initiator and a responder, connected (the responder accepts), with
+/// the handshake run to the end.
+pub fn connected(a: ConnectionConfig, b: ConnectionConfig, seed: u64) -> Pair<Connection> {
+    let mut pair = Pair::new(
+        Connection::connect(a, b"hello", Instant::now()).unwrap(),
+        Connection::listen(b, Instant::now()),
+        seed,
+    );
+    pair.settle();
+    match pair.b.ep.poll_event() {
+        Some(Event::ConnectRequest { private_data, .. }) => assert_eq!(private_data, b"hello"),
+        other => panic!("responder: {other:?}"),
+    }
+    pair.b.ep.accept(b"welcome").unwrap();
+    pair.settle();
+    match pair.a.ep.poll_event() {
+        Some(Event::Established { private_data, .. }) => assert_eq!(private_data, b"welcome"),
+        other => panic!("initiator: {other:?}"),
+    }
+    assert!(matches!(
+        pair.b.ep.poll_event(),
+        Some(Event::Established { .. })
+    ));
+    pair
 }
