@@ -151,18 +151,19 @@ impl DataPath {
     /// [`RecvTarget::Place`]) straight into place: the CRC runs over them
     /// where they landed.
     pub fn placed(&mut self, n: usize, mem: &mut dyn Memory) {
-        let run = self.rx.payload_run();
-        let Target::Place { region, offset, .. } = self.seg.target else {
-            return;
-        };
-        if self.rx_dropping || n == 0 || n > run {
+        if n == 0 || self.rx_dropping || self.state == State::Idle {
             return;
         }
-        let Some(bytes) = mem
-            .region(region)
-            .and_then(|r| r.get(offset..offset.checked_add(n)?))
-        else {
-            // The driver placed into memory that is not there: our side's
+        let run = self.rx.payload_run();
+        let bytes = match self.seg.target {
+            Target::Place { region, offset, .. } if n <= run => mem
+                .region(region)
+                .and_then(|r| r.get(offset..offset.checked_add(n)?)),
+            _ => None,
+        };
+        let Some(bytes) = bytes else {
+            // The driver placed more than it was offered, or into memory
+            // that is not there: the stream is out of step, our side's
             // failure (RFC 5041 §7.2 Local Catastrophic).
             self.seg.target = Target::Discard;
             self.raise(TermCode::DDP_LOCAL_CATASTROPHIC, &Echo::NONE);
