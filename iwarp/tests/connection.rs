@@ -197,6 +197,10 @@ fn rejected() {
     assert_eq!(pair.a.ep.state(), State::Error);
     assert_eq!(pair.completions(Dir::AtoB)[0].status, Status::Flushed);
     assert_eq!(pair.b.ep.state(), State::Error);
+    // The stream left MPA: what follows the Reply is the ULP's.
+    pair.inject(Dir::BtoA, b"plain tcp");
+    pair.deliver(Dir::BtoA);
+    assert_eq!(pair.a.inbox(), b"plain tcp");
 }
 
 #[test]

@@ -20,7 +20,48 @@
 //! Work can be posted and memory registered from the start; Sends wait
 //! for the Full Operation Phase, receive buffers are there for the first
 //! Send the peer makes.
+//!
+//! ```
+//! use std::time::Instant;
+//! use iwarp::engine::{Connection, ConnectionConfig, Event, Payload, RecvWr, SendKind, SendWr, Sge};
+//! use iwarp::mem::{Memory, VecMemory};
+//!
+//! let now = Instant::now();
+//! let mut a = Connection::connect(ConnectionConfig::default(), b"hello", now).unwrap();
+//! let mut b = Connection::listen(ConnectionConfig::default(), now);
+//! let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
+//!
+//! // Moves everything queued on `from` into `to`, as a socket would.
+//! fn pump(from: &mut Connection, fm: &VecMemory, to: &mut Connection, tm: &mut VecMemory) {
+//!     let now = Instant::now();
+//!     from.poll_transmit(now, fm, 1 << 20);
+//!     let mut wire = Vec::new();
+//!     from.txq().for_each_slice(fm, |s| { wire.extend_from_slice(s); true }).unwrap();
+//!     from.tx_advance(now, wire.len());
+//!     assert_eq!(to.handle_input(now, &wire, tm), wire.len());
+//! }
+//!
+//! pump(&mut a, &ma, &mut b, &mut mb); // MPA Request
+//! assert!(matches!(b.poll_event(), Some(Event::ConnectRequest { .. })));
+//! let buf = mb.add(vec![0; 64]);
+//! b.post_recv(RecvWr { wr_id: 1, sge: Sge { region: buf, offset: 0, len: 64 } }).unwrap();
+//! b.accept(b"welcome").unwrap();
+//! pump(&mut b, &mb, &mut a, &mut ma); // MPA Reply
+//! assert!(matches!(a.poll_event(), Some(Event::Established { .. })));
+//!
+//! a.post_send(SendWr {
+//!     wr_id: 2,
+//!     kind: SendKind::Send,
+//!     payload: Payload::Inline(b"over iWARP".to_vec()),
+//!     signaled: true,
+//! })
+//! .unwrap();
+//! pump(&mut a, &ma, &mut b, &mut mb); // RTR, then the Send
+//! assert_eq!(b.poll_completion().unwrap().byte_len, 10);
+//! assert_eq!(&mb.region(buf).unwrap()[..10], b"over iWARP");
+//! ```
 
+use core::fmt;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -35,7 +76,7 @@ use super::txq::TxQueue;
 use super::wr::{Completion, Event, PostError, ReadWr, RecvWr, SendWr, WriteWr};
 
 /// Everything a connection is made with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ConnectionConfig {
     /// MPA startup parameters (CRC, markers, IRD/ORD, RTR, timeout).
     pub startup: StartupConfig,
@@ -49,6 +90,20 @@ pub struct ConnectionConfig {
     pub stag_seed: u64,
 }
 
+// By hand, so as to need nothing of `StartupConfig` but its fields.
+impl fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("crc", &self.startup.crc)
+            .field("markers", &self.startup.markers)
+            .field("ird", &self.startup.ird)
+            .field("ord", &self.startup.ord)
+            .field("emss", &self.emss)
+            .field("pd", &self.pd)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for ConnectionConfig {
     fn default() -> ConnectionConfig {
         ConnectionConfig {
@@ -56,6 +111,27 @@ impl Default for ConnectionConfig {
             emss: 1460,
             pd: Pd(0),
             stag_seed: 0,
+        }
+    }
+}
+
+/// What a connection keeps of its config.
+struct Parts {
+    emss: usize,
+    pd: Pd,
+    stag_seed: u64,
+    crc: bool,
+    markers: bool,
+}
+
+impl Parts {
+    fn of(cfg: &ConnectionConfig) -> Parts {
+        Parts {
+            emss: cfg.emss,
+            pd: cfg.pd,
+            stag_seed: cfg.stag_seed,
+            crc: cfg.startup.crc,
+            markers: cfg.startup.markers,
         }
     }
 }
@@ -70,7 +146,6 @@ pub enum Role {
 }
 
 /// An iWARP connection: MPA startup, then a [`DataPath`].
-#[derive(Debug)]
 pub struct Connection {
     role: Role,
     startup: Option<Startup>,
@@ -83,6 +158,18 @@ pub struct Connection {
     peer_frame: [u8; FRAME_HEADER_LEN],
     peer_frame_len: usize,
     events: VecDeque<Event>,
+    /// The stream left iWARP (rejected): later octets are the ULP's.
+    left: bool,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("role", &self.role)
+            .field("in_startup", &self.startup.is_some())
+            .field("dp", &self.dp)
+            .finish_non_exhaustive()
+    }
 }
 
 fn rtr_kind(r: Rtr) -> RtrKind {
@@ -94,17 +181,18 @@ fn rtr_kind(r: Rtr) -> RtrKind {
 }
 
 impl Connection {
-    fn with(role: Role, startup: Startup, cfg: ConnectionConfig) -> Connection {
+    fn with(role: Role, startup: Startup, cfg: Parts) -> Connection {
         let mut c = Connection {
             role,
             startup: Some(startup),
             dp: DataPath::new(cfg.pd, cfg.stag_seed),
             emss: cfg.emss,
-            our_crc: cfg.startup.crc,
-            our_markers: cfg.startup.markers,
+            our_crc: cfg.crc,
+            our_markers: cfg.markers,
             peer_frame: [0; FRAME_HEADER_LEN],
             peer_frame_len: 0,
             events: VecDeque::new(),
+            left: false,
         };
         c.drive_startup();
         c
@@ -116,15 +204,17 @@ impl Connection {
         private_data: &[u8],
         now: Instant,
     ) -> Result<Connection, StartupError> {
+        let parts = Parts::of(&cfg);
         let startup = Startup::initiator(cfg.startup, private_data, now)?;
-        Ok(Connection::with(Role::Initiator, startup, cfg))
+        Ok(Connection::with(Role::Initiator, startup, parts))
     }
 
     /// The responder: waits for the MPA Request, reports
     /// [`Event::ConnectRequest`], then [`Connection::accept`] or
     /// [`Connection::reject`].
     pub fn listen(cfg: ConnectionConfig, now: Instant) -> Connection {
-        Connection::with(Role::Responder, Startup::responder(cfg.startup, now), cfg)
+        let parts = Parts::of(&cfg);
+        Connection::with(Role::Responder, Startup::responder(cfg.startup, now), parts)
     }
 
     /// Responder: accepts the connection with `private_data` in the Reply.
@@ -147,6 +237,7 @@ impl Connection {
         self.drive_startup();
         if r.is_ok() {
             self.dp.abandon();
+            self.left = true;
         }
         r
     }
@@ -209,6 +300,7 @@ impl Connection {
                     peer_ord,
                 } => {
                     self.dp.abandon();
+                    self.left = true;
                     self.events.push_back(Event::Rejected {
                         private_data,
                         peer_ird,
@@ -310,7 +402,11 @@ impl Connection {
             self.record_peer_frame(&data[..used]);
             self.drive_startup();
         }
-        if used < data.len() && self.startup.is_none() && self.dp.state() != State::Idle {
+        if used < data.len()
+            && self.startup.is_none()
+            && !self.left
+            && self.dp.state() != State::Idle
+        {
             used += self.dp.handle_input(&data[used..], mem);
         }
         used
