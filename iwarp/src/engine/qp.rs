@@ -702,9 +702,22 @@ impl DataPath {
             self.sq_next += 1;
             return self.start_sq();
         }
-        if matches!(entry.work, Some(Work::Read(_)))
-            && self.reads_out.len() >= usize::from(self.ord)
-        {
+        let is_read = matches!(entry.work, Some(Work::Read(_)));
+        if is_read && self.ord == 0 {
+            // Posted before the negotiation gave an ORD of 0: it can never
+            // be sent. RFC 5040 §7.1 case 1, an error "detected while
+            // creating" a Read Request: a Terminate goes instead.
+            self.set_status(
+                seq,
+                Status::Error {
+                    code: TermCode::RDMAP_LOCAL_CATASTROPHIC,
+                    remote: false,
+                },
+            );
+            self.raise(TermCode::RDMAP_LOCAL_CATASTROPHIC, &Echo::NONE);
+            return false;
+        }
+        if is_read && self.reads_out.len() >= usize::from(self.ord) {
             // ORD reached: the queue waits (RFC 5040 §5.5 rule 13 keeps
             // later work behind it).
             return false;
