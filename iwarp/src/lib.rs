@@ -6,9 +6,14 @@
 //!
 //! * [`wire`] — one module per wire format: a checked view over bytes plus a
 //!   plain struct with `parse`/`emit`. Nothing in it panics on any input.
-//! * [`mpa`] — the MPA Startup Phase (RFC 5044 §7.1, RFC 6581): a sans-IO
-//!   machine exchanging Request/Reply Frames and negotiating Full Operation.
+//! * [`mem`] — memory regions, protection domains, STags and the checks
+//!   that keep the peer inside what was registered.
+//! * [`mpa`] — the MPA startup (Request/Reply, RFC 5044 §7.1, RFC 6581).
+//! * [`engine`] — the data path (MPA FPDUs, DDP, RDMAP) as a sans-IO queue
+//!   pair.
 #![forbid(unsafe_code)]
 
+pub mod engine;
+pub mod mem;
 pub mod mpa;
 pub mod wire;
