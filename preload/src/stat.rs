@@ -205,6 +205,7 @@ fn create(dir: &str) -> Option<File> {
         );
         return None;
     }
+    remove_stale(dir);
     let path = own_path(dir)?;
     // SAFETY: path is NUL-terminated.
     let fd = unsafe {
@@ -234,6 +235,44 @@ fn create(dir: &str) -> Option<File> {
         path,
         len: HEADER_LEN,
     })
+}
+
+/// Removes the files of processes that are gone (a process that ends with
+/// `_exit` or a signal cannot remove its own): the pid no longer exists,
+/// or it is another process now (its start time differs).
+fn remove_stale(dir: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".stat"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => false,
+            Ok(text) => {
+                let started = text
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+                    .and_then(|t| t.parse::<u64>().ok());
+                let mut head = [0u8; 32];
+                let recorded = std::fs::File::open(entry.path())
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                    .ok()
+                    .map(|()| le_u64(&head[field::H_START]));
+                // A file still being created has no start time yet.
+                recorded.is_none_or(|r| r == 0 || Some(r) == started)
+            }
+        };
+        if !alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 extern "C" fn remove_at_exit() {
