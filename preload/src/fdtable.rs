@@ -618,6 +618,7 @@ pub fn fall_back(fd: i32, reason: TcpReason) {
         e.transport = Transport::Tcp;
         e.reason = reason;
     });
+    crate::hooks::epoll::fell_back(fd);
 }
 
 /// Publishes the SDP statistics of `fd` to the state export.

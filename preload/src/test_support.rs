@@ -78,8 +78,17 @@ impl FakeEndpoint {
         r
     }
 
+    /// New application data: the readable wake fd gets a new edge even if
+    /// it was already readable (the `WakeFds` contract).
     pub fn deliver(&self, data: &[u8]) {
-        self.with(|s| s.rx.extend(data));
+        self.with(|s| {
+            s.rx.extend(data);
+            if s.read_level {
+                let v: u64 = 1;
+                // SAFETY: an 8-byte eventfd write from a local u64.
+                unsafe { libc::write(self.wake.readable, (&v as *const u64).cast(), 8) };
+            }
+        });
     }
     pub fn take_all(&self) {
         self.with(|s| s.rx.clear());

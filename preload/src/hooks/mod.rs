@@ -16,6 +16,7 @@
 //! their C names from the shared library (not from unit-test builds, where
 //! the tests call them as ordinary functions).
 
+pub mod epoll;
 pub mod io;
 pub mod poll;
 pub mod socket;

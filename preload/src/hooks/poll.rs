@@ -1,5 +1,5 @@
-//! Readiness hooks: `poll`, `ppoll`, `select`, `pselect`, the `epoll`
-//! family, `__poll_chk`, `__ppoll_chk`.
+//! Readiness hooks: `poll`, `ppoll`, `select`, `pselect`, `__poll_chk`,
+//! `__ppoll_chk` (`epoll` is in [`super::epoll`]).
 //!
 //! While no fd is SDP every call goes to the C library unchanged. When a
 //! set holds SDP fds, `poll`/`select` report their readiness from the
@@ -7,46 +7,39 @@
 //! in the kernel on the endpoint's wake fds beside the program's other fds,
 //! re-checking after every wake-up so a wake fd's stale level never shows
 //! as readiness.
-//!
-//! `epoll` passes through for now. The plan for SDP fds (with the engine):
-//! `epoll_ctl` registers the endpoint's two wake fds in the program's epoll
-//! set under tokens of a reserved range (non-canonical addresses, never a
-//! user pointer), keeping the program's `epoll_data` and interest in a side
-//! table per (epfd, fd); `epoll_wait` translates token events back into one
-//! event per fd with the exact readiness bits, `EPOLLET` maps onto the wake
-//! fds' edges and `EPOLLONESHOT` disarms both wake fds of the fd. One fd in
-//! several epoll sets is several registrations of the same wake fds.
 #![allow(clippy::missing_safety_doc)]
 
 use super::{fail, Guard};
 use crate::fdtable::{self, ListenerHandle, StreamHandle};
 use crate::real;
 use crate::sdp::Readiness;
-use libc::{c_int, epoll_event, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
+use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-enum Side {
+/// The SDP side of an fd in a readiness set.
+#[derive(Clone)]
+pub(super) enum Side {
     Stream(Arc<StreamHandle>),
     Listener(Arc<ListenerHandle>),
 }
 
 impl Side {
-    fn of(fd: c_int) -> Option<Side> {
+    pub(super) fn of(fd: c_int) -> Option<Side> {
         if let Some(h) = fdtable::stream(fd) {
             return Some(Side::Stream(h));
         }
         fdtable::listener(fd).map(Side::Listener)
     }
 
-    fn readiness(&self) -> Readiness {
+    pub(super) fn readiness(&self) -> Readiness {
         match self {
             Side::Stream(h) => h.endpoint.readiness(),
             Side::Listener(h) => h.listener.readiness(),
         }
     }
 
-    fn wake_fds(&self) -> crate::sdp::WakeFds {
+    pub(super) fn wake_fds(&self) -> crate::sdp::WakeFds {
         match self {
             Side::Stream(h) => h.endpoint.wake_fds(),
             Side::Listener(h) => h.listener.wake_fds(),
@@ -59,7 +52,7 @@ fn any_sdp(fds: &[pollfd]) -> bool {
     fds.iter().any(|p| fdtable::is_sdp(p.fd))
 }
 
-fn remaining(deadline: Option<Instant>) -> Option<timespec> {
+pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
     deadline.map(|d| {
         let left = d.saturating_duration_since(Instant::now());
         timespec {
@@ -143,11 +136,11 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
     }
 }
 
-fn ms_deadline(timeout: c_int) -> Option<Instant> {
+pub(super) fn ms_deadline(timeout: c_int) -> Option<Instant> {
     (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64))
 }
 
-fn ts_deadline(ts: *const timespec) -> Option<Instant> {
+pub(super) fn ts_deadline(ts: *const timespec) -> Option<Instant> {
     if ts.is_null() {
         return None;
     }
@@ -371,65 +364,6 @@ pub unsafe extern "C" fn pselect(
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::pselect(nfds, r, w, e, ts, mask) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
-    // SAFETY: the program's argument, passed on.
-    unsafe { real::epoll_create(size) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
-    // SAFETY: the program's argument, passed on.
-    unsafe { real::epoll_create1(flags) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_ctl(
-    epfd: c_int,
-    op: c_int,
-    fd: c_int,
-    event: *mut epoll_event,
-) -> c_int {
-    // TODO(sdp): SDP fds register their wake fds (module docs).
-    // SAFETY: the program's arguments, passed on.
-    unsafe { real::epoll_ctl(epfd, op, fd, event) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_wait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-) -> c_int {
-    // SAFETY: the program's arguments, passed on.
-    unsafe { real::epoll_wait(epfd, events, max, timeout) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_pwait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: the program's arguments, passed on.
-    unsafe { real::epoll_pwait(epfd, events, max, timeout, mask) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn epoll_pwait2(
-    epfd: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: *const timespec,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: the program's arguments, passed on.
-    unsafe { real::epoll_pwait2(epfd, events, max, timeout, mask) }
 }
 
 #[cfg(test)]

@@ -441,9 +441,17 @@ pub unsafe extern "C" fn accept4(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if fdtable::is_managed(fd) {
+    if fdtable::is_managed(fd) || super::epoll::registered() {
         if let Some(_g) = Guard::enter() {
-            protect("close", || fdtable::remove(fd), || ());
+            let _errno = SavedErrno::save();
+            protect(
+                "close",
+                || {
+                    super::epoll::forget_fd(fd);
+                    fdtable::remove(fd);
+                },
+                || (),
+            );
         }
     }
     // SAFETY: the program's argument, passed on.
