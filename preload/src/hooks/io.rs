@@ -782,6 +782,37 @@ mod tests {
         uninstall(app);
     }
 
+    extern "C" fn ignore(_: c_int) {}
+
+    #[test]
+    fn a_signal_interrupts_a_blocked_recv_with_eintr() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // SAFETY: a handler without SA_RESTART for SIGUSR2, which no other
+        // test uses; an all-zero sigaction is valid before filling it.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as extern "C" fn(c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        // SAFETY: plain call.
+        let me = unsafe { libc::pthread_self() };
+        let kicker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: the test thread is alive: it waits for us in join().
+            unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+        });
+        let mut b = [0u8; 4];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, 0) };
+        let errno = real::errno();
+        kicker.join().unwrap();
+        assert_eq!((n, errno), (-1, libc::EINTR));
+        uninstall(app);
+    }
+
     #[test]
     fn send_takes_everything_blocking_and_raises_epipe() {
         let (app, _peer) = socketpair();

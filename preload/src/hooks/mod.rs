@@ -284,10 +284,23 @@ extern "C" fn atfork_child() {
         "fork (child)",
         || {
             crate::stat::fork_child();
-            fdtable::for_each(|_, e| match &e.sdp {
-                fdtable::SdpSide::None => {}
-                fdtable::SdpSide::Stream(h) => h.endpoint.fork_child(),
-                fdtable::SdpSide::Listener(h) => h.listener.fork_child(),
+            // Once per endpoint, however many fd numbers share it.
+            let mut seen: Vec<*const ()> = Vec::new();
+            fdtable::for_each(|_, e| {
+                let key = match &e.sdp {
+                    fdtable::SdpSide::None => return,
+                    fdtable::SdpSide::Stream(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+                    fdtable::SdpSide::Listener(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+                };
+                if seen.contains(&key) {
+                    return;
+                }
+                seen.push(key);
+                match &e.sdp {
+                    fdtable::SdpSide::None => {}
+                    fdtable::SdpSide::Stream(h) => h.endpoint.fork_child(),
+                    fdtable::SdpSide::Listener(h) => h.listener.fork_child(),
+                }
             });
         },
         || (),
