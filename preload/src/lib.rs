@@ -19,6 +19,8 @@ pub mod config;
 pub mod fdtable;
 pub mod hooks;
 pub mod log;
+#[cfg(test)]
+mod no_alloc_test;
 pub mod real;
 pub mod rules;
 pub mod sdp;

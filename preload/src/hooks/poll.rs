@@ -246,33 +246,34 @@ unsafe fn select_sdp(
     }
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int);
     let _g = Guard::enter()?;
-    let mut set = Vec::new();
-    let mut has_sdp = false;
-    for fd in 0..nfds {
-        // SAFETY: the program's sets, fd < nfds <= FD_SETSIZE.
-        let (rr, ww, ee) = unsafe { (isset(r, fd), isset(w, fd), isset(e, fd)) };
+    // SAFETY: the program's sets, fd < nfds <= FD_SETSIZE.
+    let events_of = |fd| unsafe {
         let mut events = 0;
-        if rr {
+        if isset(r, fd) {
             events |= libc::POLLIN;
         }
-        if ww {
+        if isset(w, fd) {
             events |= libc::POLLOUT;
         }
-        if ee {
+        if isset(e, fd) {
             events |= libc::POLLPRI;
         }
-        if events != 0 {
-            has_sdp |= fdtable::is_sdp(fd);
-            set.push(pollfd {
+        events
+    };
+    // Without an SDP fd in the sets, the C library does it (no allocation).
+    if !(0..nfds).any(|fd| events_of(fd) != 0 && fdtable::is_sdp(fd)) {
+        return None;
+    }
+    let mut set: Vec<pollfd> = (0..nfds)
+        .filter_map(|fd| {
+            let events = events_of(fd);
+            (events != 0).then_some(pollfd {
                 fd,
                 events,
                 revents: 0,
-            });
-        }
-    }
-    if !has_sdp {
-        return None;
-    }
+            })
+        })
+        .collect();
     let n = poll_sdp(&mut set, deadline, mask);
     if n < 0 {
         return Some(-1);
