@@ -581,6 +581,82 @@ fn dup2_close_and_fork_keep_the_state_right() {
     assert!(!stat.path().join(format!("{child}.stat")).exists());
 }
 
+/// A C program built with `-D_FORTIFY_SOURCE=2`, so that it calls the
+/// `_chk` variants, exercises the calls Python does not make: the same
+/// output with and without the preload, except that `socket(27, ...)`
+/// works only with it (the address may carry family 27 too).
+#[test]
+fn fortified_c_program_is_identical_with_and_without_the_preload() {
+    require("cc");
+    require("nm");
+    let stat = TempDir::new("cprog");
+    let exe = stat.path().join("passthrough");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/passthrough.c");
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-D_FORTIFY_SOURCE=2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .status()
+        .expect("run cc");
+    assert!(status.success());
+    let nm = std::process::Command::new("nm")
+        .arg("-D")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let imports = String::from_utf8_lossy(&nm.stdout);
+    for chk in [
+        "__read_chk",
+        "__recv_chk",
+        "__recvfrom_chk",
+        "__poll_chk",
+        "__ppoll_chk",
+    ] {
+        assert!(imports.contains(chk), "{chk} not imported:\n{imports}");
+    }
+
+    let mut plain = command(&exe, Mode::Plain, stat.path());
+    plain.arg("sdp");
+    let plain = String::from_utf8(run_ok(plain).stdout).unwrap();
+    let mut preloaded = command(&exe, Mode::Preload, stat.path());
+    preloaded.arg("sdp");
+    let preloaded = run_ok(preloaded);
+    let text = String::from_utf8(preloaded.stdout).unwrap();
+    let sdp_line = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("AF_INET_SDP"))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        sdp_line(&plain).as_deref(),
+        Some("AF_INET_SDP: Address family not supported by protocol")
+    );
+    assert_eq!(
+        sdp_line(&text).as_deref(),
+        Some("AF_INET_SDP: connected, peer family 2")
+    );
+    let others = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with("AF_INET_SDP"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(others(&text), others(&plain));
+    assert_eq!(
+        others(&text).join("\n"),
+        "nonblocking connect: in progress or done\npoll writable: 1 1\nSO_ERROR: 0\n\
+         ppoll readable: 1\nFIONREAD: 11\npeek: hello\nread: hello\nrecvfrom:  world\n\
+         readv: 4 ab cd\nrecvmsg: 4 ab cd\nselect: 1 1\npselect: 1\nepoll_pwait: 1 42\n\
+         epoll_wait drained: 0\ndups: 50 60 70\nsendfile: 10\nafter sendfile: file-bytes\n\
+         eof: 0\ndone"
+    );
+    let err = String::from_utf8_lossy(&preloaded.stderr);
+    assert!(
+        err.contains("AF_INET_SDP asks for SDP only, but this build has no SDP engine: using TCP"),
+        "{err}"
+    );
+}
+
 #[test]
 fn sdprun_execs_the_program_with_the_preload() {
     let a = artifacts();
