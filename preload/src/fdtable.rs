@@ -312,9 +312,12 @@ thread_local! {
     static INSIDE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-struct GateGuard;
+/// Inside the fork gate (see the module docs); dropping it leaves.
+pub struct GateGuard;
 
-fn enter_gate() -> GateGuard {
+/// Enters the fork gate: any lock taken while the guard lives is never
+/// held by another thread at the moment of a `fork`.
+pub fn enter_gate() -> GateGuard {
     if INSIDE.with(|d| d.get()) == 0 {
         loop {
             let g = GATE.load(Ordering::Acquire);

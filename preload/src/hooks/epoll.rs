@@ -69,6 +69,8 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    // Inside the fork gate, so a child never inherits the lock held.
+    let _gate = fdtable::enter_gate();
     let mut guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     let r = f(guard.get_or_insert_with(Registry::default));
     COUNT.store(

@@ -880,6 +880,23 @@ mod tests {
     }
 
     #[test]
+    fn connect_again_on_an_sdp_connection_answers_eisconn() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        fdtable::update(app, |e| e.role = crate::fdtable::SocketRole::Client);
+        let raw = super::super::RawAddr::new("127.0.0.1:9".parse().unwrap());
+        // SAFETY: a complete local address.
+        let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
+        assert_eq!((r, real::errno()), (-1, libc::EISCONN));
+        ep.set_send_room(0);
+        // SAFETY: as above.
+        let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
+        assert_eq!((r, real::errno()), (-1, libc::EALREADY));
+        uninstall(app);
+    }
+
+    #[test]
     fn close_of_the_last_dup_closes_the_endpoint_once() {
         let (app, _peer) = socketpair();
         let ep = FakeEndpoint::new();

@@ -166,6 +166,22 @@ unsafe fn connect_managed(
         // SAFETY: the program's arguments.
         return unsafe { real::connect(fd, addr, len) };
     };
+    if entry.role == SocketRole::Client {
+        // Decided already: a program asking again about its connect.
+        if let SdpSide::Stream(h) = &entry.sdp {
+            let r = h.endpoint.readiness();
+            return fail(if r.writable || r.error {
+                libc::EISCONN
+            } else {
+                libc::EALREADY
+            });
+        }
+        // SAFETY: the program's arguments (see kernel_addr).
+        return match unsafe { kernel_addr(addr, len) } {
+            Some(raw) => unsafe { real::connect(fd, raw.as_ptr(), raw.len()) },
+            None => unsafe { real::connect(fd, addr, len) },
+        };
+    }
     let (family, decided_by, rule) = decide(&entry, Role::Client, &dest);
     let mut reason = TcpReason::RuleTcp;
     if family != Family::Tcp {
@@ -302,6 +318,10 @@ fn listen_managed(fd: c_int, backlog: c_int) {
     let Some(entry) = fdtable::get(fd) else {
         return;
     };
+    if entry.role == SocketRole::Listener {
+        // A second listen only changes the backlog.
+        return;
+    }
     let Some(local) = socket_name(fd, false) else {
         return;
     };
