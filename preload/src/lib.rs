@@ -14,6 +14,7 @@
 //! Until the SDP engine is installed, every connection is TCP: the decision
 //! is still made and recorded (rule, reason) and published.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 pub mod fdtable;

@@ -430,10 +430,8 @@ mod tests {
         install(app, ep.clone());
         ep.deliver(b"data");
         // SAFETY: writing to our own socket.
-        assert_eq!(
-            unsafe { libc::write(other_peer, b"k".as_ptr().cast(), 1) },
-            1
-        );
+        let wrote = unsafe { libc::write(other_peer, b"k".as_ptr().cast(), 1) };
+        assert_eq!(wrote, 1);
         // SAFETY: fd_sets on the stack, FD_* on them.
         unsafe {
             let mut r: fd_set = std::mem::zeroed();

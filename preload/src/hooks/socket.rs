@@ -133,27 +133,38 @@ fn describe(decided_by: DecidedBy, rule: u16) -> String {
     }
 }
 
+/// The C library's `connect`, with an `AF_INET_SDP` address rewritten to
+/// `AF_INET` for the kernel.
+unsafe fn pass_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the program's (addr, len) pair, or a complete address we
+    // built from it, passed to the C library.
+    unsafe {
+        match kernel_addr(addr, len) {
+            Some(raw) => real::connect(fd, raw.as_ptr(), raw.len()),
+            None => real::connect(fd, addr, len),
+        }
+    }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    // SAFETY (all real::connect calls below): the program's arguments or
-    // an address we built, passed to the C library.
     let Some(_g) = Guard::enter() else {
-        return unsafe { real::connect(fd, addr, len) };
+        // SAFETY: the program's arguments.
+        return unsafe { pass_connect(fd, addr, len) };
     };
     // SAFETY: the program's (addr, len) pair.
     let dest = unsafe { read_sockaddr(addr, len) };
-    let Some(dest) = dest else {
-        return unsafe { real::connect(fd, addr, len) };
-    };
-    if !adopt(fd) {
-        return unsafe { real::connect(fd, addr, len) };
+    match dest {
+        Some(dest) if adopt(fd) => protect(
+            "connect",
+            // SAFETY: the program's arguments.
+            || unsafe { connect_managed(fd, addr, len, dest) },
+            // SAFETY: the program's arguments.
+            || unsafe { pass_connect(fd, addr, len) },
+        ),
+        // SAFETY: the program's arguments.
+        _ => unsafe { pass_connect(fd, addr, len) },
     }
-    protect(
-        "connect",
-        // SAFETY: as above.
-        || unsafe { connect_managed(fd, addr, len, dest) },
-        || unsafe { real::connect(fd, addr, len) },
-    )
 }
 
 unsafe fn connect_managed(
@@ -164,7 +175,7 @@ unsafe fn connect_managed(
 ) -> c_int {
     let Some(entry) = fdtable::get(fd) else {
         // SAFETY: the program's arguments.
-        return unsafe { real::connect(fd, addr, len) };
+        return unsafe { pass_connect(fd, addr, len) };
     };
     if entry.role == SocketRole::Client {
         // Decided already: a program asking again about its connect.
@@ -176,11 +187,8 @@ unsafe fn connect_managed(
                 libc::EALREADY
             });
         }
-        // SAFETY: the program's arguments (see kernel_addr).
-        return match unsafe { kernel_addr(addr, len) } {
-            Some(raw) => unsafe { real::connect(fd, raw.as_ptr(), raw.len()) },
-            None => unsafe { real::connect(fd, addr, len) },
-        };
+        // SAFETY: the program's arguments.
+        return unsafe { pass_connect(fd, addr, len) };
     }
     let (family, decided_by, rule) = decide(&entry, Role::Client, &dest);
     let mut reason = TcpReason::RuleTcp;
@@ -256,12 +264,8 @@ unsafe fn connect_managed(
         dest,
         SdpSide::None,
     );
-    // SAFETY: an AF_INET_SDP address rewritten for the kernel, else the
-    // program's own arguments.
-    let r = match unsafe { kernel_addr(addr, len) } {
-        Some(raw) => unsafe { real::connect(fd, raw.as_ptr(), raw.len()) },
-        None => unsafe { real::connect(fd, addr, len) },
-    };
+    // SAFETY: the program's arguments.
+    let r = unsafe { pass_connect(fd, addr, len) };
     if r == 0 || real::errno() == libc::EINPROGRESS {
         let local = socket_name(fd, false);
         fdtable::update(fd, |e| e.local = local);
