@@ -28,6 +28,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// An `errno` value.
 pub type Errno = c_int;
@@ -203,6 +204,10 @@ pub trait SdpEndpoint: Send + Sync {
     /// resumes progress in this process; SDP socket duplication (draft §8,
     /// SuspComm) is its business.
     fn fork_child(&self);
+    /// The process is exiting (`exit`, not `_exit`) with this connection
+    /// open: block until the bytes accepted by `send` have reached the
+    /// peer, or until `deadline` (DESIGN §6 "flush at exit").
+    fn flush_at_exit(&self, deadline: Instant);
 }
 
 /// A connection the hidden SDP listener accepted.

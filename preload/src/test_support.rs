@@ -18,6 +18,7 @@ struct State {
     send_room: usize,
     write_shut: bool,
     closes: usize,
+    flushes: usize,
     read_level: bool,
     write_level: bool,
 }
@@ -104,6 +105,9 @@ impl FakeEndpoint {
     }
     pub fn closes(&self) -> usize {
         self.with(|s| s.closes)
+    }
+    pub fn flushes(&self) -> usize {
+        self.with(|s| s.flushes)
     }
 }
 
@@ -200,6 +204,9 @@ impl SdpEndpoint for FakeEndpoint {
         }
     }
     fn fork_child(&self) {}
+    fn flush_at_exit(&self, _deadline: std::time::Instant) {
+        self.with(|s| s.flushes += 1);
+    }
 }
 
 /// A connected pair of Unix stream sockets (stand-ins for the kernel TCP

@@ -897,6 +897,19 @@ mod tests {
     }
 
     #[test]
+    fn exit_flushes_each_endpoint_once() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // SAFETY: duplicating our own fd.
+        let copy = unsafe { super::super::socket::dup(app) };
+        super::super::flush_all(Instant::now());
+        assert_eq!(ep.flushes(), 1);
+        uninstall(copy);
+        uninstall(app);
+    }
+
+    #[test]
     fn close_of_the_last_dup_closes_the_endpoint_once() {
         let (app, _peer) = socketpair();
         let ep = FakeEndpoint::new();

@@ -255,8 +255,9 @@ pub fn init() {
                     Some(atfork_prepare),
                     Some(atfork_parent),
                     Some(atfork_child),
-                )
-            };
+                );
+                libc::atexit(at_exit);
+            }
             crate::log!(
                 Level::Debug,
                 "loaded into {:?} with {} rules from {}",
@@ -264,6 +265,46 @@ pub fn init() {
                 config.rules.rules.len(),
                 config.path.as_deref().unwrap_or("(no rules file)")
             );
+        },
+        || (),
+    );
+}
+
+/// How long `exit` waits for SDP connections to flush
+/// (`SDP_EXIT_FLUSH_MS`, default 2000).
+fn exit_flush_time() -> std::time::Duration {
+    let ms = std::env::var("SDP_EXIT_FLUSH_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000u64);
+    std::time::Duration::from_millis(ms)
+}
+
+/// Asks every open SDP connection to flush before the process ends (each
+/// endpoint once, however many fd numbers share it); returns how many.
+pub fn flush_all(deadline: std::time::Instant) -> usize {
+    let mut seen: Vec<*const ()> = Vec::new();
+    fdtable::for_each(|_, e| {
+        if let fdtable::SdpSide::Stream(h) = &e.sdp {
+            let key = std::sync::Arc::as_ptr(h).cast::<()>();
+            if !seen.contains(&key) {
+                seen.push(key);
+                h.endpoint.flush_at_exit(deadline);
+            }
+        }
+    });
+    seen.len()
+}
+
+extern "C" fn at_exit() {
+    if fdtable::no_sdp() {
+        return;
+    }
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "exit",
+        || {
+            flush_all(std::time::Instant::now() + exit_flush_time());
         },
         || (),
     );
