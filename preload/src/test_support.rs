@@ -19,6 +19,7 @@ struct State {
     write_shut: bool,
     closes: usize,
     flushes: usize,
+    panic: bool,
     read_level: bool,
     write_level: bool,
 }
@@ -106,6 +107,10 @@ impl FakeEndpoint {
     pub fn closes(&self) -> usize {
         self.with(|s| s.closes)
     }
+    /// Makes every later `recv` panic (an engine bug).
+    pub fn break_recv(&self) {
+        self.with(|s| s.panic = true);
+    }
     pub fn flushes(&self) -> usize {
         self.with(|s| s.flushes)
     }
@@ -123,6 +128,9 @@ impl SdpEndpoint for FakeEndpoint {
         self.wake
     }
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
+        if self.with(|s| s.panic) {
+            panic!("fake endpoint: recv broken on purpose");
+        }
         self.with(|s| {
             if s.rx.is_empty() {
                 return Err(libc::EAGAIN);

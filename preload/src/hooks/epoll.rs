@@ -28,7 +28,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
-use super::{fail, Guard, SavedErrno};
+use super::{fail, protect, Guard, SavedErrno};
 use crate::fdtable;
 use crate::real;
 use libc::{c_int, epoll_event, sigset_t, timespec};
@@ -436,22 +436,26 @@ pub unsafe extern "C" fn epoll_ctl(
                 // SAFETY: the program's epoll_event.
                 Some(unsafe { *event })
             };
-            let result = match (op, ev) {
-                (libc::EPOLL_CTL_DEL, _) => {
-                    if remove_where(|r| r.epfd == epfd && r.fd == fd) > 0 {
-                        Ok(())
-                    } else {
-                        Err(libc::ENOENT)
+            let result = protect(
+                "epoll_ctl",
+                || match (op, ev) {
+                    (libc::EPOLL_CTL_DEL, _) => {
+                        if remove_where(|r| r.epfd == epfd && r.fd == fd) > 0 {
+                            Ok(())
+                        } else {
+                            Err(libc::ENOENT)
+                        }
                     }
-                }
-                (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, None) => Err(libc::EFAULT),
-                (libc::EPOLL_CTL_ADD, Some(ev)) => match Side::of(fd) {
-                    Some(side) => add(epfd, fd, side, ev.events, ev.u64),
-                    None => Err(libc::EBADF),
+                    (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, None) => Err(libc::EFAULT),
+                    (libc::EPOLL_CTL_ADD, Some(ev)) => match Side::of(fd) {
+                        Some(side) => add(epfd, fd, side, ev.events, ev.u64),
+                        None => Err(libc::EBADF),
+                    },
+                    (libc::EPOLL_CTL_MOD, Some(ev)) => modify(epfd, fd, ev.events, ev.u64),
+                    _ => Err(libc::EINVAL),
                 },
-                (libc::EPOLL_CTL_MOD, Some(ev)) => modify(epfd, fd, ev.events, ev.u64),
-                _ => Err(libc::EINVAL),
-            };
+                || Err(libc::ENOMEM),
+            );
             return match result {
                 Ok(()) => 0,
                 Err(e) => fail(e),
@@ -479,7 +483,7 @@ fn wait_translated(
         let got = unsafe {
             std::slice::from_raw_parts_mut(events, (n as usize).min(max.max(0) as usize))
         };
-        let kept = translate(got);
+        let kept = protect("epoll_wait", || translate(got), || 0);
         if kept > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
             return kept as c_int;
         }

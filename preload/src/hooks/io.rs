@@ -10,7 +10,7 @@
 //! endpoint's wake fds, never spinning.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, socket_name, write_sockaddr, Guard, SavedErrno};
+use super::{fail, protect, socket_name, write_sockaddr, Guard, SavedErrno};
 use crate::fdtable::{
     self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
 };
@@ -157,8 +157,17 @@ fn publish_stats(fd: c_int, h: &StreamHandle) {
     fdtable::publish_stats(fd, &h.endpoint.stats());
 }
 
-/// A receive on an SDP fd with the program's `flags`.
-pub fn sdp_recv(
+/// A receive on an SDP fd with the program's `flags`. A panic in the
+/// endpoint fails the call with `EIO` instead of unwinding into C.
+pub fn sdp_recv(fd: c_int, h: &StreamHandle, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> ssize_t {
+    protect(
+        "recv",
+        || sdp_recv_inner(fd, h, bufs, flags),
+        || fail(libc::EIO),
+    )
+}
+
+fn sdp_recv_inner(
     fd: c_int,
     h: &StreamHandle,
     mut bufs: &mut [IoSliceMut<'_>],
@@ -203,8 +212,16 @@ pub fn sdp_recv(
     }
 }
 
-/// A send on an SDP fd with the program's `flags`.
-pub fn sdp_send(
+/// A send on an SDP fd with the program's `flags` (a panic: `EIO`).
+pub fn sdp_send(fd: c_int, h: &StreamHandle, bufs: &mut [IoSlice<'_>], flags: c_int) -> ssize_t {
+    protect(
+        "send",
+        || sdp_send_inner(fd, h, bufs, flags),
+        || fail(libc::EIO),
+    )
+}
+
+fn sdp_send_inner(
     fd: c_int,
     h: &StreamHandle,
     mut bufs: &mut [IoSlice<'_>],
@@ -628,6 +645,20 @@ pub unsafe fn sdp_accept(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    protect(
+        "accept",
+        // SAFETY: the program's arguments.
+        || unsafe { sdp_accept_inner(fd, addr, len, flags) },
+        || fail(libc::ECONNABORTED),
+    )
+}
+
+unsafe fn sdp_accept_inner(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
     let Some(_g) = Guard::enter() else {
         // SAFETY: the program's arguments, passed on.
         return unsafe { real::accept4(fd, addr, len, flags) };
@@ -893,6 +924,19 @@ mod tests {
         // SAFETY: as above.
         let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
         assert_eq!((r, real::errno()), (-1, libc::EALREADY));
+        uninstall(app);
+    }
+
+    #[test]
+    fn a_panicking_endpoint_fails_the_call_with_eio() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        ep.break_recv();
+        let mut b = [0u8; 4];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, 0) };
+        assert_eq!((n, real::errno()), (-1, libc::EIO));
         uninstall(app);
     }
 

@@ -9,7 +9,7 @@
 //! as readiness.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, Guard};
+use super::{fail, protect, Guard};
 use crate::fdtable::{self, ListenerHandle, StreamHandle};
 use crate::real;
 use crate::sdp::Readiness;
@@ -65,6 +65,15 @@ pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
 /// `poll` over a set with SDP fds. A listener's readiness joins the
 /// kernel listener's own (pending TCP connections).
 fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+    // A panic in an endpoint fails the call (ENOMEM) instead of unwinding.
+    protect(
+        "poll",
+        || poll_sdp_inner(fds, deadline, mask),
+        || fail(libc::ENOMEM),
+    )
+}
+
+fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
     let sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
     loop {
         let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);

@@ -504,10 +504,14 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
             libc::SHUT_RDWR => Shutdown::Both,
             _ => return fail(libc::EINVAL),
         };
-        return match h.endpoint.shutdown(how) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        };
+        return protect(
+            "shutdown",
+            || match h.endpoint.shutdown(how) {
+                Ok(()) => 0,
+                Err(e) => fail(e),
+            },
+            || fail(libc::EIO),
+        );
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::shutdown(fd, how) }
@@ -603,11 +607,17 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if let Some(h) = fdtable::stream(fd) {
-        let value = match request {
-            libc::FIONREAD => Some(c_int::try_from(h.endpoint.fionread()).unwrap_or(c_int::MAX)),
-            SIOCATMARK => Some(c_int::from(h.endpoint.at_mark())),
-            _ => None,
-        };
+        let value = protect(
+            "ioctl",
+            || match request {
+                libc::FIONREAD => {
+                    Some(c_int::try_from(h.endpoint.fionread()).unwrap_or(c_int::MAX))
+                }
+                SIOCATMARK => Some(c_int::from(h.endpoint.at_mark())),
+                _ => None,
+            },
+            || None,
+        );
         if let Some(v) = value {
             let out = arg as *mut c_int;
             if out.is_null() {
@@ -635,7 +645,7 @@ pub unsafe extern "C" fn getsockopt(
             return fail(libc::EFAULT);
         }
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
-            if let Some(e) = h.endpoint.take_error() {
+            if let Some(e) = protect("getsockopt", || h.endpoint.take_error(), || None) {
                 // SAFETY: the program's (val, len) pair; we write at most
                 // *len bytes.
                 unsafe {
@@ -649,7 +659,11 @@ pub unsafe extern "C" fn getsockopt(
         }
         // SAFETY: the program's (val, *len) buffer.
         let buf = unsafe { std::slice::from_raw_parts_mut(val.cast::<u8>(), *len as usize) };
-        match h.endpoint.getsockopt(level, name, buf) {
+        match protect(
+            "getsockopt",
+            || h.endpoint.getsockopt(level, name, buf),
+            || None,
+        ) {
             Some(Ok(n)) => {
                 // SAFETY: len is valid (checked above).
                 unsafe { *len = n as socklen_t };
@@ -678,7 +692,12 @@ pub unsafe extern "C" fn setsockopt(
         if let Some(h) = fdtable::stream(fd) {
             // SAFETY: the kernel just read `len` bytes at `val`.
             let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) };
-            if let Err(e) = h.endpoint.setsockopt(level, name, bytes) {
+            let answer = protect(
+                "setsockopt",
+                || h.endpoint.setsockopt(level, name, bytes),
+                || Ok(()),
+            );
+            if let Err(e) = answer {
                 return fail(e);
             }
         }
