@@ -16,9 +16,17 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Debian packages the tests drive. tshark checks our wire format.
+# Debian packages the tests drive. tshark checks our wire format; the
+# preload tests run iperf3, curl, wget, python3 and a C program (built
+# with cc, its imports checked with nm) under the library.
 need_pkgs=()
 command -v tshark >/dev/null || need_pkgs+=(tshark)
+command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
+command -v curl >/dev/null || need_pkgs+=(curl)
+command -v wget >/dev/null || need_pkgs+=(wget)
+command -v python3 >/dev/null || need_pkgs+=(python3)
+command -v cc >/dev/null || need_pkgs+=(gcc)
+command -v nm >/dev/null || need_pkgs+=(binutils)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     step "installing ${need_pkgs[*]}"
     # Do not ask whether non-root users may capture.

@@ -2,8 +2,29 @@
 //! dynamically linked program, it carries the program's TCP stream
 //! connections over SDP when the peer speaks it (DESIGN §6).
 //!
-//! The interposition layer is built on `sdp-core` and the `portmapper`
-//! client; until it lands, loading the library changes nothing for the
-//! program.
+//! * [`hooks`] — the interposed C functions (every call of DESIGN §6).
+//! * [`fdtable`] — per-fd state of the sockets the preload manages.
+//! * [`sdp`] — the interface the SDP data path plugs into
+//!   ([`sdp::SdpEndpoint`], [`sdp::SdpListener`], [`sdp::SdpBackend`]).
+//! * [`rules`] — the `libsdp.conf` rule language; [`config`] loads it.
+//! * [`stat`] — the per-process state export read by `sdp-stat`.
+//! * [`log`] — logging by environment, never to standard output.
+//! * [`real`] — the C library's own functions.
+//!
+//! Until the SDP engine is installed, every connection is TCP: the decision
+//! is still made and recorded (rule, reason) and published.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod config;
+pub mod fdtable;
+pub mod hooks;
+pub mod log;
+#[cfg(test)]
+mod no_alloc_test;
+pub mod real;
 pub mod rules;
+pub mod sdp;
+pub mod stat;
+#[cfg(test)]
+mod test_support;

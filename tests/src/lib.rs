@@ -1,4 +1,6 @@
 //! Shared harness for the end-to-end tests in `tests/tests/`.
 
 pub mod pcap;
+pub mod preload;
+pub mod statfile;
 pub mod tshark;

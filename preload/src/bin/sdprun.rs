@@ -1,0 +1,248 @@
+//! `sdprun [--config FILE] [--log LEVEL] program [args...]`
+//!
+//! Runs `program` with `libsdp_preload.so` preloaded: the library is looked
+//! for next to this executable (so `target/debug/sdprun` uses
+//! `target/debug/libsdp_preload.so`), or named by `SDP_PRELOAD_LIB`. It is
+//! appended to an existing `LD_PRELOAD`; `--config` sets `SDP_CONFIG`
+//! (made absolute), `--log` sets `SDP_LOG`. sdprun then `exec`s the program,
+//! so its exit status and signals are the program's own.
+//!
+//! This binary does not link the preload library (whose hooks it would
+//! otherwise carry): it only sets up the environment.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const LIBRARY: &str = "libsdp_preload.so";
+const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+const USAGE: &str = "\
+usage: sdprun [--config FILE] [--log LEVEL] program [args...]
+
+Runs an unmodified TCP program with its connections carried over SDP when
+the peer speaks it, plain TCP otherwise.
+
+  --config FILE   libsdp.conf rules (sets SDP_CONFIG)
+  --log LEVEL     off, error, warn, info, debug or trace (sets SDP_LOG);
+                  SDP_LOG_FILE=path sends the log to a file
+  --help          this text
+";
+
+#[derive(Debug, PartialEq, Eq)]
+struct Options {
+    config: Option<PathBuf>,
+    log: Option<String>,
+    program: OsString,
+    args: Vec<OsString>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Parsed {
+    Run(Options),
+    Help,
+}
+
+fn parse(mut argv: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
+    let mut config = None;
+    let mut log = None;
+    let program = loop {
+        let Some(arg) = argv.next() else {
+            return Err("no program to run".into());
+        };
+        let text = arg.to_string_lossy();
+        let (name, inline) = match text.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(OsString::from(v))),
+            _ => (text.clone().into_owned(), None),
+        };
+        let mut value = |what: &str| {
+            inline
+                .clone()
+                .or_else(|| argv.next())
+                .ok_or_else(|| format!("{what} needs a value"))
+        };
+        match name.as_str() {
+            "--help" | "-h" => return Ok(Parsed::Help),
+            "--config" | "-c" => config = Some(PathBuf::from(value("--config")?)),
+            "--log" | "-l" => {
+                let level = value("--log")?.to_string_lossy().to_ascii_lowercase();
+                if !LEVELS.contains(&level.as_str()) {
+                    return Err(format!(
+                        "unknown log level {level:?} (one of {})",
+                        LEVELS.join(", ")
+                    ));
+                }
+                log = Some(level);
+            }
+            "--" => break argv.next().ok_or("no program to run")?,
+            n if n.starts_with('-') && n.len() > 1 => {
+                return Err(format!("unknown option {n}"));
+            }
+            _ => break arg,
+        }
+    };
+    Ok(Parsed::Run(Options {
+        config,
+        log,
+        program,
+        args: argv.collect(),
+    }))
+}
+
+/// The preload library: `$SDP_PRELOAD_LIB`, else next to this executable.
+fn find_library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("SDP_PRELOAD_LIB").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    for candidate in [dir.join(LIBRARY), dir.join("../lib").join(LIBRARY)] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "{LIBRARY} is not next to {} (build it with `cargo build -p preload`, or set SDP_PRELOAD_LIB)",
+        exe.display()
+    ))
+}
+
+/// `LD_PRELOAD` with `lib` appended (the list takes spaces or colons).
+fn preload_value(existing: Option<OsString>, lib: &Path) -> OsString {
+    match existing.filter(|e| !e.is_empty()) {
+        None => lib.as_os_str().to_owned(),
+        Some(mut e) => {
+            e.push(" ");
+            e.push(lib);
+            e
+        }
+    }
+}
+
+/// Makes sure a port mapper answers on this host (DESIGN §5: "sdprun starts
+/// a daemon in the background when none answers").
+///
+/// TODO(portmapper): probe UDP 3935 on the loopback with a PMReq for a
+/// port nobody registered (a PMDeny is an answer); when nothing answers,
+/// spawn `sdp-portmapper` (found next to this executable) detached in its
+/// own session with stdin/stdout on /dev/null, and wait until it answers.
+/// Until the daemon exists this does nothing: every connection falls back
+/// to TCP anyway.
+fn ensure_portmapper() {}
+
+fn main() -> ExitCode {
+    let options = match parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Run(o)) => o,
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("sdprun: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let lib = match find_library() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("sdprun: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let lib = std::fs::canonicalize(&lib).unwrap_or(lib);
+    let mut command = Command::new(&options.program);
+    command.args(&options.args);
+    command.env(
+        "LD_PRELOAD",
+        preload_value(std::env::var_os("LD_PRELOAD"), &lib),
+    );
+    if let Some(config) = &options.config {
+        if let Err(e) = std::fs::metadata(config) {
+            eprintln!("sdprun: cannot read {}: {e}", config.display());
+            return ExitCode::from(2);
+        }
+        command.env(
+            "SDP_CONFIG",
+            std::path::absolute(config).unwrap_or(config.clone()),
+        );
+    }
+    if let Some(level) = &options.log {
+        command.env("SDP_LOG", level);
+    }
+    ensure_portmapper();
+    // exec only returns on failure.
+    let error = command.exec();
+    eprintln!(
+        "sdprun: cannot run {}: {error}",
+        options.program.to_string_lossy()
+    );
+    ExitCode::from(if error.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> impl Iterator<Item = OsString> {
+        list.iter()
+            .map(OsString::from)
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn options_stop_at_the_program() {
+        let p = parse(args(&[
+            "--config",
+            "a.conf",
+            "--log=debug",
+            "iperf3",
+            "-c",
+            "--log",
+        ]))
+        .unwrap();
+        assert_eq!(
+            p,
+            Parsed::Run(Options {
+                config: Some("a.conf".into()),
+                log: Some("debug".into()),
+                program: "iperf3".into(),
+                args: vec!["-c".into(), "--log".into()],
+            })
+        );
+        let p = parse(args(&["--", "-weird"])).unwrap();
+        assert!(matches!(p, Parsed::Run(o) if o.program == "-weird" && o.args.is_empty()));
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        assert_eq!(parse(args(&[])), Err("no program to run".into()));
+        assert_eq!(parse(args(&["--log"])), Err("--log needs a value".into()));
+        assert!(parse(args(&["--log", "loud", "x"]))
+            .unwrap_err()
+            .starts_with("unknown log level"));
+        assert_eq!(
+            parse(args(&["--frob", "x"])),
+            Err("unknown option --frob".into())
+        );
+        assert_eq!(parse(args(&["--help"])), Ok(Parsed::Help));
+    }
+
+    #[test]
+    fn library_is_appended_to_ld_preload() {
+        let lib = Path::new("/x/libsdp_preload.so");
+        assert_eq!(
+            preload_value(None, lib),
+            OsString::from("/x/libsdp_preload.so")
+        );
+        assert_eq!(
+            preload_value(Some("libfoo.so".into()), lib),
+            OsString::from("libfoo.so /x/libsdp_preload.so")
+        );
+    }
+}

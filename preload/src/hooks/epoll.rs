@@ -1,0 +1,709 @@
+//! `epoll_create`, `epoll_create1`, `epoll_ctl`, `epoll_wait`, `epoll_pwait`,
+//! `epoll_pwait2`.
+//!
+//! While no fd is SDP and nothing is registered here, every call goes to
+//! the C library unchanged. An SDP fd is never put in the kernel epoll set
+//! itself (its kernel socket carries protocol bytes, not the program's
+//! data). Instead `epoll_ctl` registers private duplicates of the endpoint's
+//! wake fds ([`crate::sdp::WakeFds`]) under tokens of a reserved range, and
+//! keeps the program's interest and `epoll_data` here. `epoll_wait`
+//! translates each token event back into one event per fd, with the exact
+//! readiness bits of that moment ([`crate::sdp::Readiness`]), in the
+//! program's data, and drops wake-ups that no longer hold.
+//!
+//! * Level-triggered: the wake fds are levels, so a ready fd is reported on
+//!   every wait.
+//! * `EPOLLET`: the wake fds are registered edge-triggered; the endpoint
+//!   writes its eventfd on every change (new data), which is a new edge.
+//! * `EPOLLONESHOT`: after a report both wake registrations are disarmed
+//!   until `EPOLL_CTL_MOD`.
+//! * One fd in several epoll sets: one registration per (epoll fd, fd),
+//!   each with its own duplicates (the kernel keys registrations by fd
+//!   number, so duplicates keep them apart).
+//!
+//! Tokens are `0x5D50 << 48 | id << 1 | which`: a non-canonical address,
+//! never a user pointer. Registrations end with `EPOLL_CTL_DEL`, with the
+//! close of the fd number or of the epoll fd; when an SDP connection falls
+//! back to TCP its registrations become ordinary ones of the fd.
+#![allow(clippy::missing_safety_doc)]
+
+use super::poll::{ms_deadline, remaining, ts_deadline, Side};
+use super::{fail, protect, Guard, SavedErrno};
+use crate::fdtable;
+use crate::real;
+use libc::{c_int, epoll_event, sigset_t, timespec};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const TOKEN_TAG: u64 = 0x5D50 << 48;
+const TOKEN_MASK: u64 = 0xFFFF << 48;
+
+/// Flags of the program's interest that shape the wake registrations.
+const MODE_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+
+struct Registration {
+    epfd: c_int,
+    fd: c_int,
+    /// The program's `events` (interest and flags) and `data`.
+    events: u32,
+    data: u64,
+    side: Side,
+    /// Our duplicate of the readable wake fd.
+    wake_r: c_int,
+    /// Our duplicate of the writable wake fd, when `EPOLLOUT` is asked for.
+    wake_w: Option<c_int>,
+    /// `EPOLLONESHOT` fired.
+    disarmed: bool,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_id: HashMap<u64, Registration>,
+    by_key: HashMap<(c_int, c_int), u64>,
+    next: u64,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    // Inside the fork gate, so a child never inherits the lock held.
+    let _gate = fdtable::enter_gate();
+    let mut guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let r = f(guard.get_or_insert_with(Registry::default));
+    COUNT.store(
+        guard.as_ref().map_or(0, |g| g.by_id.len()),
+        Ordering::Relaxed,
+    );
+    r
+}
+
+fn token(id: u64, writable: bool) -> u64 {
+    TOKEN_TAG | (id << 1) | u64::from(writable)
+}
+
+/// A private duplicate of `fd`, numbered high to stay out of the program's
+/// way, close-on-exec.
+fn hidden_dup(fd: c_int) -> Option<c_int> {
+    let _errno = SavedErrno::save();
+    // SAFETY: F_DUPFD_CLOEXEC takes the lowest acceptable fd number.
+    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 512) };
+    if d >= 0 {
+        return Some(d);
+    }
+    // SAFETY: as above (the limit may be below 512).
+    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    (d >= 0).then_some(d)
+}
+
+fn close_quietly(fd: c_int) {
+    let _errno = SavedErrno::save();
+    // SAFETY: one of our own duplicates.
+    unsafe { real::close(fd) };
+}
+
+fn kernel_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
+    let mut ev = epoll_event { events, u64: data };
+    // SAFETY: a local epoll_event.
+    if unsafe { real::epoll_ctl(epfd, op, fd, &mut ev) } == 0 {
+        Ok(())
+    } else {
+        Err(real::errno())
+    }
+}
+
+/// The kernel registration of a wake fd for the program's `events`.
+fn wake_events(events: u32) -> u32 {
+    libc::EPOLLIN as u32 | (events & MODE_FLAGS)
+}
+
+fn wants_write(events: u32) -> bool {
+    events & (libc::EPOLLOUT | libc::EPOLLWRNORM) as u32 != 0
+}
+
+fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(), c_int> {
+    if with_registry(|r| r.by_key.contains_key(&(epfd, fd))) {
+        return Err(libc::EEXIST);
+    }
+    let wake = side.wake_fds();
+    let id = with_registry(|r| {
+        r.next += 1;
+        r.next
+    });
+    let wake_r = hidden_dup(wake.readable).ok_or(libc::ENOMEM)?;
+    if let Err(e) = kernel_ctl(
+        epfd,
+        libc::EPOLL_CTL_ADD,
+        wake_r,
+        wake_events(events),
+        token(id, false),
+    ) {
+        close_quietly(wake_r);
+        return Err(e);
+    }
+    let mut wake_w = None;
+    if wants_write(events) {
+        let added = hidden_dup(wake.writable).ok_or(libc::ENOMEM).and_then(|w| {
+            kernel_ctl(
+                epfd,
+                libc::EPOLL_CTL_ADD,
+                w,
+                wake_events(events),
+                token(id, true),
+            )
+            .map(|()| w)
+            .inspect_err(|_| close_quietly(w))
+        });
+        match added {
+            Ok(w) => wake_w = Some(w),
+            Err(e) => {
+                close_quietly(wake_r);
+                return Err(e);
+            }
+        }
+    }
+    with_registry(|r| {
+        r.by_key.insert((epfd, fd), id);
+        r.by_id.insert(
+            id,
+            Registration {
+                epfd,
+                fd,
+                events,
+                data,
+                side,
+                wake_r,
+                wake_w,
+                disarmed: false,
+            },
+        );
+    });
+    Ok(())
+}
+
+fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
+    let Some((id, wake_r, wake_w, side)) = with_registry(|r| {
+        let id = *r.by_key.get(&(epfd, fd))?;
+        let reg = r.by_id.get(&id)?;
+        Some((id, reg.wake_r, reg.wake_w, reg.side.clone()))
+    }) else {
+        return Err(libc::ENOENT);
+    };
+    kernel_ctl(
+        epfd,
+        libc::EPOLL_CTL_MOD,
+        wake_r,
+        wake_events(events),
+        token(id, false),
+    )?;
+    let wake_w = match (wake_w, wants_write(events)) {
+        (Some(w), true) => {
+            kernel_ctl(
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                w,
+                wake_events(events),
+                token(id, true),
+            )?;
+            Some(w)
+        }
+        (Some(w), false) => {
+            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, w, 0, 0);
+            close_quietly(w);
+            None
+        }
+        (None, true) => {
+            let w = hidden_dup(side.wake_fds().writable).ok_or(libc::ENOMEM)?;
+            if let Err(e) = kernel_ctl(
+                epfd,
+                libc::EPOLL_CTL_ADD,
+                w,
+                wake_events(events),
+                token(id, true),
+            ) {
+                close_quietly(w);
+                return Err(e);
+            }
+            Some(w)
+        }
+        (None, false) => None,
+    };
+    with_registry(|r| {
+        if let Some(reg) = r.by_id.get_mut(&id) {
+            reg.events = events;
+            reg.data = data;
+            reg.wake_w = wake_w;
+            reg.disarmed = false;
+        }
+    });
+    Ok(())
+}
+
+/// Removes the registrations matching `pred` from the kernel and from here.
+fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
+    let gone: Vec<Registration> = with_registry(|r| {
+        let ids: Vec<u64> = r
+            .by_id
+            .iter()
+            .filter(|(_, g)| pred(g))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| {
+                let reg = r.by_id.remove(&id)?;
+                r.by_key.remove(&(reg.epfd, reg.fd));
+                Some(reg)
+            })
+            .collect()
+    });
+    for reg in &gone {
+        for w in std::iter::once(reg.wake_r).chain(reg.wake_w) {
+            let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, w, 0, 0);
+            close_quietly(w);
+        }
+    }
+    gone.len()
+}
+
+/// True when some SDP fd is registered in an epoll set.
+#[inline]
+pub fn registered() -> bool {
+    COUNT.load(Ordering::Relaxed) != 0
+}
+
+/// The fd number `fd` is being closed: its registrations (as an SDP fd or
+/// as an epoll fd) end. Cheap when nothing is registered.
+pub fn forget_fd(fd: c_int) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    remove_where(|r| r.fd == fd || r.epfd == fd);
+}
+
+/// `fd` fell back from SDP to TCP: its registrations become ordinary
+/// kernel registrations of the fd itself.
+pub fn fell_back(fd: c_int) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let moved: Vec<(c_int, u32, u64)> = with_registry(|r| {
+        r.by_id
+            .values()
+            .filter(|g| g.fd == fd)
+            .map(|g| (g.epfd, g.events, g.data))
+            .collect()
+    });
+    remove_where(|r| r.fd == fd);
+    for (epfd, events, data) in moved {
+        let _ = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, fd, events, data);
+    }
+}
+
+/// The readiness of a registration as epoll bits, within its interest.
+fn epoll_bits(side: &Side, events: u32) -> u32 {
+    let asked = (events & 0xffff) as i16;
+    side.readiness().poll_bits(asked) as u16 as u32
+}
+
+/// Rewrites the first `n` kernel events in place: program events pass,
+/// token events become the program's, merged per fd, stale ones dropped.
+fn translate(events: &mut [epoll_event]) -> usize {
+    struct Hit {
+        id: u64,
+        side: Side,
+        interest: u32,
+        data: u64,
+        oneshot: bool,
+        epfd: c_int,
+        wakes: (c_int, Option<c_int>),
+    }
+    let mut out = 0;
+    let mut hits: Vec<(usize, Hit)> = Vec::new();
+    for i in 0..events.len() {
+        let ev = events[i];
+        let data = ev.u64;
+        if data & TOKEN_MASK != TOKEN_TAG {
+            events[out] = ev;
+            out += 1;
+            continue;
+        }
+        let id = (data & !TOKEN_MASK) >> 1;
+        if hits.iter().any(|(_, h)| h.id == id) {
+            continue;
+        }
+        let hit = with_registry(|r| {
+            let reg = r.by_id.get(&id).filter(|g| !g.disarmed)?;
+            Some(Hit {
+                id,
+                side: reg.side.clone(),
+                interest: reg.events,
+                data: reg.data,
+                oneshot: reg.events & libc::EPOLLONESHOT as u32 != 0,
+                epfd: reg.epfd,
+                wakes: (reg.wake_r, reg.wake_w),
+            })
+        });
+        if let Some(hit) = hit {
+            // A placeholder, filled below once readiness is known.
+            events[out] = epoll_event { events: 0, u64: 0 };
+            hits.push((out, hit));
+            out += 1;
+        }
+    }
+    let mut dropped = Vec::new();
+    for (slot, hit) in &hits {
+        let bits = epoll_bits(&hit.side, hit.interest);
+        if bits == 0 {
+            dropped.push(*slot);
+            if hit.oneshot {
+                // The kernel disarmed the wake fd that fired; re-arm both.
+                for w in std::iter::once(hit.wakes.0).chain(hit.wakes.1) {
+                    let _ = kernel_ctl(
+                        hit.epfd,
+                        libc::EPOLL_CTL_MOD,
+                        w,
+                        wake_events(hit.interest),
+                        token(hit.id, w != hit.wakes.0),
+                    );
+                }
+            }
+            continue;
+        }
+        events[*slot] = epoll_event {
+            events: bits,
+            u64: hit.data,
+        };
+        if hit.oneshot {
+            with_registry(|r| {
+                if let Some(g) = r.by_id.get_mut(&hit.id) {
+                    g.disarmed = true;
+                }
+            });
+            // Disarm the other wake fd too (events 0 keeps it registered).
+            for w in std::iter::once(hit.wakes.0).chain(hit.wakes.1) {
+                let _ = kernel_ctl(
+                    hit.epfd,
+                    libc::EPOLL_CTL_MOD,
+                    w,
+                    libc::EPOLLONESHOT as u32,
+                    token(hit.id, w != hit.wakes.0),
+                );
+            }
+        }
+    }
+    if dropped.is_empty() {
+        return out;
+    }
+    let mut kept = 0;
+    for i in 0..out {
+        if !dropped.contains(&i) {
+            events[kept] = events[i];
+            kept += 1;
+        }
+    }
+    kept
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: the program's argument, passed on.
+    unsafe { real::epoll_create(size) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: the program's argument, passed on.
+    unsafe { real::epoll_create1(flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut epoll_event,
+) -> c_int {
+    let ours = !fdtable::no_sdp() && fdtable::is_sdp(fd)
+        || COUNT.load(Ordering::Relaxed) != 0
+            && with_registry(|r| r.by_key.contains_key(&(epfd, fd)));
+    if ours {
+        if let Some(_g) = Guard::enter() {
+            let ev = if event.is_null() {
+                None
+            } else {
+                // SAFETY: the program's epoll_event.
+                Some(unsafe { *event })
+            };
+            let result = protect(
+                "epoll_ctl",
+                || match (op, ev) {
+                    (libc::EPOLL_CTL_DEL, _) => {
+                        if remove_where(|r| r.epfd == epfd && r.fd == fd) > 0 {
+                            Ok(())
+                        } else {
+                            Err(libc::ENOENT)
+                        }
+                    }
+                    (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, None) => Err(libc::EFAULT),
+                    (libc::EPOLL_CTL_ADD, Some(ev)) => match Side::of(fd) {
+                        Some(side) => add(epfd, fd, side, ev.events, ev.u64),
+                        None => Err(libc::EBADF),
+                    },
+                    (libc::EPOLL_CTL_MOD, Some(ev)) => modify(epfd, fd, ev.events, ev.u64),
+                    _ => Err(libc::EINVAL),
+                },
+                || Err(libc::ENOMEM),
+            );
+            return match result {
+                Ok(()) => 0,
+                Err(e) => fail(e),
+            };
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::epoll_ctl(epfd, op, fd, event) }
+}
+
+/// Waits with `wait(timeout)` until a translated event remains or the
+/// deadline passes.
+fn wait_translated(
+    events: *mut epoll_event,
+    max: c_int,
+    deadline: Option<Instant>,
+    wait: impl Fn(Option<timespec>) -> c_int,
+) -> c_int {
+    loop {
+        let n = wait(remaining(deadline));
+        if n <= 0 || events.is_null() {
+            return n;
+        }
+        // SAFETY: the kernel wrote n <= max events into the program's array.
+        let got = unsafe {
+            std::slice::from_raw_parts_mut(events, (n as usize).min(max.max(0) as usize))
+        };
+        let kept = protect("epoll_wait", || translate(got), || 0);
+        if kept > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return kept as c_int;
+        }
+    }
+}
+
+fn timeout_ms(t: Option<timespec>) -> c_int {
+    match t {
+        None => -1,
+        Some(t) => {
+            let ms = t
+                .tv_sec
+                .saturating_mul(1000)
+                .saturating_add((t.tv_nsec + 999_999) / 1_000_000);
+            ms.clamp(0, c_int::MAX as i64) as c_int
+        }
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    if COUNT.load(Ordering::Relaxed) != 0 {
+        if let Some(_g) = Guard::enter() {
+            // SAFETY: the program's array of max events.
+            return wait_translated(events, max, ms_deadline(timeout), |t| unsafe {
+                real::epoll_wait(epfd, events, max, timeout_ms(t))
+            });
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::epoll_wait(epfd, events, max, timeout) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    if COUNT.load(Ordering::Relaxed) != 0 {
+        if let Some(_g) = Guard::enter() {
+            // SAFETY: the program's array and signal mask.
+            return wait_translated(events, max, ms_deadline(timeout), |t| unsafe {
+                real::epoll_pwait(epfd, events, max, timeout_ms(t), mask)
+            });
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::epoll_pwait(epfd, events, max, timeout, mask) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if COUNT.load(Ordering::Relaxed) != 0 {
+        if let Some(_g) = Guard::enter() {
+            return wait_translated(events, max, ts_deadline(timeout), |t| {
+                let tp = t
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: the program's array and signal mask, a local timespec.
+                unsafe { real::epoll_pwait2(epfd, events, max, tp, mask) }
+            });
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::epoll_pwait2(epfd, events, max, timeout, mask) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+
+    fn ctl(ep: c_int, op: c_int, fd: c_int, events: i32, data: u64) -> c_int {
+        let mut ev = epoll_event {
+            events: events as u32,
+            u64: data,
+        };
+        // SAFETY: a local event.
+        unsafe { epoll_ctl(ep, op, fd, &mut ev) }
+    }
+
+    fn wait(ep: c_int, timeout: c_int) -> Vec<(u32, u64)> {
+        let mut evs = [epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: a local array of 8 events.
+        let n = unsafe { epoll_wait(ep, evs.as_mut_ptr(), 8, timeout) };
+        assert!(n >= 0, "epoll_wait failed: {}", real::errno());
+        let mut v: Vec<(u32, u64)> = evs[..n as usize]
+            .iter()
+            .map(|e| (e.events, e.u64))
+            .collect();
+        v.sort_by_key(|e| e.1);
+        v
+    }
+
+    fn epoll() -> c_int {
+        // SAFETY: plain call.
+        let ep = unsafe { epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        ep
+    }
+
+    const IN: u32 = libc::EPOLLIN as u32;
+    const OUT: u32 = libc::EPOLLOUT as u32;
+
+    #[test]
+    fn level_triggered_reports_data_not_protocol_bytes() {
+        let (app, peer) = socketpair();
+        let (other, other_peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let e = epoll();
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 7), 0);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, other, libc::EPOLLIN, 9), 0);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 7), -1);
+        assert_eq!(real::errno(), libc::EEXIST);
+        // SAFETY: writes to our own sockets.
+        unsafe { libc::write(peer, b"proto".as_ptr().cast(), 5) };
+        assert_eq!(wait(e, 0), vec![]);
+        ep.deliver(b"data");
+        // SAFETY: as above.
+        unsafe { libc::write(other_peer, b"k".as_ptr().cast(), 1) };
+        assert_eq!(wait(e, 1000), vec![(IN, 7), (IN, 9)]);
+        // Level: still there on the next wait.
+        assert_eq!(wait(e, 0), vec![(IN, 7), (IN, 9)]);
+        ep.take_all();
+        assert_eq!(wait(e, 0), vec![(IN, 9)]);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_DEL, app, 0, 0), 0);
+        ep.deliver(b"more");
+        assert_eq!(wait(e, 0), vec![(IN, 9)]);
+        uninstall(app);
+    }
+
+    #[test]
+    fn in_and_out_merge_and_oneshot_needs_a_mod() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let e = epoll();
+        assert_eq!(
+            ctl(
+                e,
+                libc::EPOLL_CTL_ADD,
+                app,
+                libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLONESHOT,
+                5
+            ),
+            0
+        );
+        ep.deliver(b"x");
+        assert_eq!(wait(e, 1000), vec![(IN | OUT, 5)]);
+        assert_eq!(wait(e, 0), vec![]);
+        assert_eq!(
+            ctl(
+                e,
+                libc::EPOLL_CTL_MOD,
+                app,
+                libc::EPOLLOUT | libc::EPOLLONESHOT,
+                6
+            ),
+            0
+        );
+        assert_eq!(wait(e, 1000), vec![(OUT, 6)]);
+        assert_eq!(wait(e, 0), vec![]);
+        uninstall(app);
+    }
+
+    #[test]
+    fn edge_triggered_reports_each_arrival_once() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let e = epoll();
+        assert_eq!(
+            ctl(
+                e,
+                libc::EPOLL_CTL_ADD,
+                app,
+                libc::EPOLLIN | libc::EPOLLET,
+                1
+            ),
+            0
+        );
+        ep.deliver(b"a");
+        assert_eq!(wait(e, 1000), vec![(IN, 1)]);
+        assert_eq!(wait(e, 0), vec![]);
+        ep.deliver(b"b");
+        assert_eq!(wait(e, 1000), vec![(IN, 1)]);
+        uninstall(app);
+    }
+
+    #[test]
+    fn one_fd_in_two_sets_and_close_ends_registrations() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let (e1, e2) = (epoll(), epoll());
+        assert_eq!(ctl(e1, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 1), 0);
+        assert_eq!(ctl(e2, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 2), 0);
+        ep.deliver(b"z");
+        assert_eq!(wait(e1, 1000), vec![(IN, 1)]);
+        assert_eq!(wait(e2, 1000), vec![(IN, 2)]);
+        let registered = |epfd: c_int| with_registry(|r| r.by_key.contains_key(&(epfd, app)));
+        assert!(registered(e1) && registered(e2));
+        // SAFETY: closing our own fd through the hook.
+        unsafe { super::super::socket::close(app) };
+        assert!(!registered(e1) && !registered(e2));
+        assert_eq!(wait(e1, 0), vec![]);
+    }
+}

@@ -1,0 +1,973 @@
+//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile`, their `_chk`
+//! variants, and accepting from a hidden SDP listener.
+//!
+//! On an SDP fd the hooks give the program the socket semantics on top of
+//! the endpoint's non-blocking operations (DESIGN §6 "Blocking
+//! semantics"): the fd's `O_NONBLOCK` and `MSG_DONTWAIT`, `SO_RCVTIMEO` /
+//! `SO_SNDTIMEO` (`EAGAIN` when they expire, as TCP), `EINTR` when a signal
+//! interrupts the wait, `MSG_WAITALL`, `MSG_PEEK`, `MSG_OOB`, `SIGPIPE`
+//! unless `MSG_NOSIGNAL`. A blocked call sleeps in `ppoll` on the
+//! endpoint's wake fds, never spinning.
+#![allow(clippy::missing_safety_doc)]
+
+use super::{fail, protect, socket_name, write_sockaddr, Guard, SavedErrno};
+use crate::fdtable::{
+    self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
+};
+use crate::real;
+use crate::sdp::{Errno, RecvFlags, SendFlags};
+use libc::{
+    c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
+    timespec,
+};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::IntoRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The SDP endpoint of `fd`, when there is one and this thread is not
+/// already inside the preload. One relaxed load while no fd is SDP.
+#[inline]
+fn sdp_stream(fd: c_int) -> Option<(Arc<StreamHandle>, Guard)> {
+    if fdtable::no_sdp() {
+        return None;
+    }
+    let g = Guard::enter()?;
+    Some((fdtable::stream(fd)?, g))
+}
+
+/// A program buffer as a slice (`None`: null with a length, `EFAULT`).
+unsafe fn buf_mut<'a>(p: *mut c_void, n: size_t) -> Option<&'a mut [u8]> {
+    if n == 0 {
+        return Some(&mut []);
+    }
+    // SAFETY: the program vouches for n bytes at p (non-null checked).
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), n) })
+}
+
+unsafe fn buf<'a>(p: *const c_void, n: size_t) -> Option<&'a [u8]> {
+    if n == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: as in buf_mut.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) })
+}
+
+/// The program's iovec array as slices (`Err`: the errno the kernel gives).
+unsafe fn iovs_mut<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSliceMut<'a>>, Errno> {
+    if n > libc::UIO_MAXIOV as usize {
+        return Err(libc::EINVAL);
+    }
+    if n > 0 && iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    (0..n)
+        .map(|i| {
+            // SAFETY: the program's array of n iovecs.
+            let v = unsafe { *iov.add(i) };
+            // SAFETY: each iovec describes program memory.
+            unsafe { buf_mut(v.iov_base, v.iov_len) }
+                .map(IoSliceMut::new)
+                .ok_or(libc::EFAULT)
+        })
+        .collect()
+}
+
+unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSlice<'a>>, Errno> {
+    if n > libc::UIO_MAXIOV as usize {
+        return Err(libc::EINVAL);
+    }
+    if n > 0 && iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    (0..n)
+        .map(|i| {
+            // SAFETY: as in iovs_mut.
+            let v = unsafe { *iov.add(i) };
+            // SAFETY: as in iovs_mut.
+            unsafe { buf(v.iov_base, v.iov_len) }
+                .map(IoSlice::new)
+                .ok_or(libc::EFAULT)
+        })
+        .collect()
+}
+
+fn nonblocking(fd: c_int) -> bool {
+    let _errno = SavedErrno::save();
+    // SAFETY: F_GETFL takes no argument.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+/// `SO_RCVTIMEO` / `SO_SNDTIMEO` (`None`: wait forever).
+fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
+    let _errno = SavedErrno::save();
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: tv/len describe a local timeval.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&mut tv as *mut libc::timeval).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return None;
+    }
+    Some(Duration::new(
+        tv.tv_sec.max(0) as u64,
+        (tv.tv_usec.clamp(0, 999_999) * 1000) as u32,
+    ))
+}
+
+/// Sleeps until `wake` polls readable. `Err(EAGAIN)` at the deadline,
+/// `Err(EINTR)` when a signal handler ran.
+pub fn wait(wake: c_int, deadline: Option<Instant>) -> Result<(), Errno> {
+    let mut p = libc::pollfd {
+        fd: wake,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        }
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const timespec);
+    // SAFETY: one local pollfd, a local timespec or null, no signal mask.
+    let r = unsafe { real::ppoll(&mut p, 1, tp, std::ptr::null()) };
+    match r {
+        0 => Err(libc::EAGAIN),
+        r if r > 0 => Ok(()),
+        _ => Err(real::errno()),
+    }
+}
+
+fn publish_stats(fd: c_int, h: &StreamHandle) {
+    fdtable::publish_stats(fd, &h.endpoint.stats());
+}
+
+/// A receive on an SDP fd with the program's `flags`. A panic in the
+/// endpoint fails the call with `EIO` instead of unwinding into C.
+pub fn sdp_recv(fd: c_int, h: &StreamHandle, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> ssize_t {
+    protect(
+        "recv",
+        || sdp_recv_inner(fd, h, bufs, flags),
+        || fail(libc::EIO),
+    )
+}
+
+fn sdp_recv_inner(
+    fd: c_int,
+    h: &StreamHandle,
+    mut bufs: &mut [IoSliceMut<'_>],
+    flags: c_int,
+) -> ssize_t {
+    let rflags = RecvFlags {
+        peek: flags & libc::MSG_PEEK != 0,
+        oob: flags & libc::MSG_OOB != 0,
+    };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let waitall = flags & libc::MSG_WAITALL != 0 && !rflags.peek && !rflags.oob;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let deadline = if dontwait {
+        None
+    } else {
+        timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
+    };
+    let mut done = 0usize;
+    let result = loop {
+        match h.endpoint.recv(bufs, rflags) {
+            Ok(0) => break Ok(done),
+            Ok(n) => {
+                done += n;
+                if !waitall || done >= total {
+                    break Ok(done);
+                }
+                IoSliceMut::advance_slices(&mut bufs, n);
+            }
+            // Urgent data is never waited for (TCP answers at once).
+            Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
+                if let Err(e) = wait(h.endpoint.wake_fds().readable, deadline) {
+                    break if done > 0 { Ok(done) } else { Err(e) };
+                }
+            }
+            Err(e) => break if done > 0 { Ok(done) } else { Err(e) },
+        }
+    };
+    publish_stats(fd, h);
+    match result {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(e),
+    }
+}
+
+/// A send on an SDP fd with the program's `flags` (a panic: `EIO`).
+pub fn sdp_send(fd: c_int, h: &StreamHandle, bufs: &mut [IoSlice<'_>], flags: c_int) -> ssize_t {
+    protect(
+        "send",
+        || sdp_send_inner(fd, h, bufs, flags),
+        || fail(libc::EIO),
+    )
+}
+
+fn sdp_send_inner(
+    fd: c_int,
+    h: &StreamHandle,
+    mut bufs: &mut [IoSlice<'_>],
+    flags: c_int,
+) -> ssize_t {
+    let sflags = SendFlags {
+        oob: flags & libc::MSG_OOB != 0,
+        more: flags & libc::MSG_MORE != 0,
+    };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let deadline = if dontwait {
+        None
+    } else {
+        timeout(fd, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
+    };
+    let mut done = 0usize;
+    let result = loop {
+        if done >= total && total > 0 {
+            break Ok(done);
+        }
+        match h.endpoint.send(bufs, sflags) {
+            Ok(n) => {
+                done += n;
+                // A blocking send takes everything; a nonblocking one what fits.
+                if dontwait || done >= total {
+                    break Ok(done);
+                }
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e == libc::EAGAIN && !dontwait => {
+                if let Err(e) = wait(h.endpoint.wake_fds().writable, deadline) {
+                    break if done > 0 { Ok(done) } else { Err(e) };
+                }
+            }
+            Err(e) => break if done > 0 { Ok(done) } else { Err(e) },
+        }
+    };
+    publish_stats(fd, h);
+    match result {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                // As the kernel does: SIGPIPE to the sending thread.
+                // SAFETY: signalling the calling thread.
+                unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
+            }
+            fail(e)
+        }
+    }
+}
+
+unsafe fn recv_one(
+    fd: c_int,
+    h: &StreamHandle,
+    p: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the program's buffer.
+    match unsafe { buf_mut(p, n) } {
+        Some(b) => sdp_recv(fd, h, &mut [IoSliceMut::new(b)], flags),
+        None => fail(libc::EFAULT),
+    }
+}
+
+unsafe fn send_one(
+    fd: c_int,
+    h: &StreamHandle,
+    p: *const c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the program's buffer.
+    match unsafe { buf(p, n) } {
+        Some(b) => sdp_send(fd, h, &mut [IoSlice::new(b)], flags),
+        None => fail(libc::EFAULT),
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, p: *mut c_void, n: size_t) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's buffer.
+        return unsafe { recv_one(fd, &h, p, n, 0) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::read(fd, p, n) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    p: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n <= buflen {
+        if let Some((h, _g)) = sdp_stream(fd) {
+            // SAFETY: the program's buffer, n <= its size.
+            return unsafe { recv_one(fd, &h, p, n, 0) };
+        }
+    }
+    // SAFETY: the program's arguments; the C library aborts on overflow.
+    unsafe { real::__read_chk(fd, p, n, buflen) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's iovec array.
+        return match unsafe { iovs_mut(iov, usize::try_from(n).unwrap_or(usize::MAX)) } {
+            Ok(mut v) => sdp_recv(fd, &h, &mut v, 0),
+            Err(e) => fail(e),
+        };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::readv(fd, iov, n) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, p: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's buffer.
+        return unsafe { recv_one(fd, &h, p, n, flags) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::recv(fd, p, n, flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    p: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n <= buflen {
+        if let Some((h, _g)) = sdp_stream(fd) {
+            // SAFETY: the program's buffer, n <= its size.
+            return unsafe { recv_one(fd, &h, p, n, flags) };
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::__recv_chk(fd, p, n, buflen, flags) }
+}
+
+/// A stream socket reports no source address: `*len = 0`, as Linux TCP.
+unsafe fn no_source(len: *mut socklen_t) {
+    if !len.is_null() {
+        // SAFETY: the program's length pointer.
+        unsafe { *len = 0 };
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    p: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's buffers.
+        let r = unsafe { recv_one(fd, &h, p, n, flags) };
+        if r >= 0 && !addr.is_null() {
+            // SAFETY: as above.
+            unsafe { no_source(len) };
+        }
+        return r;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::recvfrom(fd, p, n, flags, addr, len) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    p: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n <= buflen && !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+        // SAFETY: the program's arguments, n <= the buffer's size.
+        return unsafe { recvfrom(fd, p, n, flags, addr, len) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::__recvfrom_chk(fd, p, n, buflen, flags, addr, len) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        if msg.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the program's msghdr.
+        let m = unsafe { &mut *msg };
+        // SAFETY: its iovec array.
+        let r = match unsafe { iovs_mut(m.msg_iov, m.msg_iovlen) } {
+            Ok(mut v) => sdp_recv(fd, &h, &mut v, flags),
+            Err(e) => fail(e),
+        };
+        if r >= 0 {
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+        }
+        return r;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::recvmsg(fd, msg, flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    n: c_uint,
+    flags: c_int,
+    timeout: *mut timespec,
+) -> c_int {
+    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+        // A stream socket: one message is all a sensible program asks for.
+        if n == 0 {
+            return 0;
+        }
+        if msgs.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the program's first mmsghdr.
+        let r = unsafe { recvmsg(fd, &mut (*msgs).msg_hdr, flags & !libc::MSG_WAITFORONE) };
+        if r < 0 {
+            return -1;
+        }
+        // SAFETY: as above.
+        unsafe { (*msgs).msg_len = r as c_uint };
+        return 1;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::recvmmsg(fd, msgs, n, flags, timeout) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, p: *const c_void, n: size_t) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's buffer.
+        return unsafe { send_one(fd, &h, p, n, 0) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::write(fd, p, n) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's iovec array.
+        return match unsafe { iovs(iov, usize::try_from(n).unwrap_or(usize::MAX)) } {
+            Ok(mut v) => sdp_send(fd, &h, &mut v, 0),
+            Err(e) => fail(e),
+        };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::writev(fd, iov, n) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn send(fd: c_int, p: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // SAFETY: the program's buffer.
+        return unsafe { send_one(fd, &h, p, n, flags) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::send(fd, p, n, flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    p: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        // A connected stream socket ignores the address (Linux TCP does,
+        // unless it is TCP Fast Open, which the preload does not offer).
+        // SAFETY: the program's buffer.
+        return unsafe { send_one(fd, &h, p, n, flags) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::sendto(fd, p, n, flags, addr, len) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(fd) {
+        if msg.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the program's msghdr and its iovec array.
+        return match unsafe { iovs((*msg).msg_iov, (*msg).msg_iovlen) } {
+            Ok(mut v) => sdp_send(fd, &h, &mut v, flags),
+            Err(e) => fail(e),
+        };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: the program's array of n mmsghdrs.
+            let m = unsafe { &mut *msgs.add(sent as usize) };
+            // SAFETY: as above.
+            let r = unsafe { sendmsg(fd, &m.msg_hdr, flags) };
+            if r < 0 {
+                return if sent > 0 { sent as c_int } else { -1 };
+            }
+            m.msg_len = r as c_uint;
+            sent += 1;
+        }
+        return sent as c_int;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::sendmmsg(fd, msgs, n, flags) }
+}
+
+/// `sendfile` to an SDP fd: read from the file, send on SDP.
+unsafe fn sdp_sendfile(
+    out: c_int,
+    h: &StreamHandle,
+    input: c_int,
+    offset: *mut off_t,
+    n: size_t,
+) -> ssize_t {
+    let mut chunk = vec![0u8; n.min(256 * 1024)];
+    let mut done: usize = 0;
+    while done < n {
+        let want = (n - done).min(chunk.len());
+        // SAFETY: chunk has `want` bytes; offset is the program's or null.
+        let got = unsafe {
+            if offset.is_null() {
+                real::read(input, chunk.as_mut_ptr().cast(), want)
+            } else {
+                libc::pread(input, chunk.as_mut_ptr().cast(), want, *offset)
+            }
+        };
+        if got < 0 {
+            return if done > 0 { done as ssize_t } else { -1 };
+        }
+        if got == 0 {
+            break;
+        }
+        let sent = sdp_send(out, h, &mut [IoSlice::new(&chunk[..got as usize])], 0);
+        if sent < 0 {
+            return if done > 0 { done as ssize_t } else { -1 };
+        }
+        let sent = sent as usize;
+        done += sent;
+        if !offset.is_null() {
+            // SAFETY: the program's offset.
+            unsafe { *offset += sent as off_t };
+        } else if sent < got as usize {
+            // Give back what the socket did not take.
+            // SAFETY: seeking the program's input file back.
+            unsafe { libc::lseek(input, sent as off_t - got as off_t, libc::SEEK_CUR) };
+        }
+        if sent < got as usize {
+            break;
+        }
+    }
+    done as ssize_t
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    input: c_int,
+    offset: *mut off_t,
+    n: size_t,
+) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(out) {
+        // SAFETY: the program's arguments.
+        return unsafe { sdp_sendfile(out, &h, input, offset, n) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::sendfile(out, input, offset, n) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    input: c_int,
+    offset: *mut off_t,
+    n: size_t,
+) -> ssize_t {
+    if let Some((h, _g)) = sdp_stream(out) {
+        // SAFETY: the program's arguments.
+        return unsafe { sdp_sendfile(out, &h, input, offset, n) };
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::sendfile64(out, input, offset, n) }
+}
+
+/// `accept` on a listening fd with a hidden SDP listener beside it: the
+/// first connection from either, SDP or TCP.
+pub unsafe fn sdp_accept(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    protect(
+        "accept",
+        // SAFETY: the program's arguments.
+        || unsafe { sdp_accept_inner(fd, addr, len, flags) },
+        || fail(libc::ECONNABORTED),
+    )
+}
+
+unsafe fn sdp_accept_inner(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let Some(_g) = Guard::enter() else {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    };
+    let Some(h) = fdtable::listener(fd) else {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    };
+    let dontwait = nonblocking(fd);
+    loop {
+        match h.listener.accept() {
+            Ok(acc) => {
+                let new = acc.fd.into_raw_fd();
+                let _errno = SavedErrno::save();
+                // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
+                unsafe {
+                    if flags & libc::SOCK_NONBLOCK != 0 {
+                        let fl = real::fcntl(new, libc::F_GETFL, 0);
+                        real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
+                    }
+                    if flags & libc::SOCK_CLOEXEC != 0 {
+                        real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
+                    }
+                }
+                let l = fdtable::get(fd);
+                let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
+                e.role = SocketRole::Accepted;
+                e.want = l.as_ref().and_then(|l| l.want);
+                e.decided_by = DecidedBy::Listener;
+                e.rule = l.as_ref().map_or(0, |l| l.rule);
+                e.transport = Transport::Sdp;
+                e.reason = TcpReason::None;
+                // Report the listening port P, not the hidden port Q.
+                e.local = match (l.as_ref().and_then(|l| l.local), socket_name(new, false)) {
+                    (Some(p), Some(mut q)) => {
+                        q.set_port(p.port());
+                        Some(q)
+                    }
+                    (p, q) => p.or(q),
+                };
+                e.peer = Some(acc.peer);
+                e.sdp = SdpSide::stream(acc.endpoint);
+                fdtable::insert(new, e);
+                drop(_errno);
+                // SAFETY: the program's (addr, len) pair.
+                unsafe { write_sockaddr(acc.peer, addr, len) };
+                return new;
+            }
+            Err(e) if e == libc::EAGAIN => {}
+            Err(e) => return fail(e),
+        }
+        // Then the kernel listener, without blocking in it.
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: h.listener.wake_fds().readable,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let t = if dontwait { 0 } else { -1 };
+        // SAFETY: two local pollfds.
+        let r = unsafe { real::poll(p.as_mut_ptr(), 2, t) };
+        if r < 0 {
+            return -1;
+        }
+        if p[0].revents != 0 {
+            // SAFETY: the program's arguments, passed on.
+            let new = unsafe { real::accept4(fd, addr, len, flags) };
+            if new >= 0 {
+                // SAFETY: the kernel filled (addr, len) for `new`.
+                unsafe { super::socket::record_accepted(fd, new, addr, len) };
+            }
+            return new;
+        }
+        if r == 0 {
+            return fail(libc::EAGAIN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+
+    #[test]
+    fn recv_blocks_until_data_then_peeks_and_waits_for_all() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // Data arrives from another thread while recv sleeps.
+        let feeder = {
+            let ep = ep.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                ep.deliver(b"hello ");
+                ep.deliver(b"world");
+            })
+        };
+        let mut buf = [0u8; 11];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_WAITALL) };
+        feeder.join().unwrap();
+        assert_eq!(n, 11);
+        assert_eq!(&buf, b"hello world");
+
+        ep.deliver(b"abc");
+        let mut b = [0u8; 8];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 8, libc::MSG_PEEK) };
+        assert_eq!(&b[..n as usize], b"abc");
+        // SAFETY: a local buffer.
+        let n = unsafe { read(app, b.as_mut_ptr().cast(), 8) };
+        assert_eq!(&b[..n as usize], b"abc");
+        uninstall(app);
+    }
+
+    #[test]
+    fn nonblocking_and_timeouts_give_eagain() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let mut b = [0u8; 4];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, libc::MSG_DONTWAIT) };
+        assert_eq!((n, real::errno()), (-1, libc::EAGAIN));
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 30_000,
+        };
+        // SAFETY: a local timeval.
+        let r = unsafe {
+            libc::setsockopt(
+                app,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        let start = Instant::now();
+        // SAFETY: a local buffer.
+        let n = unsafe { read(app, b.as_mut_ptr().cast(), 4) };
+        assert_eq!((n, real::errno()), (-1, libc::EAGAIN));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        uninstall(app);
+    }
+
+    extern "C" fn ignore(_: c_int) {}
+
+    #[test]
+    fn a_signal_interrupts_a_blocked_recv_with_eintr() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // SAFETY: a handler without SA_RESTART for SIGUSR2, which no other
+        // test uses; an all-zero sigaction is valid before filling it.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as extern "C" fn(c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        // SAFETY: plain call.
+        let me = unsafe { libc::pthread_self() };
+        let kicker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: the test thread is alive: it waits for us in join().
+            unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+        });
+        let mut b = [0u8; 4];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, 0) };
+        let errno = real::errno();
+        kicker.join().unwrap();
+        assert_eq!((n, errno), (-1, libc::EINTR));
+        uninstall(app);
+    }
+
+    #[test]
+    fn send_takes_everything_blocking_and_raises_epipe() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        ep.set_send_room(3);
+        install(app, ep.clone());
+        let drainer = {
+            let ep = ep.clone();
+            std::thread::spawn(move || {
+                for _ in 0..3 {
+                    std::thread::sleep(Duration::from_millis(10));
+                    ep.set_send_room(3);
+                }
+            })
+        };
+        let data = b"0123456789";
+        // SAFETY: a local buffer.
+        let n = unsafe { send(app, data.as_ptr().cast(), data.len(), 0) };
+        drainer.join().unwrap();
+        assert_eq!(n, 10);
+        assert_eq!(ep.sent(), data.to_vec());
+
+        ep.shut_write();
+        // SAFETY: a local buffer; MSG_NOSIGNAL keeps the test alive.
+        let n = unsafe { send(app, data.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+        assert_eq!((n, real::errno()), (-1, libc::EPIPE));
+        uninstall(app);
+    }
+
+    #[test]
+    fn fionread_and_names_come_from_the_endpoint() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        ep.deliver(b"12345");
+        let mut v: c_int = -1;
+        // SAFETY: a local int.
+        let r = unsafe {
+            super::super::socket::ioctl(
+                app,
+                libc::FIONREAD,
+                (&mut v as *mut c_int) as libc::c_ulong,
+            )
+        };
+        assert_eq!((r, v), (0, 5));
+        fdtable::update(app, |e| e.peer = Some("10.1.2.3:5201".parse().unwrap()));
+        // SAFETY: an all-zero sockaddr_storage is valid.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+        // SAFETY: local storage.
+        let r = unsafe {
+            super::super::socket::getpeername(
+                app,
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        // SAFETY: getpeername wrote len bytes.
+        let a = unsafe {
+            super::super::read_sockaddr((&ss as *const libc::sockaddr_storage).cast(), len)
+        };
+        assert_eq!(a, Some("10.1.2.3:5201".parse().unwrap()));
+        uninstall(app);
+    }
+
+    #[test]
+    fn connect_again_on_an_sdp_connection_answers_eisconn() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        fdtable::update(app, |e| e.role = crate::fdtable::SocketRole::Client);
+        let raw = super::super::RawAddr::new("127.0.0.1:9".parse().unwrap());
+        // SAFETY: a complete local address.
+        let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
+        assert_eq!((r, real::errno()), (-1, libc::EISCONN));
+        ep.set_send_room(0);
+        // SAFETY: as above.
+        let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
+        assert_eq!((r, real::errno()), (-1, libc::EALREADY));
+        uninstall(app);
+    }
+
+    #[test]
+    fn a_panicking_endpoint_fails_the_call_with_eio() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        ep.break_recv();
+        let mut b = [0u8; 4];
+        // SAFETY: a local buffer.
+        let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, 0) };
+        assert_eq!((n, real::errno()), (-1, libc::EIO));
+        uninstall(app);
+    }
+
+    #[test]
+    fn exit_flushes_each_endpoint_once() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // SAFETY: duplicating our own fd.
+        let copy = unsafe { super::super::socket::dup(app) };
+        super::super::flush_all(Instant::now());
+        assert_eq!(ep.flushes(), 1);
+        uninstall(copy);
+        uninstall(app);
+    }
+
+    #[test]
+    fn close_of_the_last_dup_closes_the_endpoint_once() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // SAFETY: duplicating our own fd.
+        let copy = unsafe { super::super::socket::dup(app) };
+        assert!(copy > app);
+        assert!(fdtable::is_sdp(copy));
+        // SAFETY: closing our own fds.
+        unsafe { super::super::socket::close(app) };
+        assert_eq!(ep.closes(), 0);
+        // SAFETY: as above.
+        unsafe { super::super::socket::close(copy) };
+        assert_eq!(ep.closes(), 1);
+        assert!(!fdtable::is_managed(copy));
+    }
+}

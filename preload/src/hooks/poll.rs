@@ -1,0 +1,484 @@
+//! Readiness hooks: `poll`, `ppoll`, `select`, `pselect`, `__poll_chk`,
+//! `__ppoll_chk` (`epoll` is in [`super::epoll`]).
+//!
+//! While no fd is SDP every call goes to the C library unchanged. When a
+//! set holds SDP fds, `poll`/`select` report their readiness from the
+//! endpoint ([`crate::sdp::Readiness`], exact as DESIGN §6 asks) and sleep
+//! in the kernel on the endpoint's wake fds beside the program's other fds,
+//! re-checking after every wake-up so a wake fd's stale level never shows
+//! as readiness.
+#![allow(clippy::missing_safety_doc)]
+
+use super::{fail, protect, Guard};
+use crate::fdtable::{self, ListenerHandle, StreamHandle};
+use crate::real;
+use crate::sdp::Readiness;
+use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The SDP side of an fd in a readiness set.
+#[derive(Clone)]
+pub(super) enum Side {
+    Stream(Arc<StreamHandle>),
+    Listener(Arc<ListenerHandle>),
+}
+
+impl Side {
+    pub(super) fn of(fd: c_int) -> Option<Side> {
+        if let Some(h) = fdtable::stream(fd) {
+            return Some(Side::Stream(h));
+        }
+        fdtable::listener(fd).map(Side::Listener)
+    }
+
+    pub(super) fn readiness(&self) -> Readiness {
+        match self {
+            Side::Stream(h) => h.endpoint.readiness(),
+            Side::Listener(h) => h.listener.readiness(),
+        }
+    }
+
+    pub(super) fn wake_fds(&self) -> crate::sdp::WakeFds {
+        match self {
+            Side::Stream(h) => h.endpoint.wake_fds(),
+            Side::Listener(h) => h.listener.wake_fds(),
+        }
+    }
+}
+
+/// Does the set hold an SDP fd? (Only asked while some fd is SDP.)
+fn any_sdp(fds: &[pollfd]) -> bool {
+    fds.iter().any(|p| fdtable::is_sdp(p.fd))
+}
+
+pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
+    deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        }
+    })
+}
+
+/// `poll` over a set with SDP fds. A listener's readiness joins the
+/// kernel listener's own (pending TCP connections).
+fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+    // A panic in an endpoint fails the call (ENOMEM) instead of unwinding.
+    protect(
+        "poll",
+        || poll_sdp_inner(fds, deadline, mask),
+        || fail(libc::ENOMEM),
+    )
+}
+
+fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+    let sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
+    loop {
+        let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);
+        // For each program entry: its own kernel entry, if it has one.
+        let mut own: Vec<Option<usize>> = Vec::with_capacity(fds.len());
+        let mut sdp_ready = false;
+        for (p, side) in fds.iter().zip(&sides) {
+            let listener = matches!(side, Some(Side::Listener(_)));
+            if side.is_none() || listener {
+                own.push(Some(kfds.len()));
+                kfds.push(pollfd {
+                    fd: p.fd,
+                    events: p.events,
+                    revents: 0,
+                });
+            } else {
+                own.push(None);
+            }
+            if let Some(s) = side {
+                sdp_ready |= s.readiness().poll_bits(p.events) != 0;
+                let wake = s.wake_fds();
+                kfds.push(pollfd {
+                    fd: wake.readable,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+                    kfds.push(pollfd {
+                        fd: wake.writable,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
+            }
+        }
+        let zero = timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let wait = if sdp_ready {
+            Some(zero)
+        } else {
+            remaining(deadline)
+        };
+        let tp = wait
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const timespec);
+        // SAFETY: our own pollfd vector, a local timespec or null, and the
+        // program's signal mask or null.
+        let r = unsafe { real::ppoll(kfds.as_mut_ptr(), kfds.len() as nfds_t, tp, mask) };
+        if r < 0 {
+            return -1;
+        }
+        let mut count = 0;
+        for ((p, side), k) in fds.iter_mut().zip(&sides).zip(&own) {
+            let kernel = k.map_or(0, |k| kfds[k].revents);
+            let sdp = side
+                .as_ref()
+                .map_or(0, |s| s.readiness().poll_bits(p.events));
+            p.revents = kernel | sdp;
+            if p.revents != 0 {
+                count += 1;
+            }
+        }
+        let expired = wait.is_some_and(|t| t.tv_sec == 0 && t.tv_nsec == 0);
+        if count > 0 || expired {
+            return count;
+        }
+    }
+}
+
+pub(super) fn ms_deadline(timeout: c_int) -> Option<Instant> {
+    (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64))
+}
+
+pub(super) fn ts_deadline(ts: *const timespec) -> Option<Instant> {
+    if ts.is_null() {
+        return None;
+    }
+    // SAFETY: the program's timespec.
+    let t = unsafe { *ts };
+    Some(
+        Instant::now()
+            + Duration::new(
+                t.tv_sec.max(0) as u64,
+                t.tv_nsec.clamp(0, 999_999_999) as u32,
+            ),
+    )
+}
+
+/// The program's pollfd array, if it holds SDP fds and we may handle it.
+unsafe fn sdp_set<'a>(fds: *mut pollfd, n: nfds_t) -> Option<(&'a mut [pollfd], Guard)> {
+    if fdtable::no_sdp() || fds.is_null() {
+        return None;
+    }
+    let g = Guard::enter()?;
+    // SAFETY: the program's array of n pollfds.
+    let set = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    any_sdp(set).then_some((set, g))
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the program's array.
+    if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
+        return poll_sdp(set, ms_deadline(timeout), std::ptr::null());
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::poll(fds, n, timeout) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    if (n as usize) <= fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: the array holds n entries (checked).
+        if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
+            return poll_sdp(set, ms_deadline(timeout), std::ptr::null());
+        }
+    }
+    // SAFETY: the program's arguments; the C library aborts on overflow.
+    unsafe { real::__poll_chk(fds, n, timeout, fdslen) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the program's array.
+    if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
+        return poll_sdp(set, ts_deadline(ts), mask);
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::ppoll(fds, n, ts, mask) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if (n as usize) <= fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: the array holds n entries (checked).
+        if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
+            return poll_sdp(set, ts_deadline(ts), mask);
+        }
+    }
+    // SAFETY: the program's arguments; the C library aborts on overflow.
+    unsafe { real::__ppoll_chk(fds, n, ts, mask, fdslen) }
+}
+
+unsafe fn isset(set: *const fd_set, fd: c_int) -> bool {
+    // SAFETY: the program's fd_set, fd < FD_SETSIZE (callers bound nfds).
+    !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
+}
+
+/// `select` over sets holding SDP fds, through [`poll_sdp`]. `None`: no
+/// SDP fd in the sets (or we may not handle them): the caller passes on.
+unsafe fn select_sdp(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    deadline: Option<Instant>,
+    mask: *const sigset_t,
+) -> Option<c_int> {
+    if fdtable::no_sdp() {
+        return None;
+    }
+    let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+    let _g = Guard::enter()?;
+    // SAFETY: the program's sets, fd < nfds <= FD_SETSIZE.
+    let events_of = |fd| unsafe {
+        let mut events = 0;
+        if isset(r, fd) {
+            events |= libc::POLLIN;
+        }
+        if isset(w, fd) {
+            events |= libc::POLLOUT;
+        }
+        if isset(e, fd) {
+            events |= libc::POLLPRI;
+        }
+        events
+    };
+    // Without an SDP fd in the sets, the C library does it (no allocation).
+    if !(0..nfds).any(|fd| events_of(fd) != 0 && fdtable::is_sdp(fd)) {
+        return None;
+    }
+    let mut set: Vec<pollfd> = (0..nfds)
+        .filter_map(|fd| {
+            let events = events_of(fd);
+            (events != 0).then_some(pollfd {
+                fd,
+                events,
+                revents: 0,
+            })
+        })
+        .collect();
+    let n = poll_sdp(&mut set, deadline, mask);
+    if n < 0 {
+        return Some(-1);
+    }
+    if set.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        return Some(fail(libc::EBADF));
+    }
+    // SAFETY: the program's sets (each cleared, then the ready bits set).
+    unsafe {
+        for s in [r, w, e] {
+            if !s.is_null() {
+                libc::FD_ZERO(s);
+            }
+        }
+    }
+    let mut count = 0;
+    for p in &set {
+        let ev = p.revents;
+        let marks = [
+            (
+                r,
+                libc::POLLIN,
+                ev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
+            ),
+            (w, libc::POLLOUT, ev & (libc::POLLOUT | libc::POLLERR) != 0),
+            (e, libc::POLLPRI, ev & libc::POLLPRI != 0),
+        ];
+        for (s, asked, ready) in marks {
+            if p.events & asked != 0 && ready {
+                // SAFETY: the program's set, fd < FD_SETSIZE.
+                unsafe { libc::FD_SET(p.fd, s) };
+                count += 1;
+            }
+        }
+    }
+    Some(count)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    let deadline = if tv.is_null() {
+        None
+    } else {
+        // SAFETY: the program's timeval.
+        let t = unsafe { *tv };
+        Some(
+            Instant::now()
+                + Duration::new(
+                    t.tv_sec.max(0) as u64,
+                    (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
+                ),
+        )
+    };
+    // SAFETY: the program's sets.
+    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, deadline, std::ptr::null()) } {
+        if let (false, Some(d)) = (tv.is_null(), deadline) {
+            // Linux select leaves the time not slept in *tv.
+            let left = d.saturating_duration_since(Instant::now());
+            // SAFETY: the program's timeval.
+            unsafe {
+                (*tv).tv_sec = left.as_secs() as libc::time_t;
+                (*tv).tv_usec = left.subsec_micros() as libc::suseconds_t;
+            }
+        }
+        return n;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::select(nfds, r, w, e, tv) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the program's sets.
+    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, ts_deadline(ts), mask) } {
+        return n;
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::pselect(nfds, r, w, e, ts, mask) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+
+    fn pfd(fd: c_int, events: i16) -> pollfd {
+        pollfd {
+            fd,
+            events,
+            revents: 0,
+        }
+    }
+
+    #[test]
+    fn poll_reports_endpoint_readiness_not_kernel_bytes() {
+        let (app, peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // Protocol bytes on the kernel socket are not application data.
+        // SAFETY: writing to our own socket.
+        assert_eq!(unsafe { libc::write(peer, b"xx".as_ptr().cast(), 2) }, 2);
+        let mut set = [pfd(app, libc::POLLIN)];
+        // SAFETY: a local array.
+        assert_eq!(unsafe { poll(set.as_mut_ptr(), 1, 0) }, 0);
+        assert_eq!(set[0].revents, 0);
+        // Writable: the fake has room.
+        let mut set = [pfd(app, libc::POLLIN | libc::POLLOUT)];
+        // SAFETY: a local array.
+        assert_eq!(unsafe { poll(set.as_mut_ptr(), 1, 0) }, 1);
+        assert_eq!(set[0].revents, libc::POLLOUT);
+        uninstall(app);
+    }
+
+    #[test]
+    fn poll_sleeps_until_the_endpoint_has_data() {
+        let (app, _peer) = socketpair();
+        let (other, _other_peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let feeder = {
+            let ep = ep.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                ep.deliver(b"x");
+            })
+        };
+        let mut set = [pfd(other, libc::POLLIN), pfd(app, libc::POLLIN)];
+        // SAFETY: a local array.
+        let n = unsafe { poll(set.as_mut_ptr(), 2, 5000) };
+        feeder.join().unwrap();
+        assert_eq!(n, 1);
+        assert_eq!((set[0].revents, set[1].revents), (0, libc::POLLIN));
+        uninstall(app);
+    }
+
+    #[test]
+    fn select_marks_sdp_and_kernel_fds() {
+        let (app, _peer) = socketpair();
+        let (other, other_peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        ep.deliver(b"data");
+        // SAFETY: writing to our own socket.
+        let wrote = unsafe { libc::write(other_peer, b"k".as_ptr().cast(), 1) };
+        assert_eq!(wrote, 1);
+        // SAFETY: fd_sets on the stack, FD_* on them.
+        unsafe {
+            let mut r: fd_set = std::mem::zeroed();
+            libc::FD_SET(app, &mut r);
+            libc::FD_SET(other, &mut r);
+            let mut tv = timeval {
+                tv_sec: 1,
+                tv_usec: 0,
+            };
+            let n = select(
+                app.max(other) + 1,
+                &mut r,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut tv,
+            );
+            assert_eq!(n, 2);
+            assert!(libc::FD_ISSET(app, &r) && libc::FD_ISSET(other, &r));
+        }
+        ep.take_all();
+        // SAFETY: as above.
+        unsafe {
+            let mut r: fd_set = std::mem::zeroed();
+            libc::FD_SET(app, &mut r);
+            let mut tv = timeval {
+                tv_sec: 0,
+                tv_usec: 10_000,
+            };
+            let n = select(
+                app + 1,
+                &mut r,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut tv,
+            );
+            assert_eq!(n, 0);
+            assert!(!libc::FD_ISSET(app, &r));
+        }
+        uninstall(app);
+    }
+}

@@ -1,0 +1,753 @@
+//! Socket lifecycle hooks: creation, the SDP/TCP decision at `connect` and
+//! `listen`, `accept`, names, options, `close`, `dup*`, `fcntl`, `ioctl`,
+//! `fork`.
+#![allow(clippy::missing_safety_doc)]
+
+use super::{
+    fail, int_sockopt, protect, read_sockaddr, socket_name, write_sockaddr, Guard, RawAddr,
+    SavedErrno, AF_INET_SDP,
+};
+use crate::config;
+use crate::fdtable::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
+use crate::log::Level;
+use crate::real;
+use crate::rules::{Family, Role};
+use crate::sdp::{self, ConnectOutcome, Shutdown};
+use libc::{c_int, c_uint, c_ulong, c_void, pid_t, sockaddr, socklen_t};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `ioctl(SIOCATMARK)` (linux/sockios.h), which the libc crate lacks.
+const SIOCATMARK: c_ulong = 0x8905;
+
+/// Is this `socket()` call a TCP stream socket we manage?
+fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && ty & 0xf == libc::SOCK_STREAM
+        && (protocol == 0 || protocol == libc::IPPROTO_TCP)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    let forced = domain == AF_INET_SDP;
+    // AF_INET_SDP is AF_IB to the kernel: the socket is an AF_INET one.
+    let domain = if forced { libc::AF_INET } else { domain };
+    // SAFETY: the program's arguments, passed on.
+    let fd = unsafe { real::socket(domain, ty, protocol) };
+    if fd < 0 || !is_tcp(domain, ty, protocol) {
+        return fd;
+    }
+    let Some(_g) = Guard::enter() else { return fd };
+    protect(
+        "socket",
+        || {
+            let _errno = SavedErrno::save();
+            fdtable::insert(fd, Entry::new(domain == libc::AF_INET6, forced));
+            if forced {
+                crate::log!(Level::Debug, "fd {fd}: socket(AF_INET_SDP): SDP forced");
+            }
+        },
+        || (),
+    );
+    fd
+}
+
+/// A socket we did not see created (inherited across `exec`, made with a
+/// raw syscall): manage it from now on if it is a TCP socket.
+fn adopt(fd: c_int) -> bool {
+    if fdtable::is_managed(fd) {
+        return true;
+    }
+    let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
+    let ty = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE);
+    let proto = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL);
+    match (domain, ty, proto) {
+        (Some(d), Some(t), Some(p)) if is_tcp(d, t, p) => {
+            fdtable::insert(fd, Entry::new(d == libc::AF_INET6, false));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// For a socket forced to SDP by `AF_INET_SDP`, an address whose family is
+/// `AF_INET_SDP` is rewritten to `AF_INET` for the kernel.
+unsafe fn kernel_addr(addr: *const sockaddr, len: socklen_t) -> Option<RawAddr> {
+    // SAFETY: the program's (addr, len) pair.
+    if addr.is_null() || c_int::from(unsafe { (*addr).sa_family }) != AF_INET_SDP {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { read_sockaddr(addr, len) }.map(RawAddr::new)
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if fdtable::is_managed(fd) {
+        // SAFETY: the program's (addr, len) pair.
+        if let Some(raw) = unsafe { kernel_addr(addr, len) } {
+            // SAFETY: raw is a complete address of raw.len() bytes.
+            return unsafe { real::bind(fd, raw.as_ptr(), raw.len()) };
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::bind(fd, addr, len) }
+}
+
+/// Logs "SDP wanted but not available" once at warn, then at debug.
+fn warn_no_engine(fd: c_int, what: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let level = if WARNED.swap(true, Ordering::Relaxed) {
+        Level::Debug
+    } else {
+        Level::Warn
+    };
+    crate::log!(
+        level,
+        "fd {fd}: {what} asks for SDP only, but this build has no SDP engine: using TCP"
+    );
+}
+
+/// The rules' answer for `fd`, as (family, who decided, rule number).
+fn decide(entry: &Entry, role: Role, addr: &SocketAddr) -> (Family, DecidedBy, u16) {
+    if entry.forced {
+        return (Family::Sdp, DecidedBy::Forced, 0);
+    }
+    let d = config::get().rules.decide(role, config::program(), addr);
+    match d.rule {
+        Some(n) => (
+            d.family,
+            DecidedBy::Rule,
+            u16::try_from(n).unwrap_or(u16::MAX),
+        ),
+        None => (d.family, DecidedBy::Default, 0),
+    }
+}
+
+fn describe(decided_by: DecidedBy, rule: u16) -> String {
+    match decided_by {
+        DecidedBy::Rule => format!("rule {rule}"),
+        DecidedBy::Forced => "AF_INET_SDP".into(),
+        DecidedBy::Listener => "listener".into(),
+        DecidedBy::Default | DecidedBy::Nothing => "default".into(),
+    }
+}
+
+/// The C library's `connect`, with an `AF_INET_SDP` address rewritten to
+/// `AF_INET` for the kernel.
+unsafe fn pass_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the program's (addr, len) pair, or a complete address we
+    // built from it, passed to the C library.
+    unsafe {
+        match kernel_addr(addr, len) {
+            Some(raw) => real::connect(fd, raw.as_ptr(), raw.len()),
+            None => real::connect(fd, addr, len),
+        }
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let Some(_g) = Guard::enter() else {
+        // SAFETY: the program's arguments.
+        return unsafe { pass_connect(fd, addr, len) };
+    };
+    // SAFETY: the program's (addr, len) pair.
+    let dest = unsafe { read_sockaddr(addr, len) };
+    match dest {
+        Some(dest) if adopt(fd) => protect(
+            "connect",
+            // SAFETY: the program's arguments.
+            || unsafe { connect_managed(fd, addr, len, dest) },
+            // SAFETY: the program's arguments.
+            || unsafe { pass_connect(fd, addr, len) },
+        ),
+        // SAFETY: the program's arguments.
+        _ => unsafe { pass_connect(fd, addr, len) },
+    }
+}
+
+unsafe fn connect_managed(
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    dest: SocketAddr,
+) -> c_int {
+    let Some(entry) = fdtable::get(fd) else {
+        // SAFETY: the program's arguments.
+        return unsafe { pass_connect(fd, addr, len) };
+    };
+    if entry.role == SocketRole::Client {
+        // Decided already: a program asking again about its connect.
+        if let SdpSide::Stream(h) = &entry.sdp {
+            let r = h.endpoint.readiness();
+            return fail(if r.writable || r.error {
+                libc::EISCONN
+            } else {
+                libc::EALREADY
+            });
+        }
+        // SAFETY: the program's arguments.
+        return unsafe { pass_connect(fd, addr, len) };
+    }
+    let (family, decided_by, rule) = decide(&entry, Role::Client, &dest);
+    let mut reason = TcpReason::RuleTcp;
+    if family != Family::Tcp {
+        reason = TcpReason::NoEngine;
+        if let Some(backend) = sdp::backend() {
+            let nonblocking = {
+                let _e = SavedErrno::save();
+                // SAFETY: F_GETFL takes no argument.
+                let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+                flags >= 0 && flags & libc::O_NONBLOCK != 0
+            };
+            match backend.connect(fd, dest, nonblocking, family == Family::Sdp) {
+                ConnectOutcome::Sdp(ep) => {
+                    record_connect(
+                        fd,
+                        family,
+                        decided_by,
+                        rule,
+                        Transport::Sdp,
+                        TcpReason::None,
+                        dest,
+                        SdpSide::stream(ep),
+                    );
+                    return 0;
+                }
+                ConnectOutcome::InProgress(ep) => {
+                    record_connect(
+                        fd,
+                        family,
+                        decided_by,
+                        rule,
+                        Transport::Sdp,
+                        TcpReason::None,
+                        dest,
+                        SdpSide::stream(ep),
+                    );
+                    return fail(libc::EINPROGRESS);
+                }
+                ConnectOutcome::Failed(errno) => {
+                    record_connect(
+                        fd,
+                        family,
+                        decided_by,
+                        rule,
+                        Transport::Undecided,
+                        TcpReason::None,
+                        dest,
+                        SdpSide::None,
+                    );
+                    return fail(errno);
+                }
+                ConnectOutcome::Fallback(r) => reason = r,
+            }
+        } else if family == Family::Sdp {
+            warn_no_engine(fd, &describe(decided_by, rule));
+        }
+    }
+    crate::log!(
+        Level::Info,
+        "fd {fd}: connect {dest}: {:?} by {} -> TCP ({})",
+        family,
+        describe(decided_by, rule),
+        reason.name()
+    );
+    record_connect(
+        fd,
+        family,
+        decided_by,
+        rule,
+        Transport::Tcp,
+        reason,
+        dest,
+        SdpSide::None,
+    );
+    // SAFETY: the program's arguments.
+    let r = unsafe { pass_connect(fd, addr, len) };
+    if r == 0 || real::errno() == libc::EINPROGRESS {
+        let local = socket_name(fd, false);
+        fdtable::update(fd, |e| e.local = local);
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_connect(
+    fd: c_int,
+    family: Family,
+    decided_by: DecidedBy,
+    rule: u16,
+    transport: Transport,
+    reason: TcpReason,
+    dest: SocketAddr,
+    side: SdpSide,
+) {
+    let _errno = SavedErrno::save();
+    fdtable::update(fd, |e| {
+        e.role = SocketRole::Client;
+        e.want = Some(family);
+        e.decided_by = decided_by;
+        e.rule = rule;
+        e.transport = transport;
+        e.reason = reason;
+        e.peer = Some(dest);
+        e.sdp = side;
+    });
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 {
+        return r;
+    }
+    let Some(_g) = Guard::enter() else { return r };
+    protect(
+        "listen",
+        || {
+            let _errno = SavedErrno::save();
+            if adopt(fd) {
+                listen_managed(fd, backlog);
+            }
+        },
+        || (),
+    );
+    r
+}
+
+fn listen_managed(fd: c_int, backlog: c_int) {
+    let Some(entry) = fdtable::get(fd) else {
+        return;
+    };
+    if entry.role == SocketRole::Listener {
+        // A second listen only changes the backlog.
+        return;
+    }
+    let Some(local) = socket_name(fd, false) else {
+        return;
+    };
+    let (family, decided_by, rule) = decide(&entry, Role::Server, &local);
+    let mut side = SdpSide::None;
+    let reason = if family == Family::Tcp {
+        TcpReason::RuleTcp
+    } else if let Some(backend) = sdp::backend() {
+        match backend.listen(fd, local, backlog) {
+            Ok(l) => {
+                side = SdpSide::listener(l);
+                TcpReason::None
+            }
+            Err(r) => r,
+        }
+    } else {
+        if family == Family::Sdp {
+            warn_no_engine(fd, &describe(decided_by, rule));
+        }
+        TcpReason::NoEngine
+    };
+    let transport = if matches!(side, SdpSide::None) {
+        Transport::Tcp
+    } else {
+        Transport::Sdp
+    };
+    crate::log!(
+        Level::Info,
+        "fd {fd}: listen {local}: {:?} by {} -> {}",
+        family,
+        describe(decided_by, rule),
+        if transport == Transport::Sdp {
+            "SDP and TCP"
+        } else {
+            reason.name()
+        }
+    );
+    fdtable::update(fd, |e| {
+        e.role = SocketRole::Listener;
+        e.want = Some(family);
+        e.decided_by = decided_by;
+        e.rule = rule;
+        e.transport = transport;
+        e.reason = reason;
+        e.local = Some(local);
+        e.sdp = side;
+    });
+}
+
+/// Records a connection the kernel listener `listener` accepted as `fd`.
+pub(super) unsafe fn record_accepted(
+    listener: c_int,
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) {
+    let Some(l) = fdtable::get(listener) else {
+        return;
+    };
+    let _errno = SavedErrno::save();
+    let peer = if addr.is_null() || len.is_null() {
+        None
+    } else {
+        // SAFETY: the kernel just filled the program's (addr, *len).
+        unsafe { read_sockaddr(addr, *len) }
+    }
+    .or_else(|| socket_name(fd, true));
+    let local = match l.local {
+        Some(a) if !a.ip().is_unspecified() => Some(a),
+        _ => socket_name(fd, false),
+    };
+    let mut e = Entry::new(l.ipv6, l.forced);
+    e.role = SocketRole::Accepted;
+    e.want = l.want;
+    e.decided_by = DecidedBy::Listener;
+    e.rule = l.rule;
+    e.transport = Transport::Tcp;
+    e.reason = if l.transport == Transport::Sdp {
+        TcpReason::PeerTcp
+    } else {
+        l.reason
+    };
+    e.local = local;
+    e.peer = peer;
+    fdtable::insert(fd, e);
+}
+
+unsafe fn accept_common(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::accept4(fd, addr, len, flags) };
+    if r < 0 || !fdtable::is_managed(fd) {
+        return r;
+    }
+    let Some(_g) = Guard::enter() else { return r };
+    // SAFETY: the kernel filled (addr, len) for the new fd.
+    protect(
+        "accept",
+        || unsafe { record_accepted(fd, r, addr, len) },
+        || (),
+    );
+    r
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if fdtable::listener(fd).is_some() {
+        // SAFETY: the program's arguments.
+        return unsafe { super::io::sdp_accept(fd, addr, len, 0) };
+    }
+    if !fdtable::is_managed(fd) {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept(fd, addr, len) };
+    }
+    // SAFETY: the program's arguments.
+    unsafe { accept_common(fd, addr, len, 0) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if fdtable::listener(fd).is_some() {
+        // SAFETY: the program's arguments.
+        return unsafe { super::io::sdp_accept(fd, addr, len, flags) };
+    }
+    // SAFETY: the program's arguments.
+    unsafe { accept_common(fd, addr, len, flags) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if fdtable::is_managed(fd) || super::epoll::registered() {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            protect(
+                "close",
+                || {
+                    super::epoll::forget_fd(fd);
+                    fdtable::remove(fd);
+                },
+                || (),
+            );
+        }
+    }
+    // SAFETY: the program's argument, passed on.
+    unsafe { real::close(fd) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::close_range(first, last, flags) };
+    if r == 0 && flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            protect("close_range", || fdtable::remove_range(first, last), || ());
+        }
+    }
+    r
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(h) = fdtable::stream(fd) {
+        let how = match how {
+            libc::SHUT_RD => Shutdown::Read,
+            libc::SHUT_WR => Shutdown::Write,
+            libc::SHUT_RDWR => Shutdown::Both,
+            _ => return fail(libc::EINVAL),
+        };
+        return protect(
+            "shutdown",
+            || match h.endpoint.shutdown(how) {
+                Ok(()) => 0,
+                Err(e) => fail(e),
+            },
+            || fail(libc::EIO),
+        );
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::shutdown(fd, how) }
+}
+
+/// After a successful duplication of `old` onto `new`.
+fn duplicated(old: c_int, new: c_int) {
+    if new >= 0 && (fdtable::is_managed(old) || fdtable::is_managed(new)) {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            protect("dup", || fdtable::duplicate(old, new), || ());
+        }
+    }
+}
+
+/// `dup2`/`dup3` close `new` first: an SDP connection there learns it
+/// before the kernel closes the fd (so it can still flush).
+fn forget_target(old: c_int, new: c_int) {
+    if old != new && fdtable::is_sdp(new) && fdtable::is_managed(new) {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            // Only if `old` is open: otherwise dup2 fails and changes nothing.
+            // SAFETY: F_GETFD takes no argument.
+            if unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0 {
+                protect("dup2", || fdtable::remove(new), || ());
+            }
+        }
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the program's argument, passed on.
+    let r = unsafe { real::dup(fd) };
+    duplicated(fd, r);
+    r
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    forget_target(old, new);
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 && old != new {
+        duplicated(old, r);
+    }
+    r
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    forget_target(old, new);
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 {
+        duplicated(old, r);
+    }
+    r
+}
+
+unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the program's arguments, passed on (see real::fcntl on the
+    // variadic argument).
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+        duplicated(fd, r);
+    }
+    r
+}
+
+/// `fcntl(int, int, ...)`. Rust cannot define a C-variadic function; on
+/// the x86_64 and aarch64 Linux ABIs a variadic integer or pointer argument
+/// arrives in the same register as a third fixed one, so reading it as a
+/// machine word is exact (and harmless garbage for commands without one,
+/// which the C library then ignores as it would have).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as documented above.
+    unsafe { fcntl_common(fd, cmd, arg) }
+}
+
+/// `fcntl64`: the same function in glibc on 64-bit targets.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as for fcntl.
+    unsafe { fcntl_common(fd, cmd, arg) }
+}
+
+/// `ioctl(int, unsigned long, ...)`, read like [`fcntl`]. On an SDP fd,
+/// `FIONREAD` and `SIOCATMARK` are answered by the SDP connection;
+/// `FIONBIO` goes to the kernel socket, whose `O_NONBLOCK` flag the hooks
+/// follow.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if let Some(h) = fdtable::stream(fd) {
+        let value = protect(
+            "ioctl",
+            || match request {
+                libc::FIONREAD => {
+                    Some(c_int::try_from(h.endpoint.fionread()).unwrap_or(c_int::MAX))
+                }
+                SIOCATMARK => Some(c_int::from(h.endpoint.at_mark())),
+                _ => None,
+            },
+            || None,
+        );
+        if let Some(v) = value {
+            let out = arg as *mut c_int;
+            if out.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: both requests take an int* the program passed.
+            unsafe { out.write_unaligned(v) };
+            return 0;
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::ioctl(fd, request, arg) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(h) = fdtable::stream(fd) {
+        if val.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
+            if let Some(e) = protect("getsockopt", || h.endpoint.take_error(), || None) {
+                // SAFETY: the program's (val, len) pair; we write at most
+                // *len bytes.
+                unsafe {
+                    let bytes = e.to_ne_bytes();
+                    let n = (*len as usize).min(bytes.len());
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), val.cast(), n);
+                    *len = n as socklen_t;
+                }
+                return 0;
+            }
+        }
+        // SAFETY: the program's (val, *len) buffer.
+        let buf = unsafe { std::slice::from_raw_parts_mut(val.cast::<u8>(), *len as usize) };
+        match protect(
+            "getsockopt",
+            || h.endpoint.getsockopt(level, name, buf),
+            || None,
+        ) {
+            Some(Ok(n)) => {
+                // SAFETY: len is valid (checked above).
+                unsafe { *len = n as socklen_t };
+                return 0;
+            }
+            Some(Err(e)) => return fail(e),
+            None => {}
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::getsockopt(fd, level, name, val, len) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // The kernel socket always gets the option, so a fallback keeps it.
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && !val.is_null() {
+        if let Some(h) = fdtable::stream(fd) {
+            // SAFETY: the kernel just read `len` bytes at `val`.
+            let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) };
+            let answer = protect(
+                "setsockopt",
+                || h.endpoint.setsockopt(level, name, bytes),
+                || Ok(()),
+            );
+            if let Err(e) = answer {
+                return fail(e);
+            }
+        }
+    }
+    r
+}
+
+/// On an SDP fd, the addresses TCP would report (an accepted SDP connection
+/// arrived on the hidden port Q but reports the listening port P; a client
+/// reports the address it connected to, not the SDP port's).
+unsafe fn name_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> c_int {
+    if fdtable::is_sdp(fd) {
+        if let Some(e) = fdtable::get(fd) {
+            if let Some(a) = if peer { e.peer } else { e.local } {
+                if addr.is_null() || len.is_null() {
+                    return fail(libc::EFAULT);
+                }
+                // SAFETY: the program's (addr, len) pair.
+                unsafe { write_sockaddr(a, addr, len) };
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe {
+        if peer {
+            real::getpeername(fd, addr, len)
+        } else {
+            real::getsockname(fd, addr, len)
+        }
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the program's arguments.
+    unsafe { name_common(fd, addr, len, false) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the program's arguments.
+    unsafe { name_common(fd, addr, len, true) }
+}
+
+/// `fork`: the fd table and state export are fixed up by the `pthread_atfork`
+/// handlers the library registers at start, which also run for forks the C
+/// library makes itself (`daemon`).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fork() -> pid_t {
+    // SAFETY: fork has no arguments; the handlers do the rest.
+    unsafe { real::fork() }
+}

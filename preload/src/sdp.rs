@@ -1,0 +1,280 @@
+//! The one interface between the hooks and the SDP data path.
+//!
+//! The hooks keep the program's socket semantics (blocking, timeouts,
+//! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
+//! SDP connection only has to offer the non-blocking operations below.
+//! `sdp-core` implements these traits later; today the only implementations
+//! are the fakes of the tests, and [`backend`] answers `None`, so every
+//! connection is TCP with the reason [`TcpReason::NoEngine`].
+//!
+//! Contract shared by every method:
+//! * No method blocks. "Nothing now" is `Err(EAGAIN)`; the hooks wait on
+//!   [`WakeFds`] and retry.
+//! * Errors are the `errno` a TCP program expects (DESIGN §3.4): `EPIPE`
+//!   after our shutdown for writing, `ECONNRESET` after a Terminate, ...
+//! * The endpoint never changes the file status flags (`O_NONBLOCK`) of the
+//!   application's fd: it uses `MSG_DONTWAIT` on its own socket calls, so
+//!   `fcntl(F_GETFL)` keeps telling the program what it set.
+//! * The endpoint does its own socket I/O with the functions of
+//!   [`crate::real`] (or raw syscalls), never through the hooks.
+//!
+//! [`crate::fdtable`] owns the handles: an fd number, its `dup`s and its
+//! copies in forked children share one endpoint; `close` is called when the
+//! last fd number of this process referring to it is closed.
+
+use crate::fdtable::TcpReason;
+use libc::c_int;
+use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// An `errno` value.
+pub type Errno = c_int;
+
+/// Readiness of a connection or listener, exactly as DESIGN §6 defines it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// Application data, EOF, an error, or (listener) a pending accept.
+    /// Never set for protocol-only traffic (credit updates).
+    pub readable: bool,
+    /// A send would take at least one byte (or would fail at once).
+    pub writable: bool,
+    /// The peer shut down its sending side (`POLLRDHUP`).
+    pub read_closed: bool,
+    /// Both directions are closed (`POLLHUP`).
+    pub hangup: bool,
+    /// An error is pending (`POLLERR`; [`SdpEndpoint::take_error`]).
+    pub error: bool,
+    /// Out-of-band data is pending (`POLLPRI`, select's exception set).
+    pub urgent: bool,
+}
+
+impl Readiness {
+    /// The `poll` bits for this readiness, given the requested `events`
+    /// (`POLLERR` and `POLLHUP` are reported whether asked for or not).
+    pub fn poll_bits(&self, events: i16) -> i16 {
+        let mut r = 0;
+        if self.readable {
+            r |= events & (libc::POLLIN | libc::POLLRDNORM);
+        }
+        if self.writable {
+            r |= events & (libc::POLLOUT | libc::POLLWRNORM);
+        }
+        if self.read_closed {
+            r |= events & (libc::POLLRDHUP | libc::POLLIN | libc::POLLRDNORM);
+        }
+        if self.urgent {
+            r |= events & (libc::POLLPRI | libc::POLLRDBAND);
+        }
+        if self.hangup {
+            r |= libc::POLLHUP;
+        }
+        if self.error {
+            r |= libc::POLLERR;
+        }
+        r
+    }
+}
+
+/// Two file descriptors owned by the endpoint whose `POLLIN` level follows
+/// its readiness, so the hooks can sleep in the kernel (`ppoll`, `epoll`)
+/// next to the program's other fds.
+///
+/// `readable` polls readable whenever [`Readiness::readable`],
+/// `read_closed`, `error`, `hangup` or `urgent` holds; `writable` polls
+/// readable whenever [`Readiness::writable`], `error` or `hangup` holds.
+/// Levels, not edges: the endpoint sets and clears them (eventfds are the
+/// obvious choice) and never leaves one readable while its condition is
+/// false for longer than a progress step. A change of readiness that keeps
+/// the level (more data arriving) is signalled by writing to the eventfd
+/// again, which `EPOLLET` sees as a new edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WakeFds {
+    pub readable: RawFd,
+    pub writable: RawFd,
+}
+
+/// Flags of a receive the endpoint must honour (the hooks handle
+/// `MSG_DONTWAIT`, `MSG_WAITALL` and blocking).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecvFlags {
+    /// `MSG_PEEK`: copy without consuming.
+    pub peek: bool,
+    /// `MSG_OOB`: the urgent byte (`EINVAL` if none, as TCP).
+    pub oob: bool,
+}
+
+/// Flags of a send the endpoint must honour (the hooks handle
+/// `MSG_DONTWAIT`, `MSG_NOSIGNAL` and blocking).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendFlags {
+    /// `MSG_OOB`: the last byte is urgent (SDP OOB, draft §6).
+    pub oob: bool,
+    /// `MSG_MORE` (or `TCP_CORK`): more data follows soon.
+    pub more: bool,
+}
+
+/// Which directions `shutdown` closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    Read,
+    Write,
+    Both,
+}
+
+/// SDP data transfer mode of one direction (draft §5.3's words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    Combined = 1,
+    Buffered = 2,
+    Pipelined = 3,
+}
+
+/// Bytes moved by each mechanism, per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub bcopy_tx: u64,
+    pub bcopy_rx: u64,
+    pub read_zcopy_tx: u64,
+    pub read_zcopy_rx: u64,
+    pub write_zcopy_tx: u64,
+    pub write_zcopy_rx: u64,
+}
+
+/// What `sdp-stat` shows of a live SDP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub tx_mode: Mode,
+    pub rx_mode: Mode,
+    pub bytes: Counters,
+    /// Receive buffers we have advertised to the peer (our credits to it).
+    pub local_credits: u32,
+    /// Send credits the peer has given us.
+    pub remote_credits: u32,
+}
+
+/// One SDP stream connection, behind an application fd.
+pub trait SdpEndpoint: Send + Sync {
+    /// Current readiness (exact; see [`Readiness`]).
+    fn readiness(&self) -> Readiness;
+    /// The fds whose levels follow [`SdpEndpoint::readiness`].
+    fn wake_fds(&self) -> WakeFds;
+    /// Moves received application data into `bufs` (scatter, in order).
+    /// `Ok(0)` only at EOF (or for empty `bufs`); `Err(EAGAIN)` when no data.
+    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno>;
+    /// Takes as many bytes of `bufs` as it can now (gather); the bytes reach
+    /// the peer without further calls (DESIGN §6 "progress").
+    /// `Err(EAGAIN)` when it can take none; `Err(EPIPE)` after shutdown
+    /// (the hooks raise `SIGPIPE` unless `MSG_NOSIGNAL`).
+    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno>;
+    /// `shutdown(2)`: for writing, a graceful SDP close of our direction
+    /// after the queued data.
+    fn shutdown(&self, how: Shutdown) -> Result<(), Errno>;
+    /// The last fd number of this process referring to the endpoint is
+    /// being closed. Called before the fd is closed: an endpoint that still
+    /// has data to flush dups the fd and finishes in the background (honour
+    /// `SO_LINGER`, which it reads from the socket).
+    fn close(&self);
+    /// An option the endpoint answers itself (`SO_ERROR`, `SO_RCVBUF` as
+    /// SDP buffering, `TCP_INFO`...): `Some(Ok(len written))`; `None` lets
+    /// the hooks ask the kernel socket.
+    fn getsockopt(
+        &self,
+        level: c_int,
+        name: c_int,
+        value: &mut [u8],
+    ) -> Option<Result<usize, Errno>>;
+    /// An option the kernel socket has just accepted (`TCP_NODELAY`,
+    /// `SO_RCVBUF`, `SO_LINGER`, `SO_OOBINLINE`...); the kernel keeps it too,
+    /// so a fallback to TCP keeps every option.
+    fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno>;
+    /// Bytes a `recv` would return now (`FIONREAD`).
+    fn fionread(&self) -> usize;
+    /// True when the next byte read is the urgent mark (`SIOCATMARK`).
+    fn at_mark(&self) -> bool;
+    /// Takes the pending error (`SO_ERROR`), e.g. the result of a
+    /// nonblocking connect.
+    fn take_error(&self) -> Option<Errno>;
+    /// Modes, byte counters and credits for the state export.
+    fn stats(&self) -> Stats;
+    /// Called in the child of `fork` (the only thread there): the endpoint
+    /// resumes progress in this process; SDP socket duplication (draft §8,
+    /// SuspComm) is its business.
+    fn fork_child(&self);
+    /// The process is exiting (`exit`, not `_exit`) with this connection
+    /// open: block until the bytes accepted by `send` have reached the
+    /// peer, or until `deadline` (DESIGN §6 "flush at exit").
+    fn flush_at_exit(&self, deadline: Instant);
+}
+
+/// A connection the hidden SDP listener accepted.
+pub struct Accepted {
+    /// The new kernel socket (becomes the fd `accept` returns).
+    pub fd: OwnedFd,
+    /// The peer's address as TCP would report it.
+    pub peer: SocketAddr,
+    pub endpoint: Arc<dyn SdpEndpoint>,
+}
+
+/// The hidden SDP listener beside a listening socket (DESIGN §5: it listens
+/// on an ephemeral port Q and is registered P→Q with the port mapper).
+pub trait SdpListener: Send + Sync {
+    /// `readable` ⇔ an SDP connection is ready to be accepted.
+    fn readiness(&self) -> Readiness;
+    fn wake_fds(&self) -> WakeFds;
+    /// An established SDP connection, or `Err(EAGAIN)`.
+    fn accept(&self) -> Result<Accepted, Errno>;
+    /// The listening fd is closed: deregister and close the hidden listener.
+    fn close(&self);
+    fn fork_child(&self);
+}
+
+/// What `connect` on SDP led to.
+pub enum ConnectOutcome {
+    /// Connected over SDP (blocking connect).
+    Sdp(Arc<dyn SdpEndpoint>),
+    /// Nonblocking connect under way: the endpoint turns writable when it is
+    /// up or failed and `take_error` says which (DESIGN §4). If it falls
+    /// back to TCP it calls [`crate::fdtable::fall_back`].
+    InProgress(Arc<dyn SdpEndpoint>),
+    /// Not SDP: the hooks connect the same fd with TCP.
+    Fallback(TcpReason),
+    /// SDP only and it failed: `connect` fails with this errno.
+    Failed(Errno),
+}
+
+/// The SDP engine as the hooks see it: installed once by the integration.
+pub trait SdpBackend: Send + Sync {
+    /// Tries SDP for the TCP socket `fd` to `dest` (port mapper, MPA,
+    /// Hello). With `sdp_only` there is no fallback.
+    fn connect(
+        &self,
+        fd: RawFd,
+        dest: SocketAddr,
+        nonblocking: bool,
+        sdp_only: bool,
+    ) -> ConnectOutcome;
+    /// The program listens on `fd` bound to `local`: open the hidden SDP
+    /// listener and register it, or say why not.
+    fn listen(
+        &self,
+        fd: RawFd,
+        local: SocketAddr,
+        backlog: c_int,
+    ) -> Result<Arc<dyn SdpListener>, TcpReason>;
+}
+
+static BACKEND: OnceLock<&'static dyn SdpBackend> = OnceLock::new();
+
+/// Installs the SDP engine; only the first call counts.
+pub fn install_backend(backend: &'static dyn SdpBackend) -> bool {
+    BACKEND.set(backend).is_ok()
+}
+
+/// The installed SDP engine, if any (none in this build).
+pub fn backend() -> Option<&'static dyn SdpBackend> {
+    BACKEND.get().copied()
+}

@@ -1,0 +1,760 @@
+//! State export for `sdp-stat`: each preloaded process that manages a
+//! socket publishes one file, `<dir>/<pid>.stat`, a header and one fixed
+//! 128-byte record per fd number, mapped shared into the process and
+//! updated in place (a sequence counter per record, no syscall per update).
+//! The format is documented in `docs/preload.md`; [`parse`] reads it.
+//!
+//! `<dir>` is `$SDP_STAT_DIR`, else `$XDG_RUNTIME_DIR/sdp`, else
+//! `/tmp/sdp-<uid>`, created with mode 0700. `SDP_STAT=0` turns the export
+//! off. The file is created with the first managed socket, replaced by a
+//! copy for the child after `fork`, removed at `exit` and at the start of a
+//! program that `exec`'d in the same process (a killed process leaves its
+//! file: readers skip files whose pid no longer runs that start time).
+//!
+//! Every writer holds the fd's slot lock in [`crate::fdtable`], so each
+//! record has one writer at a time.
+
+use crate::fdtable::{Entry, CHUNK};
+use crate::real;
+use crate::rules::Family;
+use crate::sdp::Stats;
+use std::ffi::CString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ptr;
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+/// First 8 bytes of the file.
+pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
+/// Format version (header offset 8).
+pub const VERSION: u32 = 1;
+/// Bytes before record 0 (one page).
+pub const HEADER_LEN: usize = 4096;
+/// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
+pub const RECORD_LEN: usize = 128;
+const CHUNK_BYTES: usize = CHUNK * RECORD_LEN;
+const CHUNKS: usize = 4096;
+
+mod field {
+    // Header.
+    pub const H_MAGIC: std::ops::Range<usize> = 0..8;
+    pub const H_VERSION: std::ops::Range<usize> = 8..12;
+    pub const H_HEADER_LEN: std::ops::Range<usize> = 12..16;
+    pub const H_RECORD_LEN: std::ops::Range<usize> = 16..20;
+    pub const H_PID: std::ops::Range<usize> = 20..24;
+    pub const H_START: std::ops::Range<usize> = 24..32;
+    pub const H_PROGRAM: std::ops::Range<usize> = 32..96;
+    // Record.
+    pub const SEQ: std::ops::Range<usize> = 0..4;
+    pub const IN_USE: usize = 4;
+    pub const TRANSPORT: usize = 5;
+    pub const ROLE: usize = 6;
+    pub const WANT: usize = 7;
+    pub const DECIDED_BY: usize = 8;
+    pub const REASON: usize = 9;
+    pub const RULE: std::ops::Range<usize> = 10..12;
+    pub const TX_MODE: usize = 12;
+    pub const RX_MODE: usize = 13;
+    pub const FLAGS: usize = 14;
+    pub const LOCAL: std::ops::Range<usize> = 16..36;
+    pub const PEER: std::ops::Range<usize> = 36..56;
+    pub const COUNTERS: std::ops::Range<usize> = 56..104;
+    pub const LOCAL_CREDITS: std::ops::Range<usize> = 104..108;
+    pub const REMOTE_CREDITS: std::ops::Range<usize> = 108..112;
+    /// What `publish` owns: everything but the sequence word and the
+    /// engine's statistics.
+    pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
+}
+
+/// Record flag: created as `socket(AF_INET_SDP, ...)`.
+pub const FLAG_FORCED: u8 = 1;
+/// Record flag: an `AF_INET6` socket.
+pub const FLAG_IPV6: u8 = 2;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Status {
+    Unknown = 0,
+    Ready = 1,
+    Off = 2,
+}
+
+static STATUS: AtomicU8 = AtomicU8::new(Status::Unknown as u8);
+static MAPS: [AtomicPtr<u8>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
+
+/// The open export file (created lazily).
+struct File {
+    fd: libc::c_int,
+    path: CString,
+    len: usize,
+}
+
+static FILE: Mutex<Option<File>> = Mutex::new(None);
+
+/// The directory files go to (`None` if the export is off).
+pub fn directory() -> Option<String> {
+    // Unit tests run in one process with many threads: no export files.
+    if cfg!(test) {
+        return None;
+    }
+    if std::env::var("SDP_STAT").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    if let Ok(dir) = std::env::var("SDP_STAT_DIR") {
+        if !dir.is_empty() {
+            return Some(dir);
+        }
+    }
+    if let Ok(run) = std::env::var("XDG_RUNTIME_DIR") {
+        if !run.is_empty() {
+            return Some(format!("{run}/sdp"));
+        }
+    }
+    // SAFETY: getuid has no preconditions.
+    Some(format!("/tmp/sdp-{}", unsafe { libc::getuid() }))
+}
+
+fn own_path(dir: &str) -> Option<CString> {
+    // SAFETY: getpid has no preconditions.
+    CString::new(format!("{dir}/{}.stat", unsafe { libc::getpid() })).ok()
+}
+
+/// At library start: decides whether the export is on, and removes a file
+/// left under our pid by the program this process was before `exec`.
+pub fn init() {
+    match directory() {
+        None => STATUS.store(Status::Off as u8, Ordering::Relaxed),
+        Some(dir) => {
+            if let Some(path) = own_path(&dir) {
+                // SAFETY: path is NUL-terminated.
+                unsafe { libc::unlink(path.as_ptr()) };
+            }
+        }
+    }
+}
+
+/// Clock ticks since boot at which this process started (/proc stat field
+/// 22), which with the pid identifies it.
+fn start_time() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // The command name (field 2) may hold spaces; fields resume after ')'.
+    text.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+fn header() -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[field::H_MAGIC].copy_from_slice(&MAGIC);
+    h[field::H_VERSION].copy_from_slice(&VERSION.to_le_bytes());
+    h[field::H_HEADER_LEN].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    h[field::H_RECORD_LEN].copy_from_slice(&(RECORD_LEN as u32).to_le_bytes());
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    h[field::H_PID].copy_from_slice(&pid.to_le_bytes());
+    h[field::H_START].copy_from_slice(&start_time().to_le_bytes());
+    let name = crate::config::program().as_bytes();
+    let n = name.len().min(field::H_PROGRAM.len() - 1);
+    h[field::H_PROGRAM.start..field::H_PROGRAM.start + n].copy_from_slice(&name[..n]);
+    h
+}
+
+fn pwrite_all(fd: libc::c_int, bytes: &[u8], offset: usize) -> bool {
+    let mut done = 0;
+    while done < bytes.len() {
+        // SAFETY: the range is inside `bytes`.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                bytes[done..].as_ptr().cast(),
+                bytes.len() - done,
+                (offset + done) as libc::off_t,
+            )
+        };
+        if n <= 0 {
+            if n < 0 && real::errno() == libc::EINTR {
+                continue;
+            }
+            return false;
+        }
+        done += n as usize;
+    }
+    true
+}
+
+/// Creates the directory and the file with its header.
+fn create(dir: &str) -> Option<File> {
+    let cdir = CString::new(dir).ok()?;
+    // SAFETY: cdir is NUL-terminated.
+    unsafe { libc::mkdir(cdir.as_ptr(), 0o700) };
+    // Refuse a directory someone else owns (or a symlink to one).
+    // SAFETY: an all-zero stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: cdir is NUL-terminated, st is a valid out-parameter.
+    if unsafe { libc::lstat(cdir.as_ptr(), &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFDIR
+        // SAFETY: getuid has no preconditions.
+        || st.st_uid != unsafe { libc::getuid() }
+    {
+        crate::log!(
+            crate::log::Level::Warn,
+            "state export off: {dir} is not our directory"
+        );
+        return None;
+    }
+    remove_stale(dir);
+    let path = own_path(dir)?;
+    // SAFETY: path is NUL-terminated.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0o644,
+        )
+    };
+    if fd < 0 {
+        crate::log!(
+            crate::log::Level::Warn,
+            "state export off: cannot create {}",
+            path.to_string_lossy()
+        );
+        return None;
+    }
+    if !pwrite_all(fd, &header(), 0) {
+        // SAFETY: fd is ours.
+        unsafe { real::close(fd) };
+        return None;
+    }
+    // SAFETY: the callback is a plain extern "C" fn without captures.
+    unsafe { libc::atexit(remove_at_exit) };
+    Some(File {
+        fd,
+        path,
+        len: HEADER_LEN,
+    })
+}
+
+/// Removes the files of processes that are gone (a process that ends with
+/// `_exit` or a signal cannot remove its own): the pid no longer exists,
+/// or it is another process now (its start time differs).
+fn remove_stale(dir: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".stat"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => false,
+            Ok(text) => {
+                let started = text
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+                    .and_then(|t| t.parse::<u64>().ok());
+                let mut head = [0u8; 32];
+                let recorded = std::fs::File::open(entry.path())
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                    .ok()
+                    .map(|()| le_u64(&head[field::H_START]));
+                // A file still being created has no start time yet.
+                recorded.is_none_or(|r| r == 0 || Some(r) == started)
+            }
+        };
+        if !alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+extern "C" fn remove_at_exit() {
+    if let Ok(guard) = FILE.try_lock() {
+        if let Some(f) = guard.as_ref() {
+            // SAFETY: the path is NUL-terminated.
+            unsafe { libc::unlink(f.path.as_ptr()) };
+        }
+    }
+}
+
+fn map_window(fd: libc::c_int, chunk: usize, at: *mut u8) -> *mut u8 {
+    let flags = if at.is_null() {
+        libc::MAP_SHARED
+    } else {
+        libc::MAP_SHARED | libc::MAP_FIXED
+    };
+    // SAFETY: maps CHUNK_BYTES of our own file at a page-aligned offset;
+    // with MAP_FIXED, `at` is a window we mapped before with this size.
+    let p = unsafe {
+        libc::mmap(
+            at.cast(),
+            CHUNK_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            (HEADER_LEN + chunk * CHUNK_BYTES) as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+/// The mapped window of records `chunk * CHUNK ..`, creating the file and
+/// the window if needed.
+fn window(chunk: usize, create_it: bool) -> *mut u8 {
+    let p = MAPS[chunk].load(Ordering::Acquire);
+    if !p.is_null() || !create_it {
+        return p;
+    }
+    if STATUS.load(Ordering::Relaxed) == Status::Off as u8 {
+        return ptr::null_mut();
+    }
+    let Ok(mut guard) = FILE.lock() else {
+        return ptr::null_mut();
+    };
+    let p = MAPS[chunk].load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    if guard.is_none() {
+        let Some(dir) = directory() else {
+            STATUS.store(Status::Off as u8, Ordering::Relaxed);
+            return ptr::null_mut();
+        };
+        match create(&dir) {
+            Some(f) => *guard = Some(f),
+            None => {
+                STATUS.store(Status::Off as u8, Ordering::Relaxed);
+                return ptr::null_mut();
+            }
+        }
+        STATUS.store(Status::Ready as u8, Ordering::Relaxed);
+    }
+    let Some(file) = guard.as_mut() else {
+        return ptr::null_mut();
+    };
+    let end = HEADER_LEN + (chunk + 1) * CHUNK_BYTES;
+    if end > file.len {
+        // SAFETY: file.fd is our open file.
+        if unsafe { libc::ftruncate(file.fd, end as libc::off_t) } != 0 {
+            return ptr::null_mut();
+        }
+        file.len = end;
+    }
+    let p = map_window(file.fd, chunk, ptr::null_mut());
+    MAPS[chunk].store(p, Ordering::Release);
+    p
+}
+
+/// The record of `fd`, if its window exists (or can be made).
+fn record(fd: i32, create_it: bool) -> Option<*mut u8> {
+    let fd = usize::try_from(fd).ok()?;
+    let chunk = fd / CHUNK;
+    if chunk >= CHUNKS {
+        return None;
+    }
+    let base = window(chunk, create_it);
+    // SAFETY: the window holds CHUNK records.
+    (!base.is_null()).then(|| unsafe { base.add((fd % CHUNK) * RECORD_LEN) })
+}
+
+/// Writes `bytes` at `range` of the record under its sequence counter.
+fn write_record(rec: *mut u8, parts: &[(usize, &[u8])]) {
+    // SAFETY: the record is RECORD_LEN bytes of a live shared mapping, its
+    // first 4 bytes (4-aligned: the window is page-aligned and records are
+    // 128 bytes) are used only as this atomic.
+    let seq = unsafe { &*(rec as *const AtomicU32) };
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    for (offset, bytes) in parts {
+        debug_assert!(offset + bytes.len() <= RECORD_LEN);
+        // SAFETY: the destination lies inside the record (offsets are the
+        // constants of `field`), and the mapping does not overlap `bytes`.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), rec.add(*offset), bytes.len()) };
+    }
+    fence(Ordering::Release);
+    seq.store((s | 1).wrapping_add(1), Ordering::Release);
+}
+
+fn addr_bytes(addr: Option<SocketAddr>) -> [u8; 20] {
+    let mut b = [0u8; 20];
+    match addr {
+        None => {}
+        Some(SocketAddr::V4(a)) => {
+            b[0..2].copy_from_slice(&4u16.to_le_bytes());
+            b[2..4].copy_from_slice(&a.port().to_le_bytes());
+            b[4..8].copy_from_slice(&a.ip().octets());
+        }
+        Some(SocketAddr::V6(a)) => {
+            b[0..2].copy_from_slice(&6u16.to_le_bytes());
+            b[2..4].copy_from_slice(&a.port().to_le_bytes());
+            b[4..20].copy_from_slice(&a.ip().octets());
+        }
+    }
+    b
+}
+
+fn entry_bytes(entry: &Entry) -> [u8; 52] {
+    let mut r = [0u8; RECORD_LEN];
+    r[field::IN_USE] = 1;
+    r[field::TRANSPORT] = entry.transport as u8;
+    r[field::ROLE] = entry.role as u8;
+    r[field::WANT] = match entry.want {
+        None => 0,
+        Some(Family::Sdp) => 1,
+        Some(Family::Tcp) => 2,
+        Some(Family::Both) => 3,
+    };
+    r[field::DECIDED_BY] = entry.decided_by as u8;
+    r[field::REASON] = entry.reason as u8;
+    r[field::RULE].copy_from_slice(&entry.rule.to_le_bytes());
+    r[field::FLAGS] =
+        if entry.forced { FLAG_FORCED } else { 0 } | if entry.ipv6 { FLAG_IPV6 } else { 0 };
+    r[field::LOCAL].copy_from_slice(&addr_bytes(entry.local));
+    r[field::PEER].copy_from_slice(&addr_bytes(entry.peer));
+    let mut out = [0u8; 52];
+    out.copy_from_slice(&r[field::ENTRY_PART]);
+    out
+}
+
+/// Publishes the entry of `fd` (`None`: the fd is no longer managed).
+/// Called by the fd table with the fd's slot lock held.
+pub fn publish(fd: i32, entry: Option<&Entry>) {
+    match entry {
+        Some(e) => {
+            if let Some(rec) = record(fd, true) {
+                let bytes = entry_bytes(e);
+                write_record(rec, &[(field::ENTRY_PART.start, &bytes)]);
+            }
+        }
+        None => {
+            if let Some(rec) = record(fd, false) {
+                write_record(rec, &[(4, &[0u8; RECORD_LEN - 4])]);
+            }
+        }
+    }
+}
+
+fn stats_bytes(stats: &Stats) -> ([u8; 2], [u8; 56]) {
+    let mut counters = [0u8; 56];
+    let c = &stats.bytes;
+    for (i, v) in [
+        c.bcopy_tx,
+        c.bcopy_rx,
+        c.read_zcopy_tx,
+        c.read_zcopy_rx,
+        c.write_zcopy_tx,
+        c.write_zcopy_rx,
+    ]
+    .iter()
+    .enumerate()
+    {
+        counters[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    counters[48..52].copy_from_slice(&stats.local_credits.to_le_bytes());
+    counters[52..56].copy_from_slice(&stats.remote_credits.to_le_bytes());
+    ([stats.tx_mode as u8, stats.rx_mode as u8], counters)
+}
+
+fn write_stats(rec: *mut u8, stats: &Stats) {
+    let (modes, counters) = stats_bytes(stats);
+    write_record(
+        rec,
+        &[(field::TX_MODE, &modes), (field::COUNTERS.start, &counters)],
+    );
+}
+
+/// Publishes the SDP statistics of `fd` (slot lock held).
+pub fn publish_stats(fd: i32, stats: &Stats) {
+    if let Some(rec) = record(fd, false) {
+        write_stats(rec, stats);
+    }
+}
+
+/// In the child after `fork` (the only thread): the records become this
+/// process's own file, a copy of the parent's, mapped at the same
+/// addresses so nothing else changes.
+pub fn fork_child() {
+    let Ok(mut guard) = FILE.lock() else { return };
+    let Some(old) = guard.take() else { return };
+    // SAFETY: the parent's fd was inherited; we no longer use it.
+    unsafe { real::close(old.fd) };
+    let disable = |guard: &mut Option<File>| {
+        for m in MAPS.iter() {
+            let p = m.swap(ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: p is a window of CHUNK_BYTES we mapped.
+                unsafe { libc::munmap(p.cast(), CHUNK_BYTES) };
+            }
+        }
+        *guard = None;
+        STATUS.store(Status::Off as u8, Ordering::Relaxed);
+    };
+    let Some(dir) = directory() else {
+        disable(&mut guard);
+        return;
+    };
+    let Some(mut file) = create(&dir) else {
+        disable(&mut guard);
+        return;
+    };
+    // SAFETY: file.fd is our new file.
+    if unsafe { libc::ftruncate(file.fd, old.len as libc::off_t) } != 0 {
+        disable(&mut guard);
+        return;
+    }
+    file.len = old.len;
+    for (chunk, m) in MAPS.iter().enumerate() {
+        let p = m.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: p is a live window of CHUNK_BYTES.
+        let bytes = unsafe { std::slice::from_raw_parts(p, CHUNK_BYTES) };
+        if !pwrite_all(file.fd, bytes, HEADER_LEN + chunk * CHUNK_BYTES)
+            || map_window(file.fd, chunk, p).is_null()
+        {
+            m.store(ptr::null_mut(), Ordering::Release);
+        }
+    }
+    *guard = Some(file);
+}
+
+/// The path of this process's export file, once created.
+pub fn current_path() -> Option<String> {
+    FILE.lock()
+        .ok()?
+        .as_ref()
+        .map(|f| f.path.to_string_lossy().into_owned())
+}
+
+// ---------------------------------------------------------------------
+// Reading (for sdp-stat and the tests).
+
+/// A decoded export file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessState {
+    pub pid: u32,
+    pub start_time: u64,
+    pub program: String,
+    pub records: Vec<Record>,
+}
+
+/// One in-use record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub fd: u32,
+    /// 0 undecided, 1 TCP, 2 SDP ([`crate::fdtable::Transport`]).
+    pub transport: u8,
+    /// [`crate::fdtable::SocketRole`] as a number.
+    pub role: u8,
+    /// 0 none, 1 sdp, 2 tcp, 3 both.
+    pub want: u8,
+    /// [`crate::fdtable::DecidedBy`] as a number.
+    pub decided_by: u8,
+    /// [`crate::fdtable::TcpReason`] as a number.
+    pub reason: u8,
+    pub rule: u16,
+    /// 0 (TCP), else [`crate::sdp::Mode`].
+    pub tx_mode: u8,
+    pub rx_mode: u8,
+    pub flags: u8,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// bcopy tx/rx, read zcopy tx/rx, write zcopy tx/rx.
+    pub counters: [u64; 6],
+    pub local_credits: u32,
+    pub remote_credits: u32,
+}
+
+/// Why an export file could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    Truncated,
+    BadMagic,
+    UnsupportedVersion(u32),
+    /// A record stayed mid-update (odd sequence) in the snapshot.
+    Torn(u32),
+}
+
+fn le_u16(b: &[u8]) -> u16 {
+    u16::from_le_bytes([b[0], b[1]])
+}
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+fn parse_addr(b: &[u8]) -> Option<SocketAddr> {
+    let port = le_u16(&b[2..4]);
+    match le_u16(&b[0..2]) {
+        4 => Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(b[4], b[5], b[6], b[7])),
+            port,
+        )),
+        6 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(&b[4..20]);
+            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(o)), port))
+        }
+        _ => None,
+    }
+}
+
+/// Decodes a snapshot of an export file. A reader that finds a record
+/// with an odd sequence number re-reads that record (`Torn`).
+pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
+    let h = bytes.get(..HEADER_LEN).ok_or(ParseError::Truncated)?;
+    if h[field::H_MAGIC] != MAGIC {
+        return Err(ParseError::BadMagic);
+    }
+    let version = le_u32(&h[field::H_VERSION]);
+    if version != VERSION {
+        return Err(ParseError::UnsupportedVersion(version));
+    }
+    let header_len = le_u32(&h[field::H_HEADER_LEN]) as usize;
+    let record_len = le_u32(&h[field::H_RECORD_LEN]) as usize;
+    if record_len < RECORD_LEN || header_len < HEADER_LEN {
+        return Err(ParseError::Truncated);
+    }
+    let program = &h[field::H_PROGRAM];
+    let end = program
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(program.len());
+    let mut state = ProcessState {
+        pid: le_u32(&h[field::H_PID]),
+        start_time: le_u64(&h[field::H_START]),
+        program: String::from_utf8_lossy(&program[..end]).into_owned(),
+        records: Vec::new(),
+    };
+    let body = bytes.get(header_len..).unwrap_or(&[]);
+    for (fd, r) in body.chunks_exact(record_len).enumerate() {
+        let seq = le_u32(&r[field::SEQ]);
+        if seq & 1 == 1 {
+            return Err(ParseError::Torn(fd as u32));
+        }
+        if r[field::IN_USE] == 0 {
+            continue;
+        }
+        let mut counters = [0u64; 6];
+        for (i, c) in counters.iter_mut().enumerate() {
+            let at = field::COUNTERS.start + i * 8;
+            *c = le_u64(&r[at..at + 8]);
+        }
+        state.records.push(Record {
+            fd: fd as u32,
+            transport: r[field::TRANSPORT],
+            role: r[field::ROLE],
+            want: r[field::WANT],
+            decided_by: r[field::DECIDED_BY],
+            reason: r[field::REASON],
+            rule: le_u16(&r[field::RULE]),
+            tx_mode: r[field::TX_MODE],
+            rx_mode: r[field::RX_MODE],
+            flags: r[field::FLAGS],
+            local: parse_addr(&r[field::LOCAL]),
+            peer: parse_addr(&r[field::PEER]),
+            counters,
+            local_credits: le_u32(&r[field::LOCAL_CREDITS]),
+            remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
+        });
+    }
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fdtable::{DecidedBy, SocketRole, TcpReason, Transport};
+    use crate::sdp::{Counters, Mode};
+
+    #[test]
+    fn records_round_trip_through_the_format() {
+        let mut file = header().to_vec();
+        file.resize(HEADER_LEN + 3 * RECORD_LEN, 0);
+        let mut e = Entry::new(true, true);
+        e.role = SocketRole::Client;
+        e.want = Some(Family::Both);
+        e.decided_by = DecidedBy::Rule;
+        e.rule = 3;
+        e.transport = Transport::Tcp;
+        e.reason = TcpReason::NoEngine;
+        e.local = Some("[::1]:40000".parse().unwrap());
+        e.peer = Some("127.0.0.1:5201".parse().unwrap());
+        let rec = file[HEADER_LEN + 2 * RECORD_LEN..].as_mut_ptr();
+        write_record(rec, &[(field::ENTRY_PART.start, &entry_bytes(&e))]);
+        publish_stats_into(rec);
+        let state = parse(&file).unwrap();
+        assert_eq!(state.program, crate::config::program());
+        assert_eq!(state.pid, std::process::id());
+        assert_eq!(state.records.len(), 1);
+        let r = &state.records[0];
+        assert_eq!(r.fd, 2);
+        assert_eq!(
+            (
+                r.transport,
+                r.role,
+                r.want,
+                r.decided_by,
+                r.reason,
+                r.rule,
+                r.flags
+            ),
+            (1, 1, 3, 2, 2, 3, FLAG_FORCED | FLAG_IPV6)
+        );
+        assert_eq!(r.local, e.local);
+        assert_eq!(r.peer, e.peer);
+        assert_eq!((r.tx_mode, r.rx_mode), (1, 3));
+        assert_eq!(r.counters, [1, 2, 3, 4, 5, 6]);
+        assert_eq!((r.local_credits, r.remote_credits), (7, 8));
+        // Sequence: two writes, each leaving it even.
+        assert_eq!(le_u32(&file[HEADER_LEN + 2 * RECORD_LEN..]), 4);
+    }
+
+    fn publish_stats_into(rec: *mut u8) {
+        let stats = Stats {
+            tx_mode: Mode::Combined,
+            rx_mode: Mode::Pipelined,
+            bytes: Counters {
+                bcopy_tx: 1,
+                bcopy_rx: 2,
+                read_zcopy_tx: 3,
+                read_zcopy_rx: 4,
+                write_zcopy_tx: 5,
+                write_zcopy_rx: 6,
+            },
+            local_credits: 7,
+            remote_credits: 8,
+        };
+        write_stats(rec, &stats);
+    }
+
+    #[test]
+    fn bad_files_are_rejected() {
+        assert_eq!(parse(&[0u8; 100]), Err(ParseError::Truncated));
+        assert_eq!(parse(&[0u8; HEADER_LEN]), Err(ParseError::BadMagic));
+        let mut h = header().to_vec();
+        h[8] = 9;
+        assert_eq!(parse(&h), Err(ParseError::UnsupportedVersion(9)));
+        let mut f = header().to_vec();
+        f.resize(HEADER_LEN + RECORD_LEN, 0);
+        f[HEADER_LEN] = 1;
+        assert_eq!(parse(&f), Err(ParseError::Torn(0)));
+    }
+}

@@ -1,0 +1,250 @@
+//! A fake SDP endpoint for the unit tests of the hooks: application data
+//! goes in with `deliver`, sends land in `sent`, readiness levels are kept
+//! on two eventfds as the `SdpEndpoint` contract asks.
+
+use crate::fdtable::{self, Entry, SdpSide, Transport};
+use crate::sdp::{
+    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFds,
+};
+use libc::c_int;
+use std::collections::VecDeque;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+struct State {
+    rx: VecDeque<u8>,
+    tx: Vec<u8>,
+    send_room: usize,
+    write_shut: bool,
+    closes: usize,
+    flushes: usize,
+    panic: bool,
+    read_level: bool,
+    write_level: bool,
+}
+
+pub struct FakeEndpoint {
+    state: Mutex<State>,
+    wake: WakeFds,
+}
+
+fn eventfd() -> c_int {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(fd >= 0);
+    fd
+}
+
+fn set_level(fd: c_int, current: &mut bool, want: bool) {
+    if *current == want {
+        return;
+    }
+    let mut v: u64 = 1;
+    // SAFETY: 8-byte eventfd transfers on a local u64.
+    unsafe {
+        if want {
+            libc::write(fd, (&v as *const u64).cast(), 8);
+        } else {
+            libc::read(fd, (&mut v as *mut u64).cast(), 8);
+        }
+    }
+    *current = want;
+}
+
+impl FakeEndpoint {
+    pub fn new() -> Arc<FakeEndpoint> {
+        let ep = Arc::new(FakeEndpoint {
+            state: Mutex::new(State {
+                send_room: usize::MAX,
+                ..State::default()
+            }),
+            wake: WakeFds {
+                readable: eventfd(),
+                writable: eventfd(),
+            },
+        });
+        ep.with(|_| ());
+        ep
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut s = self.state.lock().unwrap();
+        let r = f(&mut s);
+        let (readable, writable) = (!s.rx.is_empty(), s.send_room > 0 || s.write_shut);
+        let (mut rl, mut wl) = (s.read_level, s.write_level);
+        set_level(self.wake.readable, &mut rl, readable);
+        set_level(self.wake.writable, &mut wl, writable);
+        s.read_level = rl;
+        s.write_level = wl;
+        r
+    }
+
+    /// New application data: the readable wake fd gets a new edge even if
+    /// it was already readable (the `WakeFds` contract).
+    pub fn deliver(&self, data: &[u8]) {
+        self.with(|s| {
+            s.rx.extend(data);
+            if s.read_level {
+                let v: u64 = 1;
+                // SAFETY: an 8-byte eventfd write from a local u64.
+                unsafe { libc::write(self.wake.readable, (&v as *const u64).cast(), 8) };
+            }
+        });
+    }
+    pub fn take_all(&self) {
+        self.with(|s| s.rx.clear());
+    }
+    pub fn set_send_room(&self, n: usize) {
+        self.with(|s| s.send_room = n);
+    }
+    pub fn shut_write(&self) {
+        self.with(|s| s.write_shut = true);
+    }
+    pub fn sent(&self) -> Vec<u8> {
+        self.with(|s| s.tx.clone())
+    }
+    pub fn closes(&self) -> usize {
+        self.with(|s| s.closes)
+    }
+    /// Makes every later `recv` panic (an engine bug).
+    pub fn break_recv(&self) {
+        self.with(|s| s.panic = true);
+    }
+    pub fn flushes(&self) -> usize {
+        self.with(|s| s.flushes)
+    }
+}
+
+impl SdpEndpoint for FakeEndpoint {
+    fn readiness(&self) -> Readiness {
+        self.with(|s| Readiness {
+            readable: !s.rx.is_empty(),
+            writable: s.send_room > 0 || s.write_shut,
+            ..Readiness::default()
+        })
+    }
+    fn wake_fds(&self) -> WakeFds {
+        self.wake
+    }
+    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
+        if self.with(|s| s.panic) {
+            panic!("fake endpoint: recv broken on purpose");
+        }
+        self.with(|s| {
+            if s.rx.is_empty() {
+                return Err(libc::EAGAIN);
+            }
+            let mut n = 0;
+            for b in bufs.iter_mut() {
+                for byte in b.iter_mut() {
+                    match s.rx.get(n) {
+                        Some(&v) => {
+                            *byte = v;
+                            n += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            if !flags.peek {
+                s.rx.drain(..n);
+            }
+            Ok(n)
+        })
+    }
+    fn send(&self, bufs: &[IoSlice<'_>], _flags: SendFlags) -> Result<usize, Errno> {
+        self.with(|s| {
+            if s.write_shut {
+                return Err(libc::EPIPE);
+            }
+            if s.send_room == 0 {
+                return Err(libc::EAGAIN);
+            }
+            let mut n = 0;
+            'outer: for b in bufs {
+                for &byte in b.iter() {
+                    if s.send_room == 0 {
+                        break 'outer;
+                    }
+                    s.tx.push(byte);
+                    s.send_room -= 1;
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+    fn shutdown(&self, _how: Shutdown) -> Result<(), Errno> {
+        self.with(|s| s.write_shut = true);
+        Ok(())
+    }
+    fn close(&self) {
+        self.with(|s| s.closes += 1);
+    }
+    fn getsockopt(
+        &self,
+        _level: c_int,
+        _name: c_int,
+        _value: &mut [u8],
+    ) -> Option<Result<usize, Errno>> {
+        None
+    }
+    fn setsockopt(&self, _level: c_int, _name: c_int, _value: &[u8]) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn fionread(&self) -> usize {
+        self.with(|s| s.rx.len())
+    }
+    fn at_mark(&self) -> bool {
+        false
+    }
+    fn take_error(&self) -> Option<Errno> {
+        None
+    }
+    fn stats(&self) -> Stats {
+        Stats {
+            tx_mode: Mode::Combined,
+            rx_mode: Mode::Combined,
+            bytes: Counters::default(),
+            local_credits: 0,
+            remote_credits: 0,
+        }
+    }
+    fn fork_child(&self) {}
+    fn flush_at_exit(&self, _deadline: std::time::Instant) {
+        self.with(|s| s.flushes += 1);
+    }
+}
+
+/// A connected pair of Unix stream sockets (stand-ins for the kernel TCP
+/// socket and its peer).
+pub fn socketpair() -> (c_int, c_int) {
+    let mut fds = [0; 2];
+    // SAFETY: a local array of two ints.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, 0);
+    (fds[0], fds[1])
+}
+
+/// Puts `fd` in SDP state with `ep` behind it.
+pub fn install(fd: c_int, ep: Arc<FakeEndpoint>) {
+    let mut e = Entry::new(false, false);
+    e.transport = Transport::Sdp;
+    e.sdp = SdpSide::stream(ep);
+    fdtable::insert(fd, e);
+}
+
+/// Takes `fd` out of the table and closes it.
+pub fn uninstall(fd: c_int) {
+    fdtable::remove(fd);
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd) };
+}

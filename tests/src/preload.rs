@@ -1,0 +1,222 @@
+//! Harness for running real programs under `libsdp_preload.so`.
+//!
+//! The library and `sdprun` are built from this workspace the first time a
+//! test asks for them (`cargo build -p preload`, same profile and target
+//! directory as the running test), so `cargo test` alone is enough.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// Paths of the built preload artifacts.
+#[derive(Debug)]
+pub struct Artifacts {
+    pub library: PathBuf,
+    pub sdprun: PathBuf,
+}
+
+/// `target/<profile>` of the running test (its executable is in `deps/`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// Builds (if needed) and returns the preload library and `sdprun`.
+pub fn artifacts() -> &'static Artifacts {
+    static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
+    ARTIFACTS.get_or_init(|| {
+        let dir = profile_dir();
+        let target = dir.parent().expect("target dir");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "preload", "--lib", "--bins"])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(target);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build -p preload");
+        assert!(status.success(), "cargo build -p preload failed");
+        let a = Artifacts {
+            library: dir.join("libsdp_preload.so"),
+            sdprun: dir.join("sdprun"),
+        };
+        assert!(a.library.is_file(), "{} missing", a.library.display());
+        assert!(a.sdprun.is_file(), "{} missing", a.sdprun.display());
+        a
+    })
+}
+
+/// The real Python 3 interpreter (not a version manager's shell shim, which
+/// would run a shell under the preload first).
+pub fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is needed by the preload tests");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// Panics with a clear message when `tool` is not installed.
+pub fn require(tool: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{tool} is not installed (scripts/test.sh installs it)"
+    );
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("sdp-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, contents).expect("write temp file");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How a program is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No preload.
+    Plain,
+    /// `LD_PRELOAD=libsdp_preload.so`.
+    Preload,
+}
+
+/// A command for `program`, preloaded or not, with the environment cleared
+/// of our variables and the state export sent to `stat_dir`.
+pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    for var in [
+        "LD_PRELOAD",
+        "SDP_CONFIG",
+        "LIBSDP_CONFIG_FILE",
+        "SDP_LOG",
+        "SDP_LOG_FILE",
+        "SDP_STAT",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("SDP_STAT_DIR", stat_dir);
+    if mode == Mode::Preload {
+        cmd.env("LD_PRELOAD", &artifacts().library);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// A Python program from source text.
+pub fn python_command(source: &str, mode: Mode, stat_dir: &Path) -> Command {
+    let mut cmd = command(python(), mode, stat_dir);
+    cmd.arg("-u").arg("-c").arg(source);
+    cmd
+}
+
+/// Runs to completion and checks the exit status.
+pub fn run_ok(mut cmd: Command) -> Output {
+    let out = cmd.output().expect("start program");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A background program whose stdout we read line by line (its readiness
+/// is a line it prints, never a sleep).
+pub struct Background {
+    pub child: Child,
+    pub stdout: BufReader<ChildStdout>,
+}
+
+impl Background {
+    pub fn start(mut cmd: Command) -> Background {
+        cmd.stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("start background program");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Background { child, stdout }
+    }
+
+    /// Reads lines until one contains `needle`; returns that line.
+    pub fn wait_for_line(&mut self, needle: &str) -> String {
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("read program output");
+            assert!(
+                n > 0,
+                "program ended before printing {needle:?}; it printed:\n{seen}"
+            );
+            if line.contains(needle) {
+                return line;
+            }
+            seen.push_str(&line);
+        }
+    }
+
+    /// Waits for the exit and returns the rest of stdout.
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let mut rest = String::new();
+        let _ = self.stdout.read_to_string(&mut rest);
+        let status = self.child.wait().expect("wait for program");
+        (status, rest)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A TCP port free right now on the loopback (for programs that cannot
+/// report the port they bound).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
