@@ -1,7 +1,7 @@
 //! Harness for running real programs under `libsdp_preload.so`.
 //!
 //! The library and `sdprun` are built from this workspace the first time a
-//! test asks for them (`cargo build -p preload`, same profile and target
+//! test asks for them (`cargo build -p preload -p portmapper`, same profile and target
 //! directory as the running test), so `cargo test` alone is enough.
 
 use std::io::{BufRead, BufReader, Read};
@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 pub struct Artifacts {
     pub library: PathBuf,
     pub sdprun: PathBuf,
+    /// The port mapper daemon, which `sdprun` starts from its own directory.
+    pub portmapper: PathBuf,
 }
 
 /// `target/<profile>` of the running test (its executable is in `deps/`).
@@ -35,6 +37,7 @@ pub fn artifacts() -> &'static Artifacts {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "--quiet", "-p", "preload", "--lib", "--bins"])
+            .args(["-p", "portmapper", "--bin", "sdp-portmapper"])
             .arg("--manifest-path")
             .arg(&manifest)
             .arg("--target-dir")
@@ -47,9 +50,11 @@ pub fn artifacts() -> &'static Artifacts {
         let a = Artifacts {
             library: dir.join("libsdp_preload.so"),
             sdprun: dir.join("sdprun"),
+            portmapper: dir.join("sdp-portmapper"),
         };
         assert!(a.library.is_file(), "{} missing", a.library.display());
         assert!(a.sdprun.is_file(), "{} missing", a.sdprun.display());
+        assert!(a.portmapper.is_file(), "{} missing", a.portmapper.display());
         a
     })
 }
@@ -132,6 +137,9 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
         cmd.env_remove(var);
     }
     cmd.env("SDP_STAT_DIR", stat_dir);
+    // sdprun would otherwise start a port mapper that outlives the test;
+    // the test that wants one says so.
+    cmd.env("SDP_NO_PORTMAPPER", "1");
     if mode == Mode::Preload {
         cmd.env("LD_PRELOAD", &artifacts().library);
     }

@@ -697,3 +697,78 @@ fn sdprun_execs_the_program_with_the_preload() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("sdprun: unknown log level \"loud\""));
 }
+
+/// DESIGN §5: "sdprun starts a daemon in the background when none answers
+/// on the host", and leaves one that answers alone.
+#[test]
+fn sdprun_starts_a_port_mapper_when_none_answers() {
+    let a = artifacts();
+    let stat = TempDir::new("sdprun-pm");
+    let control = stat.path().join("pm.sock");
+    // A UDP port nobody serves: bind one, note it, let it go.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free UDP port")
+        .port();
+    let query = || {
+        std::process::Command::new(&a.portmapper)
+            .args(["query", "--port", &port.to_string(), "127.0.0.1", "9"])
+            .output()
+            .expect("run sdp-portmapper query")
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&query().stdout).trim(),
+        "unreachable"
+    );
+
+    let run = || {
+        let mut cmd = command(&a.sdprun, Mode::Plain, stat.path());
+        cmd.env_remove("SDP_NO_PORTMAPPER")
+            .env("SDP_PM_PORT", port.to_string())
+            .env("SDP_PM_CONTROL", &control)
+            .arg("true");
+        run_ok(cmd)
+    };
+    run();
+    // The daemon sdprun started answers (PMDeny: nothing is registered).
+    assert_eq!(String::from_utf8_lossy(&query().stdout).trim(), "deny");
+    let daemons = || daemon_pids(&port.to_string());
+    let started = daemons();
+    assert_eq!(started.len(), 1, "one daemon on port {port}");
+    // A second run finds it answering and starts no other.
+    run();
+    assert_eq!(daemons(), started);
+    for pid in started {
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+    }
+}
+
+/// Processes running `sdp-portmapper --port PORT`.
+fn daemon_pids(port: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_daemon = args.first().is_some_and(|a| a.ends_with(b"sdp-portmapper"));
+        if is_daemon
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--port" && w[1] == port.as_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    pids
+}

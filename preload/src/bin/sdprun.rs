@@ -11,9 +11,14 @@
 //! otherwise carry): it only sets up the environment.
 
 use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use portmapper::client::{ClientConfig, Decision, Fallback, Timing};
+use portmapper::net::PmClient;
 
 const LIBRARY: &str = "libsdp_preload.so";
 const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
@@ -28,6 +33,10 @@ the peer speaks it, plain TCP otherwise.
   --log LEVEL     off, error, warn, info, debug or trace (sets SDP_LOG);
                   SDP_LOG_FILE=path sends the log to a file
   --help          this text
+
+Unless one answers already, sdprun starts sdp-portmapper (from its own
+directory) in the background on UDP SDP_PM_PORT (default 3935);
+SDP_NO_PORTMAPPER=1 skips that.
 ";
 
 #[derive(Debug, PartialEq, Eq)]
@@ -123,13 +132,77 @@ fn preload_value(existing: Option<OsString>, lib: &Path) -> OsString {
 /// Makes sure a port mapper answers on this host (DESIGN §5: "sdprun starts
 /// a daemon in the background when none answers").
 ///
-/// TODO(portmapper): probe UDP 3935 on the loopback with a PMReq for a
-/// port nobody registered (a PMDeny is an answer); when nothing answers,
-/// spawn `sdp-portmapper` (found next to this executable) detached in its
-/// own session with stdin/stdout on /dev/null, and wait until it answers.
-/// Until the daemon exists this does nothing: every connection falls back
-/// to TCP anyway.
-fn ensure_portmapper() {}
+/// The probe is a PMReq for the discard port on the loopback: any reply,
+/// PMDeny included, means a daemon is there. Otherwise `sdp-portmapper`,
+/// found next to this executable, is started in its own process group with
+/// its standard streams on /dev/null (it outlives the program, like any
+/// daemon), and we wait until it answers. Failing that, the program still
+/// runs: its connections fall back to TCP.
+fn ensure_portmapper() {
+    if std::env::var_os("SDP_NO_PORTMAPPER").is_some_and(|v| v == "1") || portmapper_answers() {
+        return;
+    }
+    let Some(daemon) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("sdp-portmapper")))
+        .filter(|d| d.is_file())
+    else {
+        eprintln!("sdprun: no port mapper answers and sdp-portmapper is not next to sdprun; connections will use TCP");
+        return;
+    };
+    let spawned = Command::new(&daemon)
+        .arg("--port")
+        .arg(portmapper_port().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    if let Err(e) = spawned {
+        eprintln!(
+            "sdprun: cannot start {}: {e}; connections will use TCP",
+            daemon.display()
+        );
+        return;
+    }
+    // Each probe waits out the client's own retransmission schedule, so
+    // a handful of probes covers the daemon's start-up.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        if portmapper_answers() {
+            return;
+        }
+    }
+    eprintln!("sdprun: the port mapper started but does not answer; connections will use TCP");
+}
+
+/// The port mapper's UDP port: `SDP_PM_PORT`, or the draft's 3935.
+fn portmapper_port() -> u16 {
+    std::env::var("SDP_PM_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(portmapper::wire::DEFAULT_PORT)
+}
+
+/// Whether a port mapper on the loopback answers a PMReq.
+fn portmapper_answers() -> bool {
+    let cfg = ClientConfig {
+        timing: Timing {
+            initial_rto: Duration::from_millis(20),
+            max_rto: Duration::from_millis(100),
+            budget: Duration::from_millis(300),
+        },
+        server_port: portmapper_port(),
+        ..ClientConfig::default()
+    };
+    let client = PmClient::new(cfg);
+    let discard = SocketAddr::from((Ipv4Addr::LOCALHOST, 9));
+    let cp = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    matches!(
+        client.query(discard, cp),
+        Decision::Sdp(_) | Decision::Tcp(Fallback::Denied)
+    )
+}
 
 fn main() -> ExitCode {
     let options = match parse(std::env::args_os().skip(1)) {
