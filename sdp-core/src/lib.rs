@@ -11,6 +11,9 @@
 //!   engine's `Connection` (still sans-IO), with the send staging.
 //! * [`errno`] — the socket errors a TCP program expects.
 //! * [`log`] — diagnostic lines (abortive closes and their rule).
+//! * [`stream`] — [`stream::SdpStream`] and [`stream::SdpListener`]: SDP
+//!   sockets over kernel TCP, with the progress thread and exact
+//!   readiness.
 //! * [`decode`] — prints the MPA, RDMAP and SDP messages of a capture file
 //!   (the `sdp-decode` tool).
 //! * `testing` (feature `testing`) — a deterministic two-connection
@@ -22,6 +25,7 @@ pub mod decode;
 pub mod errno;
 pub mod link;
 pub mod log;
+pub mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verbs;
