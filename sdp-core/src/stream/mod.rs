@@ -68,7 +68,7 @@ pub mod shared;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -448,8 +448,8 @@ impl SdpStream {
 
     /// The readiness descriptor (see the module documentation); what
     /// [`AsRawFd`] returns. For polling only.
-    pub fn readiness_fd(&self) -> io::Result<RawFd> {
-        self.shared().lock().readiness_fd()
+    pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.shared().readiness()
     }
 
     /// The kernel TCP socket.
@@ -520,7 +520,19 @@ impl Write for SdpStream {
 impl AsRawFd for SdpStream {
     /// The readiness descriptor (-1 if it could not be created).
     fn as_raw_fd(&self) -> RawFd {
-        self.readiness_fd().unwrap_or(-1)
+        self.readiness_fd().map_or(-1, |fd| fd.as_raw_fd())
+    }
+}
+
+impl AsFd for SdpStream {
+    /// The readiness descriptor.
+    ///
+    /// # Panics
+    ///
+    /// If it cannot be created (out of descriptors); use
+    /// [`SdpStream::readiness_fd`] to see the error.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.readiness_fd().expect("readiness descriptor")
     }
 }
 

@@ -23,7 +23,7 @@
 //! reading or writing it is undefined.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::io::Errno;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
@@ -59,8 +59,8 @@ impl Readiness {
     }
 
     /// The descriptor to poll.
-    pub fn fd(&self) -> RawFd {
-        self.user.as_raw_fd()
+    pub fn user_fd(&self) -> BorrowedFd<'_> {
+        self.user.as_fd()
     }
 
     /// Makes the descriptor readable iff `readable`, writable iff

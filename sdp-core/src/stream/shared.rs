@@ -26,7 +26,7 @@
 //! after unlocking and pumps again, so no socket edge is lost.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -216,13 +216,14 @@ impl Inner {
         }
     }
 
-    /// The readiness descriptor, created on first use.
-    pub fn readiness_fd(&mut self) -> io::Result<std::os::fd::RawFd> {
-        if self.readiness.is_none() {
-            self.readiness = Some(Readiness::new()?);
-            self.update_readiness();
-        }
-        Ok(self.readiness.as_ref().map_or(-1, Readiness::fd))
+    /// Creates the readiness descriptor; returns a duplicate of the
+    /// descriptor to poll.
+    fn arm_readiness(&mut self) -> io::Result<OwnedFd> {
+        let r = Readiness::new()?;
+        let user = r.user_fd().try_clone_to_owned()?;
+        self.readiness = Some(r);
+        self.update_readiness();
+        Ok(user)
     }
 
     /// The nearest deadline: the engine's, the link's, and `extra`.
@@ -245,6 +246,8 @@ pub struct Shared {
     /// A duplicate of the socket, to poll it without the lock.
     sock: OwnedFd,
     deadline: AtomicU64,
+    /// The readiness descriptor the application polls, once asked for.
+    readiness: OnceLock<OwnedFd>,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -278,6 +281,7 @@ impl Shared {
             wake,
             sock,
             deadline: AtomicU64::new(NO_DEADLINE),
+            readiness: OnceLock::new(),
             id,
         })
     }
@@ -285,6 +289,24 @@ impl Shared {
     /// The socket (a duplicate), for epoll.
     pub fn sock(&self) -> &OwnedFd {
         &self.sock
+    }
+
+    /// The readiness descriptor (see [`super::readiness`]), created and
+    /// kept up to date from the first call on.
+    pub fn readiness(&self) -> io::Result<BorrowedFd<'_>> {
+        if let Some(fd) = self.readiness.get() {
+            return Ok(fd.as_fd());
+        }
+        let mut g = self.lock();
+        if self.readiness.get().is_none() {
+            let fd = g.arm_readiness()?;
+            let _ = self.readiness.set(fd);
+        }
+        drop(g);
+        self.readiness
+            .get()
+            .map(|fd| fd.as_fd())
+            .ok_or_else(|| io::Error::other("no readiness descriptor"))
     }
 
     /// The nearest deadline of the link, as last published.
