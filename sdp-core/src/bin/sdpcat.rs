@@ -107,6 +107,12 @@ fn main() -> ExitCode {
         std::thread::spawn(move || upload(&stream))
     };
     let down = download(&stream);
+    if let Err(e) = down {
+        // An abortive close or another failure: standard input may never
+        // end, so do not wait for the upload.
+        eprintln!("sdpcat: receiving: {e}");
+        return ExitCode::FAILURE;
+    }
     let up = up
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("upload thread panicked")));
@@ -118,12 +124,8 @@ fn main() -> ExitCode {
             ok = false;
         }
     }
-    match down {
-        Ok(n) => eprintln!("sdpcat: received {n} bytes"),
-        Err(e) => {
-            eprintln!("sdpcat: receiving: {e}");
-            ok = false;
-        }
+    if let Ok(n) = down {
+        eprintln!("sdpcat: received {n} bytes");
     }
     // Hand everything to the kernel and finish the close exchange.
     drop(stream);

@@ -264,7 +264,7 @@ impl SdpStream {
                     g.pump_out(Instant::now());
                     return Ok(n);
                 }
-                Err(Error::WouldBlock) if !pumped => {
+                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
                     // Credits or completions may be waiting in the socket.
                     g.pump(Instant::now());
                     pumped = true;
@@ -305,7 +305,9 @@ impl SdpStream {
                     }
                 }
                 Err(e) if got > 0 && e != Error::WouldBlock => return Ok(got),
-                Err(Error::WouldBlock) if !pumped => {
+                // A blocking call goes straight to poll(2), which sees what
+                // the socket holds; a nonblocking one reads it first.
+                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
                     g.pump(Instant::now());
                     pumped = true;
                 }
