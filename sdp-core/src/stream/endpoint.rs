@@ -11,6 +11,9 @@
 //!   so; on EOF it calls `handle_llp_closed` and returns
 //!   `Ok(Progress::Closed)`; on a socket error it calls `handle_llp_closed`
 //!   and returns the error;
+//! * at an FPDU boundary it reads up to 4 KiB into its scratch buffer (one
+//!   `read` for a whole small message), and payload beyond that straight
+//!   into place;
 //! * `pump_send` frames and writes until nothing is left or the socket
 //!   would block.
 
@@ -42,6 +45,9 @@ pub struct Endpoint {
     scratch: Vec<u8>,
     eof: bool,
 }
+
+/// Bytes read at once into the scratch buffer at an FPDU boundary.
+const GREEDY: usize = 4096;
 
 /// Bytes framed per `poll_transmit` call.
 const BUDGET: usize = 256 * 1024;
@@ -142,6 +148,15 @@ impl Endpoint {
                     }
                 }
                 RecvTarget::Scratch { max } => {
+                    // Past the startup, read a few KiB at an FPDU boundary:
+                    // a small message then takes one read(2) instead of one
+                    // per header, payload and CRC; the engine copies the
+                    // little payload that came with it into place.
+                    let max = if self.conn.state() == iwarp::engine::State::Idle {
+                        max
+                    } else {
+                        max.max(GREEDY)
+                    };
                     let max = max.clamp(1, self.scratch.len());
                     match (&self.stream).read(&mut self.scratch[..max]) {
                         Ok(0) => return self.on_eof(now),

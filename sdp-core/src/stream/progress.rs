@@ -9,19 +9,37 @@
 //! It keeps off a link whose application thread is polling the socket
 //! itself (see [`super::shared`]), and drops a link once the application
 //! released it and its teardown was carried out.
+//!
+//! **Parking.** Every message arriving on a socket would wake this thread
+//! as well as the application thread sleeping in `poll` on it — a second
+//! wake-up per message on the latency path. So when an event finds the
+//! link's poller active, the link is *parked*: its interest is cleared
+//! (`EPOLL_CTL_MOD`, on this thread, off the critical path) and set again
+//! [`PARK`] later. Setting it again reports the socket at once if it is
+//! ready then, so nothing is missed; the price is that progress for an
+//! application that stops polling comes at most [`PARK`] late.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustix::buffer::spare_capacity;
 use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
 use rustix::event::{eventfd, EventfdFlags, Timespec};
 
 use super::shared::Shared;
+
+/// How long a link whose application thread polls its socket is left out
+/// of the epoll set (see Parking above).
+pub const PARK: Duration = Duration::from_millis(1);
+
+const INTEREST: EventFlags = EventFlags::IN
+    .union(EventFlags::OUT)
+    .union(EventFlags::RDHUP)
+    .union(EventFlags::ET);
 
 /// Epoll key of the thread's own wake-up eventfd.
 const WAKE_KEY: u64 = u64::MAX;
@@ -77,7 +95,7 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
         &t.epoll,
         shared.sock(),
         EventData::new_u64(shared.id),
-        EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
+        INTEREST,
     )?;
     lock(&t.links).insert(shared.id, shared);
     wake();
@@ -110,14 +128,15 @@ impl Thread {
     fn run(&self) {
         let mut events = Vec::with_capacity(256);
         let mut due: Vec<Arc<Shared>> = Vec::new();
+        let mut parked: Vec<(Instant, Arc<Shared>)> = Vec::new();
         loop {
             let next = lock(&self.links)
                 .values()
                 .filter_map(|s| s.deadline())
+                .chain(parked.first().map(|p| p.0))
                 .min();
             let timeout = next.map(|t| {
                 let d = t.saturating_duration_since(Instant::now());
-                // Round up, so a timer is never served early and spun on.
                 Timespec {
                     tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
                     tv_nsec: i64::from(d.subsec_nanos()),
@@ -136,12 +155,28 @@ impl Thread {
                         let mut buf = [0u8; 8];
                         let _ = rustix::io::read(&self.wake, &mut buf);
                     } else if let Some(s) = links.get(&key) {
-                        due.push(s.clone());
+                        if s.polled() {
+                            // Its application thread reads the socket.
+                            let data = EventData::new_u64(s.id);
+                            let _ = epoll::modify(&self.epoll, s.sock(), data, EventFlags::ET);
+                            parked.push((now + PARK, s.clone()));
+                        } else {
+                            due.push(s.clone());
+                        }
                     }
                 }
                 for s in links.values() {
                     if s.deadline().is_some_and(|d| d <= now) {
                         due.push(s.clone());
+                    }
+                }
+                // Parked links come back: an event follows at once if their
+                // socket is ready.
+                let back = parked.iter().take_while(|p| p.0 <= now).count();
+                for (_, s) in parked.drain(..back) {
+                    if links.contains_key(&s.id) {
+                        let data = EventData::new_u64(s.id);
+                        let _ = epoll::modify(&self.epoll, s.sock(), data, INTEREST);
                     }
                 }
             }

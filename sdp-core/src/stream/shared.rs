@@ -309,6 +309,11 @@ impl Shared {
             .ok_or_else(|| io::Error::other("no readiness descriptor"))
     }
 
+    /// An application thread is polling the socket.
+    pub fn polled(&self) -> bool {
+        self.poller.load(Ordering::SeqCst)
+    }
+
     /// The nearest deadline of the link, as last published.
     pub fn deadline(&self) -> Option<Instant> {
         decode(self.deadline.load(Ordering::Relaxed))
