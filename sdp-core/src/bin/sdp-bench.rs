@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! sdp-bench [--bytes N] [--iters N] [--rounds N]
+//! sdp-bench --latency-only tcp|sdp [--iters N]     (for profiling)
 //! ```
 //!
 //! Prints one line per measurement and the ratios SDP/TCP.
@@ -183,6 +184,22 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sdp-bench server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(i) = args.iter().position(|a| a == "--latency-only") {
+        // For profiling: one kind, ping-pong only.
+        let kind = args.get(i + 1).map_or("sdp", String::as_str);
+        let iters = arg(&args, "--iters", 100_000) as usize;
+        let r = Server::start(kind).and_then(|s| latency(&s, kind, iters));
+        return match r {
+            Ok((mean, median)) => {
+                println!("{kind}: mean {mean:.2} us median {median:.2} us");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sdp-bench: {e}");
                 ExitCode::FAILURE
             }
         };
