@@ -420,7 +420,9 @@ impl<'a> Locked<'a> {
         g.poller_active = true;
         shared.poller.store(true, Ordering::SeqCst);
         let mut flags = PollFlags::IN;
-        if g.ep.wants_send() {
+        // Bytes waiting for socket space (not work the engine holds back,
+        // such as the responder's before the RTR: that would spin).
+        if !g.ep.connection().txq().is_empty() {
             flags |= PollFlags::OUT;
         }
         drop(g);
