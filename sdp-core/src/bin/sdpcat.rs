@@ -127,7 +127,9 @@ fn main() -> ExitCode {
     if let Ok(n) = down {
         eprintln!("sdpcat: received {n} bytes");
     }
-    // Hand everything to the kernel and finish the close exchange.
+    // Finish the close exchange before exiting: a socket closed by the exit
+    // while the peer still sends credit updates would be reset.
+    let _ = stream.set_linger(Some(std::time::Duration::from_secs(10)));
     drop(stream);
     if ok {
         ExitCode::SUCCESS

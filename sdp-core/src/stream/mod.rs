@@ -107,7 +107,8 @@ impl Drop for Handle {
     fn drop(&mut self) {
         let shared = &self.shared;
         let mut g = shared.lock();
-        if !g.linger_zero && !g.nonblocking {
+        let abort = g.linger == Some(Duration::ZERO);
+        if !abort && !g.nonblocking {
             let deadline = Instant::now() + DROP_FLUSH;
             let _ = wait_until(&mut g, Some(deadline), |g| {
                 let tx = g.link.conn().tx();
@@ -115,14 +116,20 @@ impl Drop for Handle {
             });
         }
         let now = Instant::now();
-        if g.linger_zero {
+        if abort {
             g.link.abort();
         } else {
             g.link.close(now);
         }
         g.released = true;
+        if let (Some(linger), false) = (g.linger.filter(|l| !l.is_zero()), g.nonblocking) {
+            // SO_LINGER: wait for the close exchange to finish.
+            let deadline = now + linger;
+            let _ = wait_until(&mut g, Some(deadline), |g| g.finished(Instant::now()));
+        }
+        let now = Instant::now();
         g.pump(now);
-        let finished = g.finished();
+        let finished = g.finished(now);
         drop(g);
         if finished {
             progress::deregister(shared.id);
@@ -370,17 +377,20 @@ impl SdpStream {
         Ok(self.shared().lock().write_timeout)
     }
 
-    /// SO_LINGER: `Some(0)` makes the close abortive (§8.2.2); other
-    /// values are kept for `linger` and otherwise ignored (the close goes
-    /// on in the background).
+    /// SO_LINGER. `Some(0)`: the close (drop of the last handle) is
+    /// abortive (§8.2.2). `Some(t)`: a blocking close waits up to `t` for
+    /// the graceful close to finish — both DisConns and both FINs — which a
+    /// process about to exit wants: its socket must not be closed while
+    /// the peer still sends (credit updates), or the kernel answers with a
+    /// reset. `None` (default): the close finishes in the background.
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        self.shared().lock().linger_zero = linger == Some(Duration::ZERO);
+        self.shared().lock().linger = linger;
         Ok(())
     }
 
-    /// Whether SO_LINGER 0 is set.
+    /// SO_LINGER.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        Ok(self.shared().lock().linger_zero.then_some(Duration::ZERO))
+        Ok(self.shared().lock().linger)
     }
 
     /// TCP_NODELAY is always on for the iWARP stream (messages are framed

@@ -39,6 +39,10 @@ use super::readiness::Readiness;
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
 
+/// How long a closed link keeps reading after its FIN, waiting for the
+/// peer's (see [`Inner::finished`]).
+pub const DRAIN: Duration = Duration::from_secs(5);
+
 /// The origin of the deadlines kept in atomics.
 fn base() -> Instant {
     static BASE: OnceLock<Instant> = OnceLock::new();
@@ -80,6 +84,9 @@ pub struct Inner {
     shut_wr: bool,
     /// The abortive teardown's reset went.
     reset: bool,
+    /// After our FIN: how long the socket is read (and what comes
+    /// discarded) waiting for the peer's FIN.
+    drain_until: Option<Instant>,
     readiness: Option<Readiness>,
     poller_active: bool,
     cond_waiters: u32,
@@ -92,8 +99,8 @@ pub struct Inner {
     pub read_timeout: Option<Duration>,
     /// SO_SNDTIMEO.
     pub write_timeout: Option<Duration>,
-    /// SO_LINGER with a zero timeout: close aborts.
-    pub linger_zero: bool,
+    /// SO_LINGER: zero aborts on close, more waits for the close.
+    pub linger: Option<Duration>,
 }
 
 impl Inner {
@@ -179,6 +186,7 @@ impl Inner {
                 // Every Send already posted is written: FIN (§8.2.1).
                 let _ = self.ep.stream().shutdown(std::net::Shutdown::Write);
                 self.shut_wr = true;
+                self.drain_until = Some(now + DRAIN);
                 true
             }
             Some(Teardown::Abortive) if !self.reset => {
@@ -203,10 +211,13 @@ impl Inner {
         }
     }
 
-    /// The link's teardown was carried out: nothing more will happen on the
-    /// socket.
-    pub fn finished(&self) -> bool {
-        self.shut_wr || self.reset
+    /// The link's teardown was carried out and the socket may be closed:
+    /// after a reset at once; after our FIN once the peer's arrived (or
+    /// [`DRAIN`] passed). Closing a socket with unread bytes — such as the
+    /// credit updates a peer still sends while it reads our last data —
+    /// would make the kernel answer with a reset.
+    pub fn finished(&self, now: Instant) -> bool {
+        self.reset || (self.shut_wr && (self.llp_end || self.drain_until.is_some_and(|d| now >= d)))
     }
 
     /// Sets the readiness descriptor from the link's state.
@@ -226,12 +237,19 @@ impl Inner {
         Ok(user)
     }
 
-    /// The nearest deadline: the engine's, the link's, and `extra`.
+    /// The nearest deadline: the engine's, the link's, the end of the
+    /// drain of a released link, and `extra`.
     fn next_deadline(&self, extra: Option<Instant>) -> Option<Instant> {
-        [extra, self.ep.poll_timeout(), self.link.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        let drain = self.drain_until.filter(|_| self.released && !self.llp_end);
+        [
+            extra,
+            self.ep.poll_timeout(),
+            self.link.poll_timeout(),
+            drain,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 
@@ -263,6 +281,7 @@ impl Shared {
             llp_end: false,
             shut_wr: false,
             reset: false,
+            drain_until: None,
             readiness: None,
             poller_active: false,
             cond_waiters: 0,
@@ -271,7 +290,7 @@ impl Shared {
             nonblocking: false,
             read_timeout: None,
             write_timeout: None,
-            linger_zero: false,
+            linger: None,
         };
         Ok(Shared {
             inner: Mutex::new(inner),
@@ -359,7 +378,7 @@ impl Shared {
             self.cond.notify_all();
         }
         self.publish_deadline(&g);
-        g.released && g.finished()
+        g.released && g.finished(now)
     }
 
     fn publish_deadline(&self, g: &Inner) -> bool {
