@@ -254,3 +254,44 @@ fn bytes_reach_the_peer_without_further_calls() {
     let (_a, data) = writer.join().unwrap();
     assert!(got == data);
 }
+
+#[test]
+fn nonblocking_connect_turns_writable_and_reports_by_take_error() {
+    let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || listener.accept().unwrap().0);
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    let c = SdpStream::start_connect(tcp, &sdp_core::conn::Config::default()).unwrap();
+    c.set_nonblocking(true).unwrap();
+    // Writable once connected (the progress thread carries the setup on).
+    assert_eq!(readiness(&c, PollFlags::OUT, 5000), (false, true));
+    assert!(c.is_connected());
+    assert!(c.take_error().unwrap().is_none());
+    let s = server.join().unwrap();
+    (&c).write_all(b"x").unwrap();
+    let mut b = [0; 1];
+    (&s).read_exact(&mut b).unwrap();
+}
+
+#[test]
+fn urgent_byte_out_of_band() {
+    use sdp_core::conn::{RecvFlags, SendFlags};
+    let (a, b) = pair();
+    a.send_flags(b"abc", SendFlags::EMPTY).unwrap();
+    a.send_flags(b"!", SendFlags::OOB).unwrap();
+    a.send_flags(b"de", SendFlags::EMPTY).unwrap();
+    let mut buf = [0; 8];
+    // The read stops at the mark; the urgent byte comes out of band.
+    let t = Instant::now();
+    while b.bytes_readable() < 5 {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let _ = b.recv_flags(&mut buf, RecvFlags::PEEK);
+        std::thread::yield_now();
+    }
+    assert_eq!(b.recv_flags(&mut buf, RecvFlags::EMPTY).unwrap(), 3);
+    assert!(b.at_mark());
+    assert_eq!(b.recv_flags(&mut buf, RecvFlags::OOB).unwrap(), 1);
+    assert_eq!(buf[0], b'!');
+    assert_eq!(b.recv_flags(&mut buf, RecvFlags::EMPTY).unwrap(), 2);
+    assert_eq!(&buf[..2], b"de");
+}

@@ -91,13 +91,18 @@ pub fn next_id() -> u64 {
 /// Hands a link to the progress thread.
 pub fn register(shared: Arc<Shared>) -> io::Result<()> {
     let t = thread()?;
-    epoll::add(
+    // In the table first: the first (edge) event may come at once.
+    lock(&t.links).insert(shared.id, shared.clone());
+    let r = epoll::add(
         &t.epoll,
         shared.sock(),
         EventData::new_u64(shared.id),
         INTEREST,
-    )?;
-    lock(&t.links).insert(shared.id, shared);
+    );
+    if let Err(e) = r {
+        lock(&t.links).remove(&shared.id);
+        return Err(e.into());
+    }
     wake();
     Ok(())
 }
