@@ -7,6 +7,7 @@
 //! ```text
 //! sdp-bench [--bytes N] [--iters N] [--rounds N]
 //! sdp-bench --latency-only tcp|sdp [--iters N]     (for profiling)
+//! sdp-bench --throughput-only tcp|sdp [--bytes N]
 //! ```
 //!
 //! Prints one line per measurement and the ratios SDP/TCP.
@@ -196,6 +197,21 @@ fn main() -> ExitCode {
         return match r {
             Ok((mean, median)) => {
                 println!("{kind}: mean {mean:.2} us median {median:.2} us");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sdp-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(i) = args.iter().position(|a| a == "--throughput-only") {
+        let kind = args.get(i + 1).map_or("sdp", String::as_str);
+        let bytes = arg(&args, "--bytes", 4 << 30);
+        let r = Server::start(kind).and_then(|s| throughput(&s, kind, bytes));
+        return match r {
+            Ok(bps) => {
+                println!("{kind}: {:.2} Gbit/s", bps * 8.0 / 1e9);
                 ExitCode::SUCCESS
             }
             Err(e) => {

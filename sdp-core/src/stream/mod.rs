@@ -205,6 +205,7 @@ impl SdpStream {
     pub fn start_connect(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
         let now = Instant::now();
         rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
+        let config = &fit_buffers(&tcp, config);
         let mut link = Link::connect(config);
         let mut ep = Endpoint::initiator(tcp, connection_config(config), link.hello(), now)?;
         link.drive(now, ep.connection_mut());
@@ -486,6 +487,24 @@ impl SdpStream {
     }
 }
 
+/// `config` with its receive Private Buffers shrunk, if need be, so that a
+/// full message is one FPDU on this socket — when that still leaves at
+/// least 32 KiB (a loopback or jumbo-frame path). A 64 KiB buffer on
+/// loopback (MULPDU 65,474) would otherwise make every full message two
+/// FPDUs, the second one of a few dozen bytes.
+fn fit_buffers(tcp: &TcpStream, config: &Config) -> Config {
+    let Ok(mss) = socket2::SockRef::from(tcp).tcp_mss() else {
+        return config.clone();
+    };
+    let one_fpdu = iwarp::wire::fpdu::mulpdu(mss as usize, false)
+        .saturating_sub(iwarp::wire::ddp::UNTAGGED_HEADER_LEN) as u32;
+    let mut c = config.clone();
+    if one_fpdu >= 32 * 1024 && c.buf_size > one_fpdu {
+        c.buf_size = one_fpdu;
+    }
+    c
+}
+
 fn check_timeout(t: Option<Duration>) -> io::Result<()> {
     if t == Some(Duration::ZERO) {
         return Err(io::Error::new(
@@ -613,6 +632,7 @@ fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
     let now = Instant::now();
     tcp.set_nonblocking(true)?;
     rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
+    let config = &fit_buffers(&tcp, config);
     let mut ep = Endpoint::responder(tcp, connection_config(config), now)?;
     let hello = loop {
         let now = Instant::now();
