@@ -109,7 +109,9 @@ use crate::mpa::startup::StartupError;
 use crate::wire::mpa::{Frame, HEADER_LEN as FRAME_HEADER_LEN};
 use crate::wire::terminate::TermCode;
 
-pub use setup::{accept, accept_with, connect, connect_with, tcp_connect, ConnectRequest, Options};
+pub use setup::{
+    accept, accept_with, connect, connect_with, respond, tcp_connect, ConnectRequest, Options,
+};
 
 /// Octets `poll_transmit` frames ahead of the socket per round: several
 /// full-size FPDUs per `sendmsg`, little enough to stay in cache between
@@ -122,9 +124,11 @@ const RX_BUDGET: usize = 4 << 20;
 const SCRATCH_LEN: usize = 64 * 1024;
 /// Octets read into scratch beyond what the engine asked for: the CRC, pad
 /// and next header after placed payload, or a whole small FPDU. Payload
-/// among them is copied, which costs less than another system call. Also
-/// the shortest payload run received in place: shorter ones are copied.
+/// among them is copied, which costs less than another system call.
 const READ_AHEAD: usize = 1024;
+/// Octets read into scratch after a payload run shorter than
+/// [`READ_AHEAD`].
+const SHORT_RUN_AHEAD: usize = 16 * 1024;
 /// iovecs per `sendmsg`.
 const IOV: usize = 128;
 
@@ -518,20 +522,21 @@ impl Endpoint {
             return Ok(n);
         }
         match self.conn.recv_target() {
-            // A short run (a small message, or payload between markers
-            // every 512 octets): a system call per run would cost more
-            // than copying, so read all that is there into scratch.
-            RecvTarget::Place { len, .. } if len < READ_AHEAD => {
-                let n = (&self.stream).read(&mut self.scratch)?;
-                self.feed(now, 0, n, mem);
-                Ok(n)
-            }
             RecvTarget::Place {
                 region,
                 offset,
                 len,
             } => {
-                let trail = READ_AHEAD.min(self.scratch.len());
+                // After a short run (a small message, the tail of a large
+                // one, payload between markers every 512 octets) read more
+                // into scratch: a system call per run would cost more than
+                // copying.
+                let trail = if len < READ_AHEAD {
+                    SHORT_RUN_AHEAD
+                } else {
+                    READ_AHEAD
+                };
+                let trail = trail.min(self.scratch.len());
                 let read = {
                     let dst = mem
                         .region_mut(region)

@@ -233,6 +233,17 @@ pub fn accept_with(
     decide: impl FnOnce(&mut Endpoint, &ConnectRequest) -> Result<Vec<u8>, Vec<u8>>,
 ) -> io::Result<Endpoint> {
     let (stream, _) = listener.accept()?;
+    respond(stream, cfg, opts, decide)
+}
+
+/// [`accept_with`] on a TCP connection already accepted (a server that
+/// runs each connection on its own thread).
+pub fn respond(
+    stream: TcpStream,
+    cfg: ConnectionConfig,
+    opts: &Options,
+    decide: impl FnOnce(&mut Endpoint, &ConnectRequest) -> Result<Vec<u8>, Vec<u8>>,
+) -> io::Result<Endpoint> {
     let mut ep = Endpoint::responder(stream, cfg, Instant::now())?;
     if opts.aligned {
         ep.set_aligned(true)?;
