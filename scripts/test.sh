@@ -16,13 +16,16 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Debian packages the tests drive. tshark checks our wire format.
+# Debian packages the tests drive. tshark checks our wire format; iperf3
+# is the TCP side of scripts/perf-iwarp.sh.
 need_pkgs=()
 command -v tshark >/dev/null || need_pkgs+=(tshark)
+command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     step "installing ${need_pkgs[*]}"
     # Do not ask whether non-root users may capture.
     echo "wireshark-common wireshark-common/install-setuid boolean false" | as_root debconf-set-selections
+    echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
     as_root apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
 fi

@@ -1,4 +1,6 @@
 //! Shared harness for the end-to-end tests in `tests/tests/`.
 
+pub mod bins;
+pub mod capture;
 pub mod pcap;
 pub mod tshark;
