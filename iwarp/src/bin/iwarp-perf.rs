@@ -14,9 +14,11 @@
 //! round trip (average, p50, p99) — and the outcome of the data check. The
 //! exit status is non-zero on any mismatch or error.
 //!
-//! * `--depth N` (default 16): iterations in flight at once (each has its
-//!   own buffer on both sides; depth × size is capped at 256 MiB). Depth 1
-//!   gives the plain ping-pong latency; more keeps the pipe full.
+//! * `--depth N`: iterations in flight at once, each with its own buffer
+//!   on both sides (depth × size is capped at 256 MiB). Depth 1 gives the
+//!   plain ping-pong latency; more keeps the pipe full. The default keeps
+//!   about 1 MiB of buffers per side (16 for 64 KiB, 1 from 1 MiB), like a
+//!   tool that sends from one buffer, so that the data stays in cache.
 //! * `--markers`: both ends ask for MPA markers, so both directions carry
 //!   them. `--no-crc`: neither end asks for CRCs (RFC 5044 §7.1.1: CRCs are
 //!   used if either end asks). `--mpa-rev 1`: a plain RFC 5044 Request.
@@ -992,7 +994,7 @@ fn client(args: &[String]) -> Result<bool, String> {
         op: Op::Send,
         size: 0,
         iters: 1000,
-        depth: 16,
+        depth: 0,
         flags: 0,
         rev: 2,
         mss: None,
@@ -1035,6 +1037,9 @@ fn client(args: &[String]) -> Result<bool, String> {
         }
     }
     a.size = size.ok_or("--size BYTES missing")?;
+    if a.depth == 0 {
+        a.depth = ((1u64 << 20) / a.size.max(1)).clamp(1, 16) as u32;
+    }
     if a.size > u64::from(u32::MAX) {
         return Err("--size must be below 4 GiB (RFC 5041 §5.2)".into());
     }
