@@ -209,6 +209,10 @@ pub struct Endpoint {
     tx_closed: bool,
     /// The MPA startup timed out.
     timed_out: bool,
+    /// The last `pump_recv` found the socket drained.
+    rx_drained: bool,
+    /// The last `pump_send` found the send buffer full.
+    tx_blocked: bool,
     aligned: bool,
     pub(crate) established: Option<Established>,
 }
@@ -273,6 +277,8 @@ impl Endpoint {
             llp_error: None,
             tx_closed: false,
             timed_out: false,
+            rx_drained: false,
+            tx_blocked: false,
             aligned: false,
             established: None,
         }
@@ -512,14 +518,15 @@ impl Endpoint {
     }
 
     /// One read from the socket into wherever the engine wants the next
-    /// octets. `Ok(0)` is the end of the stream.
-    fn read_once(&mut self, now: Instant, mem: &mut dyn Memory) -> io::Result<usize> {
+    /// octets: the octets read and the octets asked for. `Ok((0, _))` is
+    /// the end of the stream.
+    fn read_once(&mut self, now: Instant, mem: &mut dyn Memory) -> io::Result<(usize, usize)> {
         if self.conn.in_startup() {
             // Exactly the frame: what follows it may not be ours.
             let want = self.startup_want().min(self.scratch.len());
             let n = (&self.stream).read(&mut self.scratch[..want])?;
             self.feed(now, 0, n, mem);
-            return Ok(n);
+            return Ok((n, want));
         }
         match self.conn.recv_target() {
             RecvTarget::Place {
@@ -557,7 +564,7 @@ impl Endpoint {
                         if n > len {
                             self.feed(now, 0, n - len, mem);
                         }
-                        Ok(n)
+                        Ok((n, len + trail))
                     }
                     None => {
                         // The memory is gone: through scratch, where the
@@ -566,7 +573,7 @@ impl Endpoint {
                         let max = len.min(self.scratch.len());
                         let n = (&self.stream).read(&mut self.scratch[..max])?;
                         self.feed(now, 0, n, mem);
-                        Ok(n)
+                        Ok((n, max))
                     }
                 }
             }
@@ -574,14 +581,16 @@ impl Endpoint {
                 let max = max.max(READ_AHEAD).min(self.scratch.len());
                 let n = (&self.stream).read(&mut self.scratch[..max])?;
                 self.feed(now, 0, n, mem);
-                Ok(n)
+                Ok((n, max))
             }
         }
     }
 
     /// Nonblocking: reads what the socket has now — payload straight into
     /// place — and feeds the engine, until the socket would block (or a
-    /// few MiB were read, to give the send direction its turn).
+    /// few MiB were read, to give the send direction its turn). A read
+    /// that returns less than asked means the socket is drained, as
+    /// epoll(7) allows for stream sockets: no further read is tried.
     ///
     /// End of stream, a reset or a socket error fail the connection (RFC
     /// 5044 §8 code 1) and return [`Progress::Closed`]; errors other than
@@ -595,19 +604,27 @@ impl Endpoint {
             let (from, to) = self.held;
             progressed |= self.feed(now, from, to, mem) > 0;
         }
+        self.rx_drained = false;
         let mut budget = RX_BUDGET;
         while budget > 0 && self.held.0 == self.held.1 && self.wants_recv() {
             match self.read_once(now, mem) {
-                Ok(0) => {
+                Ok((0, _)) => {
                     self.llp_closed(now, None);
                     return Ok(Progress::Closed);
                 }
-                Ok(n) => {
+                Ok((n, asked)) => {
                     self.rx_total += n as u64;
                     budget = budget.saturating_sub(n);
                     progressed = true;
+                    if n < asked {
+                        self.rx_drained = true;
+                        break;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.rx_drained = true;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.llp_closed(now, Some(e.kind()));
@@ -651,6 +668,7 @@ impl Endpoint {
             return Ok(Progress::Closed);
         }
         let mut progressed = false;
+        self.tx_blocked = false;
         loop {
             if self.aligned {
                 // One FPDU per write, each once TCP sent all before it.
@@ -677,19 +695,30 @@ impl Endpoint {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, missing));
                     }
                 };
-                sendmsg(
+                let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
+                let r = sendmsg(
                     &self.stream,
                     &iov[..n],
                     &mut SendAncillaryBuffer::default(),
                     SendFlags::NOSIGNAL,
-                )
+                );
+                r.map(|sent| (sent, offered))
             };
             match sent {
-                Ok(n) => {
+                Ok((n, offered)) => {
                     self.conn.tx_advance(now, n);
                     progressed = true;
+                    if n < offered {
+                        // The send buffer is full: the next call would
+                        // only say EAGAIN.
+                        self.tx_blocked = true;
+                        break;
+                    }
                 }
-                Err(Errno::AGAIN) => break,
+                Err(Errno::AGAIN) => {
+                    self.tx_blocked = true;
+                    break;
+                }
                 Err(Errno::INTR) => {}
                 Err(e) => {
                     let e = io::Error::from(e);
@@ -749,7 +778,12 @@ impl Endpoint {
             if let Some(e) = self.failure() {
                 return Err(e);
             }
-            if [s1, r, s2].contains(&Progress::Progressed) {
+            // More to do at once: octets left to read (the round's budget
+            // ran out) or to write (the socket took all it was given).
+            let more_rx = r == Progress::Progressed && !self.rx_drained;
+            let more_tx =
+                [s1, s2].contains(&Progress::Progressed) && !self.tx_blocked && self.wants_send();
+            if more_rx || more_tx {
                 continue;
             }
             let now = Instant::now();
