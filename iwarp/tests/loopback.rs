@@ -223,19 +223,25 @@ struct Link {
 
 impl Link {
     fn new(crc: bool, markers: bool, seed: u64) -> Link {
+        Link::with_options(crc, markers, seed, Options::default())
+    }
+
+    fn with_options(crc: bool, markers: bool, seed: u64, opts: Options) -> Link {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (otx, orx) = mpsc::channel();
         let (rtx, rrx) = mpsc::channel();
         let peer = thread::spawn(move || {
-            let ep = driver::accept(&listener, cfg(crc, markers), |pd| {
-                assert_eq!(pd, b"loopback");
+            let ep = driver::accept_with(&listener, cfg(crc, markers), &opts, |ep, req| {
+                assert_eq!(req.private_data, b"loopback");
+                assert_eq!(ep.aligned(), opts.aligned);
                 Ok(b"welcome".to_vec())
             })
             .unwrap();
             passive(ep, orx, rtx);
         });
-        let ep = driver::connect(addr, cfg(crc, markers), b"loopback").unwrap();
+        let ep = driver::connect_with(addr, cfg(crc, markers), b"loopback", &opts).unwrap();
+        assert_eq!(ep.aligned(), opts.aligned);
         assert_eq!(ep.established().unwrap().private_data, b"welcome");
         Link {
             ep,
@@ -432,6 +438,27 @@ fn every_operation_every_size_every_framing() {
         let (total, placed) = (link.ep.rx_total(), link.ep.rx_placed());
         if !markers {
             assert!(total - placed < total / 20, "{placed} of {total}");
+        }
+        link.finish();
+    }
+}
+
+/// Aligned mode (one FPDU per write, each once TCP sent all before it)
+/// with a small EMSS moves the same data correctly, markers or not.
+#[test]
+fn aligned_mode() {
+    for (i, markers) in [false, true].into_iter().enumerate() {
+        let opts = Options {
+            mss: Some(1200),
+            aligned: true,
+        };
+        let mut link = Link::with_options(true, markers, 90 + i as u64, opts);
+        let mulpdu = link.ep.connection().datapath().mulpdu();
+        assert!(mulpdu < 1200, "{mulpdu}");
+        for len in [0, 1, mulpdu, mulpdu + 1, 100_000] {
+            for op in OPS {
+                link.run(op, len);
+            }
         }
         link.finish();
     }
@@ -647,4 +674,12 @@ fn peer_close_fails_outstanding_work() {
         ep.connection_mut().poll_event(),
         Some(Event::Failed(TermCode::MPA_CONNECTION_LOST))
     );
+}
+
+/// An endpoint can move to another thread (a server hands each connection
+/// to one).
+#[test]
+fn endpoint_is_send() {
+    fn send<T: Send>() {}
+    send::<Endpoint>();
 }
