@@ -683,3 +683,45 @@ fn endpoint_is_send() {
     fn send<T: Send>() {}
     send::<Endpoint>();
 }
+
+/// A startup failure that calls for a Terminate (RFC 6581 §9.2: no RTR
+/// the initiator can send, code 7): the initiator writes the Terminate
+/// before it closes, and the responder receives it.
+#[test]
+fn startup_failure_sends_terminate_then_closes() {
+    use iwarp::mpa::startup::RtrSet;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut c = cfg(true, false);
+        c.startup.rtr = RtrSet {
+            send: false,
+            write: true,
+            read: false,
+        };
+        let mut ep = driver::accept(&listener, c, |_| Ok(Vec::new())).unwrap();
+        let mut mem = VecMemory::new();
+        let mut events = Vec::new();
+        let e = ep
+            .drive_until(&mut mem, Some(Instant::now() + PATIENCE), &mut |ep| {
+                events.extend(std::iter::from_fn(|| ep.connection_mut().poll_event()));
+                false
+            })
+            .unwrap_err();
+        (e.kind(), events)
+    });
+    let mut c = cfg(true, false);
+    c.startup.rtr = RtrSet {
+        send: true,
+        write: false,
+        read: false,
+    };
+    let e = driver::connect(addr, c, b"").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    let (kind, events) = server.join().unwrap();
+    assert_eq!(kind, std::io::ErrorKind::ConnectionAborted);
+    assert!(
+        matches!(&events[..], [Event::TerminateReceived(info)] if info.code == TermCode::MPA_NO_MATCHING_RTR),
+        "{events:?}"
+    );
+}
