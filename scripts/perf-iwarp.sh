@@ -16,8 +16,8 @@
 # iwarp-perf runs with --verify stamps by default: iperf3 never looks at
 # the data it moves, so neither should the compared run touch every octet
 # (stamps still catch lost, stale and misplaced pages; the CRC covers every
-# octet on the wire). Its default depth keeps about 1 MiB of buffers per
-# side, as iperf3 -l 1M has.
+# octet on the wire). Its default depth keeps about 2 MiB of buffers per
+# side and at least two messages in flight.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
