@@ -31,6 +31,7 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     step "installing ${need_pkgs[*]}"
     # Do not ask whether non-root users may capture.
     echo "wireshark-common wireshark-common/install-setuid boolean false" | as_root debconf-set-selections
+    echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
     as_root apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
 fi

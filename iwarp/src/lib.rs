@@ -11,8 +11,11 @@
 //! * [`mpa`] — the MPA startup (Request/Reply, RFC 5044 §7.1, RFC 6581).
 //! * [`engine`] — the data path (MPA FPDUs, DDP, RDMAP) as a sans-IO queue
 //!   pair.
+//! * [`driver`] — the I/O pump that runs a connection over a kernel TCP
+//!   socket, and blocking connect/accept helpers.
 #![forbid(unsafe_code)]
 
+pub mod driver;
 pub mod engine;
 pub mod mem;
 pub mod mpa;

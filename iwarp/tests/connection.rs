@@ -197,6 +197,8 @@ fn rejected() {
     assert_eq!(pair.a.ep.state(), State::Error);
     assert_eq!(pair.completions(Dir::AtoB)[0].status, Status::Flushed);
     assert_eq!(pair.b.ep.state(), State::Error);
+    assert!(pair.a.ep.rejected() && pair.b.ep.rejected());
+    assert!(!pair.a.ep.in_startup() && !pair.a.ep.has_pending_tx());
     // The stream left MPA: what follows the Reply is the ULP's.
     pair.inject(Dir::BtoA, b"plain tcp");
     pair.deliver(Dir::BtoA);
@@ -332,4 +334,49 @@ fn llp_closed_fails_everything() {
         .collect();
     assert_eq!(c, vec![(2, Status::Flushed), (1, Status::Flushed)]);
     let _ = Frame::new_unchecked(&[0u8; 20][..]);
+}
+
+/// A responder may change its M and C bits after seeing the Request and
+/// before answering: here it mirrors an initiator that wants markers and
+/// no CRC, so both directions carry markers and neither a CRC.
+#[test]
+fn responder_mirrors_framing() {
+    let mut pair = Pair::new(
+        Connection::connect(conn_config(false, true, 1460, 1), b"hi", Instant::now()).unwrap(),
+        Connection::listen(conn_config(true, false, 1460, 2), Instant::now()),
+        7,
+    );
+    pair.settle();
+    assert!(pair.b.ep.in_startup());
+    assert!(matches!(
+        pair.b.ep.poll_event(),
+        Some(Event::ConnectRequest { .. })
+    ));
+    pair.b.ep.set_framing(true, false).unwrap();
+    pair.b.ep.accept(b"ok").unwrap();
+    assert!(pair.b.ep.set_framing(false, true).is_err());
+    assert!(pair.a.ep.set_framing(false, true).is_err());
+    let r = recv(&mut pair, Dir::AtoB, 1, 4000);
+    send(&mut pair.b.ep, 2, &[9; 3000]);
+    // The responder's Send waits for the RTR (RFC 5044 §7.1.2 rule 4).
+    assert!(!pair.b.ep.has_pending_tx());
+    pair.hold = true;
+    pair.settle();
+    pair.hold = false;
+    pair.deliver(Dir::BtoA);
+    assert!(matches!(
+        pair.a.ep.poll_event(),
+        Some(Event::Established { .. })
+    ));
+    assert!(!pair.a.ep.in_startup() && !pair.a.ep.rejected());
+    // The initiator has its RTR to send.
+    assert!(pair.a.ep.has_pending_tx());
+    pair.settle();
+    assert!(!pair.a.ep.has_pending_tx() && !pair.b.ep.has_pending_tx());
+    let c = pair.completions(Dir::AtoB);
+    assert_eq!((c[0].wr_id, c[0].byte_len), (1, 3000));
+    assert_eq!(&pair.a.mem.get(r).unwrap()[..3000], &[9; 3000][..]);
+    // Markers both ways, no CRC: MULPDU of EMSS 1460 with markers.
+    assert_eq!(pair.a.ep.datapath().mulpdu(), fpdu::mulpdu(1460, true));
+    assert_eq!(pair.b.ep.datapath().mulpdu(), fpdu::mulpdu(1460, true));
 }

@@ -1,5 +1,7 @@
 //! Shared harness for the end-to-end tests in `tests/tests/`.
 
+pub mod bins;
+pub mod capture;
 pub mod pcap;
 pub mod preload;
 pub mod statfile;

@@ -242,6 +242,41 @@ impl Connection {
         r
     }
 
+    /// Responder, before [`Connection::accept`] or [`Connection::reject`]:
+    /// changes our M (Markers wanted in what we receive) and C bits (see
+    /// [`Startup::set_framing`]).
+    pub fn set_framing(&mut self, markers: bool, crc: bool) -> Result<(), StartupError> {
+        let Some(s) = &mut self.startup else {
+            return Err(StartupError::InvalidState(
+                crate::mpa::startup::State::FullOperation,
+            ));
+        };
+        s.set_framing(markers, crc)?;
+        self.our_markers = markers;
+        self.our_crc = crc;
+        Ok(())
+    }
+
+    /// Whether the stream left iWARP: the MPA startup was rejected (by
+    /// either end). The LLP stays open and what follows on it is the
+    /// ULP's (RFC 5044 §7.1.2 rules 2 and 3).
+    pub fn rejected(&self) -> bool {
+        self.left
+    }
+
+    /// Whether the MPA startup is still running (neither established,
+    /// rejected nor failed).
+    pub fn in_startup(&self) -> bool {
+        self.startup.is_some()
+    }
+
+    /// Whether [`Connection::poll_transmit`] would queue octets now (see
+    /// [`DataPath::has_pending_tx`]); queued octets are in
+    /// [`Connection::txq`].
+    pub fn has_pending_tx(&self) -> bool {
+        self.startup.is_none() && self.dp.has_pending_tx()
+    }
+
     /// Our role.
     pub fn role(&self) -> Role {
         self.role

@@ -798,6 +798,34 @@ impl DataPath {
         true
     }
 
+    /// Whether [`DataPath::poll_transmit`] would queue something now: a
+    /// message under way, the RTR, a Read Response, or a send-queue entry
+    /// that may start (a Read waits while ORD Reads are outstanding).
+    /// False while the stream may not send (not in [`State::Rts`], or the
+    /// RFC 5044 §7.1.2 rule 4 gate is closed): a driver polls for
+    /// writability only when this or a non-empty [`DataPath::txq`] says so.
+    pub fn has_pending_tx(&self) -> bool {
+        if self.state != State::Rts || self.gated {
+            return false;
+        }
+        if self.cur.is_some() || self.rtr_send.is_some() || !self.reads_in.is_empty() {
+            return true;
+        }
+        let Some(i) = self.sq_next.checked_sub(self.sq_base) else {
+            return false;
+        };
+        match self.sq.get(i as usize) {
+            None => false,
+            Some(e) => match e.work {
+                // ORD 0 makes poll_transmit fail the Read (progress too).
+                Some(Work::Read(_)) => {
+                    self.ord == 0 || self.reads_out.len() < usize::from(self.ord)
+                }
+                _ => true,
+            },
+        }
+    }
+
     /// Octets queued for the LLP.
     pub fn tx_len(&self) -> usize {
         self.txq.len()

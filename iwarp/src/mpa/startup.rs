@@ -949,6 +949,24 @@ impl Startup {
         Ok(())
     }
 
+    /// Responder, before the Reply: changes our M and C bits, e.g. to
+    /// mirror what the Request asked for. RFC 5044 §7.1.1 lets each end
+    /// set them for itself ("M: ... set to 1 by the ... Responder ... if it
+    /// requires Markers"; C: CRCs are used when either end sets it), and
+    /// the Reply is built from them by [`Startup::accept`] or
+    /// [`Startup::reject`]. Refused once the frame is queued (initiator,
+    /// or after the decision).
+    pub fn set_framing(&mut self, markers: bool, crc: bool) -> Result<(), StartupError> {
+        match self.phase {
+            Phase::WaitingForRequest | Phase::ExaminingRequest(_) => {
+                self.cfg.markers = markers;
+                self.cfg.crc = crc;
+                Ok(())
+            }
+            _ => Err(StartupError::InvalidState(self.state())),
+        }
+    }
+
     /// The Consumer rejects the Request: queue a Reply with R=1 (carrying
     /// the enhanced data when the Request did, so the initiator learns our
     /// IRD/ORD) and `private_data`, and exit MPA. The TCP connection stays
