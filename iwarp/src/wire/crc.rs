@@ -2,11 +2,7 @@
 //! procedure from iSCSI (RFC 3720 §12.1, test vectors in Appendix B.4).
 //!
 //! The computation is the `crc32c` crate (SSE4.2 `crc32` instruction when the
-//! CPU has it) for short inputs, and the `crc-fast` crate (carry-less
-//! multiplication folding, AVX-512 VPCLMULQDQ where the CPU has it) from
-//! [`FOLD_MIN`] octets on: about four times faster on payload, which is
-//! what the CRC of a data path runs over, and as fast as the receiver's
-//! kernel copy instead of as slow (DESIGN §7). [`Crc`] is incremental so that a receiver can checksum bytes
+//! CPU has it). [`Crc`] is incremental so that a receiver can checksum bytes
 //! where they land (header, payload pieces, markers, pad) in stream order,
 //! and a transmitter can checksum a gather list without joining it.
 //!
@@ -34,27 +30,6 @@
 /// Length of the CRC field of an FPDU (RFC 5044 §4.1).
 pub const CRC_LEN: usize = 4;
 
-/// From this many octets on, the folding implementation beats the `crc32`
-/// instruction loop (measured: 1.7× at 1500 octets, 4× at 64 KiB; below
-/// a few hundred octets its set-up costs more than it saves).
-pub const FOLD_MIN: usize = 1024;
-
-/// `crc32c_append` semantics over either implementation.
-#[inline]
-fn append(crc: u32, data: &[u8]) -> u32 {
-    if data.len() >= FOLD_MIN {
-        // The folding state is the register before the final complement.
-        let mut d = crc_fast::Digest::new_with_init_state(
-            crc_fast::CrcAlgorithm::Crc32Iscsi,
-            u64::from(!crc),
-        );
-        d.update(data);
-        d.finalize() as u32
-    } else {
-        crc32c::crc32c_append(crc, data)
-    }
-}
-
 /// An incremental CRC32c computation.
 ///
 /// Feeding the data in any split gives the same result as feeding it at once.
@@ -70,9 +45,9 @@ impl Crc {
     /// Appends `data` to the checksummed bytes.
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        // The state is the finished value: appending undoes and redoes the
-        // final complement.
-        self.0 = append(self.0, data);
+        // crc32c_append takes and returns the finished value (it undoes and
+        // redoes the final complement itself), so the state is just that value.
+        self.0 = crc32c::crc32c_append(self.0, data);
     }
 
     /// The CRC32c of everything fed so far. Does not consume the state.
@@ -85,7 +60,7 @@ impl Crc {
 /// The CRC32c of `data` in one go.
 #[inline]
 pub fn checksum(data: &[u8]) -> u32 {
-    append(0, data)
+    crc32c::crc32c(data)
 }
 
 /// The CRC field bytes for `crc`: least significant byte first (see the
@@ -158,32 +133,5 @@ mod tests {
     fn empty() {
         assert_eq!(Crc::new().finish(), 0);
         assert_eq!(Crc::default(), Crc::new());
-    }
-
-    /// The two implementations agree, across the threshold and with any
-    /// split of the input between them.
-    #[test]
-    fn folding_matches_instruction_loop() {
-        let data: Vec<u8> = (0..70_000u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        for len in [
-            FOLD_MIN - 1,
-            FOLD_MIN,
-            FOLD_MIN + 1,
-            1500,
-            4093,
-            65_536,
-            70_000,
-        ] {
-            let whole = crc32c::crc32c(&data[..len]);
-            assert_eq!(checksum(&data[..len]), whole, "{len}");
-            for split in [1, 17, FOLD_MIN.min(len), len / 2, len - 1] {
-                let mut c = Crc::new();
-                c.update(&data[..split]);
-                c.update(&data[split..len]);
-                assert_eq!(c.finish(), whole, "{len} split at {split}");
-            }
-        }
     }
 }
