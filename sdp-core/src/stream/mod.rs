@@ -35,8 +35,8 @@
 //! on the application's own socket, and the nonblocking
 //! [`SdpStream::send_flags`] / [`SdpStream::recv_flags`], `readable`,
 //! `writable`, `bytes_readable`, `at_mark` and the readiness descriptor do
-//! the rest. (`Endpoint` is a stand-in for `iwarp::driver::Endpoint` until
-//! that is merged; see [`endpoint`].)
+//! the rest. [`Endpoint`] is the iWARP driver's socket pump
+//! (`iwarp::driver`).
 //!
 //! ```
 //! use std::io::{Read, Write};
@@ -61,7 +61,6 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-pub mod endpoint;
 pub mod progress;
 pub mod readiness;
 pub mod shared;
@@ -76,7 +75,7 @@ use iwarp::engine::Event as QpEvent;
 use iwarp::mem::VecMemory;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
-pub use endpoint::{Endpoint, Progress};
+pub use iwarp::driver::{Endpoint, Progress};
 
 use crate::conn::{Config, CreditState, RecvFlags, SendFlags, Shutdown, State};
 use crate::errno::Error;

@@ -34,10 +34,10 @@ use std::time::{Duration, Instant};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
-use super::endpoint::{Endpoint, Progress};
 use super::readiness::Readiness;
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
+use iwarp::driver::{Endpoint, Progress};
 
 /// How long a closed link keeps reading after its FIN, waiting for the
 /// peer's (see [`Inner::finished`]).
@@ -116,7 +116,15 @@ impl Inner {
                 Ok(Progress::Progressed) => any = true,
                 Ok(Progress::Closed) => {
                     self.llp_end = true;
-                    self.link.llp_closed(now, self.ep.connection_mut());
+                    // The driver reports a FIN and a reset alike; its
+                    // failure() tells them apart.
+                    match self.ep.failure() {
+                        Some(e) if e.kind() != std::io::ErrorKind::UnexpectedEof => {
+                            let kind = error_kind(&e);
+                            self.link.llp_failed(now, kind, self.ep.connection_mut());
+                        }
+                        _ => self.link.llp_closed(now, self.ep.connection_mut()),
+                    }
                     any = true;
                 }
                 Err(e) => {
