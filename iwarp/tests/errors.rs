@@ -7,6 +7,15 @@
 //! Each test: A posts an RDMA Read of B (so that A has work outstanding),
 //! then a crafted FPDU is put on the stream from A to B. B answers with
 //! one Terminate FPDU, parsed here from the bytes B sends.
+//!
+//! Three entries of Figure 9 have no test because no check of RFC 5040
+//! §7.2 or RFC 5041 §7.1 leads to them, so the engine never sends them:
+//! Remote Protection "Unspecified" (0/1/FF: every protection fault has its
+//! own code), Remote Operation "Catastrophic error, global" (0/2/08: one
+//! connection's engine cannot fail the others) and Remote Operation "STag
+//! cannot be Invalidated" (0/2/09: a refused invalidation is a protection
+//! error, 0/1/09, as Figure 10 places Send with Invalidate there). When
+//! received from a peer, they are handled like every other code.
 
 mod common;
 
@@ -636,6 +645,17 @@ fn rdmap_op_unspecified_truncated_read_request() {
     let mut t = T::new(true, false);
     let u = read_request(2, rr(0, 4, t.b_src_stag, 0))[..18 + 20].to_vec();
     t.expect(&[u], TermCode::RDMAP_OP_UNSPECIFIED, MD, Some(0), None);
+}
+
+#[test]
+fn rdmap_catastrophic_stream_read_source_memory_gone() {
+    // B accepted A's Read Request, but the memory behind the Data Source
+    // STag is gone before B can answer: 0/2/07, for this stream only.
+    let mut t = T::new(true, false);
+    let src = RegionId(1);
+    assert!(t.pair.b.mem.remove(src).is_some());
+    t.check_mem = false;
+    t.expect(&[], TermCode::RDMAP_CATASTROPHIC_STREAM, NONE, None, None);
 }
 
 #[test]

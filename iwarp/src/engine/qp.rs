@@ -567,6 +567,23 @@ impl DataPath {
                 Ok(true) => {}
                 Ok(false) => self.cur = Some((msg, what)),
                 Err(MissingRegion(_)) => {
+                    if let Current::Response(job) = &what {
+                        // RFC 5040 §7.1 case 3: an error on an incoming
+                        // Read Request after DDP delivered it. Its Data
+                        // Source passed every check, but the memory behind
+                        // it is no longer there: nothing the peer did, and
+                        // nothing beyond this stream is affected — "
+                        // Catastrophic error, localized to RDMAP Stream"
+                        // (§4.8 Figure 9), headers by Figure 10.
+                        let rr = advanced_rr(&job.rr, msg.sent);
+                        let echo = Echo {
+                            read_request: true,
+                            rr: Some(rr),
+                            ..Echo::NONE
+                        };
+                        self.raise(TermCode::RDMAP_CATASTROPHIC_STREAM, &echo);
+                        break;
+                    }
                     // RFC 5040 §7.1 case 1: an error "detected while
                     // creating" a message: "the Terminate Message and Error
                     // code are sent instead of the request", headers zero.
