@@ -7,7 +7,13 @@
 //!   (§9.5.3), credits (§10), close (§8.2), as a sans-IO state machine.
 //! * [`verbs`] — the operations and events it exchanges with the iWARP
 //!   engine's queue pair.
+//! * [`link`] — the adapter between a [`conn::Conn`] and the iWARP
+//!   engine's `Connection` (still sans-IO), with the send staging.
 //! * [`errno`] — the socket errors a TCP program expects.
+//! * [`log`] — diagnostic lines (abortive closes and their rule).
+//! * [`stream`] — [`stream::SdpStream`] and [`stream::SdpListener`]: SDP
+//!   sockets over kernel TCP, with the progress thread and exact
+//!   readiness.
 //! * [`decode`] — prints the MPA, RDMAP and SDP messages of a capture file
 //!   (the `sdp-decode` tool).
 //! * `testing` (feature `testing`) — a deterministic two-connection
@@ -17,6 +23,9 @@
 pub mod conn;
 pub mod decode;
 pub mod errno;
+pub mod link;
+pub mod log;
+pub mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verbs;

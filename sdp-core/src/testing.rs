@@ -144,6 +144,46 @@ impl StreamHash {
     }
 }
 
+/// §10.5 for one Send about to be issued by `side` with the credit state
+/// `before` it: credit ≥ 3 with payload, ≥ 2 without, 1 only for a message
+/// that provides credit.
+///
+/// # Panics
+///
+/// If the rule is broken.
+pub fn check_send(side: usize, before: &crate::conn::CreditState, header: &[u8], payload: bool) {
+    let c = before.send_credit;
+    assert!(c >= 1, "side {side}: Send with credit {c}: {header:02x?}");
+    if payload {
+        assert!(c >= 3, "side {side}: payload with credit {c}");
+    } else if c < 2 {
+        assert!(
+            before.gain > 0,
+            "side {side}: last credit, no new credit: {before:?}"
+        );
+    }
+}
+
+/// After every pending Op of `conn` was issued: Bufs equals the buffers on
+/// the receive queue (`rq_len`, as the transport counts them), and no
+/// §10.5-mandated update is left unsent.
+///
+/// # Panics
+///
+/// If either does not hold.
+pub fn check_idle(side: usize, conn: &Conn, rq_len: usize) {
+    if conn.state() != State::Connected || conn.is_aborting() {
+        return;
+    }
+    let cs = conn.credit_state();
+    assert_eq!(usize::from(cs.bufs), cs.rq_posted, "side {side}: {cs:?}");
+    assert_eq!(cs.rq_posted, rq_len, "side {side}");
+    assert!(
+        !(cs.must_update && cs.send_credit >= 1),
+        "side {side}: credit update owed: {cs:?}"
+    );
+}
+
 /// What carries verbs operations between the two connections.
 pub trait Transport {
     /// Carries out `op`, issued by side `side` (0 or 1); for a Send,
@@ -547,8 +587,7 @@ impl<T: Transport> Pair<T> {
         }
     }
 
-    /// §10.5 for one Send: credit ≥ 3 with payload, ≥ 2 without, 1 only for
-    /// a message that provides credit.
+    /// §10.5 for one Send (see [`check_send`]).
     fn check_send(
         &mut self,
         side: usize,
@@ -557,16 +596,7 @@ impl<T: Transport> Pair<T> {
         payload: bool,
     ) {
         self.sends_checked += 1;
-        let c = before.send_credit;
-        assert!(c >= 1, "side {side}: Send with credit {c}: {header:02x?}");
-        if payload {
-            assert!(c >= 3, "side {side}: payload with credit {c}");
-        } else if c < 2 {
-            assert!(
-                before.gain > 0,
-                "side {side}: last credit, no new credit: {before:?}"
-            );
-        }
+        check_send(side, before, header, payload);
     }
 
     /// Our credit never exceeds the buffers really posted at the peer minus
@@ -584,20 +614,9 @@ impl<T: Transport> Pair<T> {
         );
     }
 
-    /// After a drain: Bufs equals the buffers on the receive queue, and no
-    /// §10.5-mandated update is left unsent.
+    /// After a drain (see [`check_idle`]).
     fn check_idle(&self, side: usize) {
-        let conn = &self.conns[side];
-        if conn.state() != State::Connected || conn.is_aborting() {
-            return;
-        }
-        let cs = conn.credit_state();
-        assert_eq!(usize::from(cs.bufs), cs.rq_posted, "side {side}: {cs:?}");
-        assert_eq!(cs.rq_posted, self.transport.rq_len(side), "side {side}");
-        assert!(
-            !(cs.must_update && cs.send_credit >= 1),
-            "side {side}: credit update owed: {cs:?}"
-        );
+        check_idle(side, &self.conns[side], self.transport.rq_len(side));
     }
 
     /// Stages `bytes` as the next bytes of side `side`'s send stream, for

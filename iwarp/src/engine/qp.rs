@@ -323,6 +323,15 @@ impl DataPath {
         self.state
     }
 
+    /// Whether the stream still waits for its first FPDU before it may send
+    /// (RFC 5044 §7.1.2 rule 4: "MPA Responder mode implementations MUST
+    /// receive and validate at least one FPDU before sending any FPDUs or
+    /// Markers"). At the responder this turns false when the initiator's
+    /// RTR (or, without one, its first FPDU) has been received.
+    pub fn awaiting_first_fpdu(&self) -> bool {
+        self.gated
+    }
+
     /// The error the stream failed with, and whether the peer reported it.
     pub fn error(&self) -> Option<(TermCode, bool)> {
         self.error

@@ -477,6 +477,12 @@ impl Conn {
         self.reason.as_ref()
     }
 
+    /// The pending connection error, taken (SO_ERROR): what the next
+    /// `send` or `recv` would have reported once.
+    pub fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+
     /// Whether the LLP teardown Op went out: the adapter may drop the
     /// connection once the application is done with it.
     pub fn is_closed(&self) -> bool {

@@ -1,0 +1,580 @@
+//! The link: an SDP connection ([`Conn`]) carried by an iWARP connection
+//! ([`iwarp::engine::Connection`]), still sans-IO (DESIGN §3.1, §4, §7).
+//!
+//! A [`Link`] is the adapter that [`crate::verbs`] describes. It owns the
+//! [`Conn`] and the send [`staging`]; the iWARP connection stays outside
+//! (a test harness owns it, or the I/O driver does) and is passed to
+//! [`Link::drive`]. What it does:
+//!
+//! * **Setup** (draft §8.1.1 in Streaming Mode, RFC 6581): the Connecting
+//!   Peer's Hello ([`Link::hello`]) is the ULP private data of the MPA
+//!   Request, after the 4 octets of IRD/ORD the startup machine puts
+//!   first; the receive buffers are posted before the Request can be
+//!   answered. The Accepting Peer parses the Hello from the Request
+//!   ([`Link::accept`]), posts its buffers and accepts the MPA connection,
+//!   or rejects it when the Hello is refused; it reports
+//!   [`Event::Established`] only when the initiator's RTR has been received
+//!   (RFC 5044 §7.1.2 rule 4), so the HelloAck is its first FPDU.
+//! * **Verbs**: [`Op::PostRecv`] becomes a receive of a whole pool buffer
+//!   (region = buffer index of [`LinkMemory`]), so the engine places each
+//!   message straight into the pool; [`Op::Send`] becomes an RDMAP Send of
+//!   the kind asked (§14.2) with a gather list: the header from a staging
+//!   slot, then the payload from the staging ring. Completions come back
+//!   in order as [`Event::RecvDone`] / [`Event::SendDone`].
+//! * **Failures**: a Terminate sent or received, an MPA reject, a startup
+//!   failure or an LLP reset become [`Event::TransportError`]; the end of
+//!   the peer's byte stream ([`Link::llp_closed`]) becomes
+//!   [`Event::TransportClosed`] — each after every completion that came
+//!   before it.
+//! * **Teardown**: the connection's last Op is kept in [`Link::teardown`]
+//!   for the I/O layer: graceful = FIN once everything queued is written;
+//!   abortive = reset now.
+//!
+//! # Copies (DESIGN §7)
+//!
+//! Receive: the engine places a message once into a Private Buffer (or the
+//! driver receives it there directly), and [`Link::recv`] copies it once
+//! into the reader's buffer. Send: [`Link::send`] copies once into the
+//! staging ring; the engine hands ring slices to `writev`. Sending straight
+//! from the caller's buffer would save that copy but needs the caller to
+//! keep the buffer until completion (a Zcopy-like contract); not built.
+//!
+//! # Using it
+//!
+//! ```
+//! use std::time::Instant;
+//! use iwarp::engine::{Connection, Event as QpEvent};
+//! use sdp_core::conn::{Config, RecvFlags, SendFlags};
+//! use sdp_core::link::{connection_config, Link};
+//!
+//! let now = Instant::now();
+//! let config = Config { bufs: 4, buf_size: 4096, ..Config::default() };
+//! let mut client = Link::connect(&config);
+//! let mut cq = Connection::connect(connection_config(&config), client.hello(), now).unwrap();
+//! client.drive(now, &mut cq); // posts the receive buffers
+//! let mut sq = Connection::listen(connection_config(&config), now);
+//!
+//! // Moves what `from` has queued into `to`, as a TCP connection would.
+//! fn pump(from: &mut Connection, fl: &mut Link, to: &mut Connection, tl: Option<&mut Link>) {
+//!     let now = Instant::now();
+//!     let mut wire = Vec::new();
+//!     from.poll_transmit(now, &fl.memory(), 1 << 20);
+//!     from.txq().for_each_slice(&fl.memory(), |s| { wire.extend_from_slice(s); true }).unwrap();
+//!     from.tx_advance(now, wire.len());
+//!     match tl {
+//!         Some(l) => { to.handle_input(now, &wire, &mut l.memory()); }
+//!         None => { to.handle_input(now, &wire, &mut iwarp::mem::VecMemory::new()); }
+//!     }
+//! }
+//!
+//! pump(&mut cq, &mut client, &mut sq, None); // MPA Request with the Hello
+//! let Some(QpEvent::ConnectRequest { private_data, .. }) = sq.poll_event() else { panic!() };
+//! let mut server = Link::accept(&config, &private_data, &mut sq, now).unwrap();
+//! pump(&mut sq, &mut server, &mut cq, Some(&mut client)); // MPA Reply
+//! client.drive(now, &mut cq);
+//! pump(&mut cq, &mut client, &mut sq, Some(&mut server)); // RTR
+//! server.drive(now, &mut sq); // Established: HelloAck posted
+//! pump(&mut sq, &mut server, &mut cq, Some(&mut client));
+//! client.drive(now, &mut cq);
+//! assert!(client.is_connected() && server.is_connected());
+//!
+//! assert_eq!(client.send(b"hello", SendFlags::EMPTY), Ok(5));
+//! client.drive(now, &mut cq);
+//! pump(&mut cq, &mut client, &mut sq, Some(&mut server));
+//! server.drive(now, &mut sq);
+//! let mut buf = [0; 16];
+//! assert_eq!(server.recv(&mut buf, RecvFlags::EMPTY), Ok(5));
+//! assert_eq!(&buf[..5], b"hello");
+//! ```
+
+#[cfg(any(test, feature = "testing"))]
+pub mod pair;
+pub mod staging;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use iwarp::engine::{
+    Completion, Connection, ConnectionConfig, Event as QpEvent, Payload, RecvWr,
+    SendKind as QpSendKind, SendWr, Sge, State as QpState, Status, WcOpcode,
+};
+use iwarp::mem::{Memory, RegionId};
+use iwarp::mpa::startup::StartupError;
+use iwarp::wire::ddp::Stag;
+use iwarp::wire::terminate::TermCode;
+
+use crate::conn::{
+    BufferPool, CloseReason, Config, Conn, CreditState, RecvFlags, Role, SendFlags, Shutdown,
+    State, Violation,
+};
+use crate::errno::Error;
+use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, WrId};
+use staging::Staging;
+
+/// The iWARP connection configuration for an SDP link with `config`: the
+/// MPA startup's IRD and ORD are the SDP ones (§8.1.1 step 1d: LocIRD and
+/// LocORD are at most the local IRD and ORD). Everything else keeps the
+/// defaults (Rev 2, CRC on, markers off, all RTR options); the I/O layer
+/// sets the EMSS and the STag seed.
+pub fn connection_config(config: &Config) -> ConnectionConfig {
+    let config = config.normalized();
+    let mut cc = ConnectionConfig::default();
+    cc.startup.ird = config.ird.min(0x3ffe);
+    cc.startup.ord = config.ord.min(0x3ffe);
+    cc
+}
+
+/// Why the Accepting Peer did not accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptError {
+    /// The Hello was refused (§8.1.1 step 3a); the MPA connection was
+    /// rejected.
+    Hello(Violation),
+    /// The MPA startup refused to accept (RFC 6581 §9.1).
+    Mpa(StartupError),
+}
+
+impl core::fmt::Display for AcceptError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AcceptError::Hello(v) => write!(f, "Hello refused: {v}"),
+            AcceptError::Mpa(e) => write!(f, "MPA accept failed: {e:?}"),
+        }
+    }
+}
+
+impl std::error::Error for AcceptError {}
+
+/// How the LLP (the TCP connection) ended, as the I/O layer saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LlpEnd {
+    /// The peer's FIN.
+    Closed,
+    /// Reset or another socket error.
+    Failed(ErrorKind),
+}
+
+/// The memory the engine transmits from and places into: the receive
+/// Private Buffers (region `i` = buffer `i`) and the send [`Staging`]
+/// (regions [`staging::PAYLOAD_REGION`] and [`staging::HEADER_REGION`],
+/// read-only).
+pub struct LinkMemory<'a> {
+    pool: &'a mut BufferPool,
+    staging: &'a Staging,
+}
+
+impl Memory for LinkMemory<'_> {
+    fn region(&self, id: RegionId) -> Option<&[u8]> {
+        self.staging
+            .region(id)
+            .or_else(|| self.pool.buffer(id.0 as usize))
+    }
+
+    fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
+        if self.staging.region(id).is_some() {
+            return None;
+        }
+        self.pool.buffer_mut(id.0 as usize)
+    }
+}
+
+/// Most log lines a link keeps.
+const LOG_KEEP: usize = 16;
+
+/// An SDP connection over an iWARP connection; see the module docs.
+#[derive(Debug)]
+pub struct Link {
+    conn: Conn,
+    staging: Staging,
+    /// Accepting Peer: Established was reported (the RTR arrived).
+    established: bool,
+    /// A transport failure seen on the iWARP connection, not yet reported.
+    failure: Option<Event>,
+    llp: Option<LlpEnd>,
+    /// A TransportError or TransportClosed was reported to the conn.
+    ended: bool,
+    /// Header slots of the Sends posted, oldest first.
+    sends: VecDeque<(u64, u32)>,
+    teardown: Option<Teardown>,
+    logged_close: bool,
+    log: VecDeque<String>,
+}
+
+impl Link {
+    fn new(conn: Conn) -> Link {
+        let cap = usize::try_from(conn.config().send_buffer).unwrap_or(usize::MAX);
+        Link {
+            staging: Staging::new(cap),
+            conn,
+            established: false,
+            failure: None,
+            llp: None,
+            ended: false,
+            sends: VecDeque::new(),
+            teardown: None,
+            logged_close: false,
+            log: VecDeque::new(),
+        }
+    }
+
+    /// A Connecting Peer. Create the iWARP initiator with [`Link::hello`]
+    /// as its private data, then call [`Link::drive`] (which posts the
+    /// receive buffers) before feeding it any input.
+    pub fn connect(config: &Config) -> Link {
+        Link::new(Conn::connect(config))
+    }
+
+    /// The Hello for the MPA Request's private data (Connecting Peer).
+    pub fn hello(&self) -> &[u8] {
+        self.conn.hello().unwrap_or_default()
+    }
+
+    /// An Accepting Peer for the MPA Request whose private data is `hello`
+    /// ([`iwarp::engine::Event::ConnectRequest`] of `qp`): posts the
+    /// receive buffers and accepts the MPA connection, or rejects it if the
+    /// Hello is refused (§8.1.1 step 3a, DESIGN §4). The Reply carries no
+    /// private data: the HelloAck follows as the first Send.
+    pub fn accept(
+        config: &Config,
+        hello: &[u8],
+        qp: &mut Connection,
+        now: Instant,
+    ) -> Result<Link, AcceptError> {
+        let conn = match Conn::accept(config, hello) {
+            Ok(conn) => conn,
+            Err(v) => {
+                crate::log::emit(format_args!("Hello refused, MPA reject: {v}"));
+                let _ = qp.reject(&[]);
+                return Err(AcceptError::Hello(v));
+            }
+        };
+        let mut link = Link::new(conn);
+        link.drive(now, qp);
+        qp.accept(&[]).map_err(AcceptError::Mpa)?;
+        Ok(link)
+    }
+
+    /// The SDP connection.
+    pub fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
+    /// The SDP connection, mutable (socket options such as SO_OOBINLINE).
+    pub fn conn_mut(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
+    /// The memory to hand the engine (or the driver) for transmit and
+    /// receive.
+    pub fn memory(&mut self) -> LinkMemory<'_> {
+        LinkMemory {
+            pool: self.conn.pool_mut(),
+            staging: &self.staging,
+        }
+    }
+
+    /// Whether setup finished (both half-connections carry data, maybe
+    /// half-closed) — what `connect`/`accept` wait for.
+    pub fn is_connected(&self) -> bool {
+        self.conn.state() == State::Connected
+    }
+
+    /// The LLP teardown the connection asked for, once it did: the I/O
+    /// layer closes the TCP connection gracefully (FIN, after everything
+    /// queued is written) or abortively (reset now).
+    pub fn teardown(&self) -> Option<Teardown> {
+        self.teardown
+    }
+
+    /// Why the connection closed, once it did.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.conn.close_reason()
+    }
+
+    /// The diagnostic lines of this link (abortive closes with their rule,
+    /// Terminates), oldest first; see [`crate::log`].
+    pub fn log_lines(&self) -> impl Iterator<Item = &str> {
+        self.log.iter().map(String::as_str)
+    }
+
+    fn log(&mut self, line: String) {
+        crate::log::emit(format_args!("{line}"));
+        if self.log.len() == LOG_KEEP {
+            self.log.pop_front();
+        }
+        self.log.push_back(line);
+    }
+
+    // ----- socket calls -------------------------------------------------
+
+    /// Offers `data`; returns how many bytes were accepted (copied into the
+    /// staging ring). See [`Conn::send`] for the errors. The caller drives
+    /// the link afterwards so they go out.
+    pub fn send(&mut self, data: &[u8], flags: SendFlags) -> Result<usize, Error> {
+        let n = self.conn.send(data.len(), flags)?;
+        let at = self.conn.tx().accepted() - n as u64;
+        self.staging.write(at, &data[..n]);
+        Ok(n)
+    }
+
+    /// Copies received bytes into `buf` (see [`Conn::recv`]). The caller
+    /// drives the link afterwards: emptied buffers are re-posted and
+    /// credited.
+    pub fn recv(&mut self, buf: &mut [u8], flags: RecvFlags) -> Result<usize, Error> {
+        self.conn.recv(buf, flags)
+    }
+
+    /// `shutdown(2)` (see [`Conn::shutdown`]).
+    pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
+        self.conn.shutdown(how)
+    }
+
+    /// `close(2)` of the last descriptor (see [`Conn::close`]).
+    pub fn close(&mut self, now: Instant) {
+        self.conn.close(now)
+    }
+
+    /// Abortive close (see [`Conn::abort`]).
+    pub fn abort(&mut self) {
+        self.conn.abort()
+    }
+
+    /// POLLIN: data, end of stream, or an error.
+    pub fn readable(&self) -> bool {
+        self.conn.readable()
+    }
+
+    /// POLLOUT: a send would take at least one byte (or fail at once).
+    pub fn writable(&self) -> bool {
+        self.conn.writable()
+    }
+
+    /// FIONREAD.
+    pub fn bytes_readable(&self) -> u64 {
+        self.conn.bytes_readable()
+    }
+
+    /// SIOCATMARK.
+    pub fn at_mark(&self) -> bool {
+        self.conn.at_mark()
+    }
+
+    /// POLLPRI: an urgent byte waits.
+    pub fn urgent_ready(&self) -> bool {
+        self.conn.urgent_ready()
+    }
+
+    /// The credit state (§10), for observability and tests.
+    pub fn credit_state(&self) -> CreditState {
+        self.conn.credit_state()
+    }
+
+    /// The connection's timer (close timeouts); the iWARP connection has
+    /// its own ([`Connection::poll_timeout`]).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conn.poll_timeout()
+    }
+
+    /// Lets the connection's timer take effect; drive afterwards.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.conn.handle_timeout(now)
+    }
+
+    // ----- LLP events ---------------------------------------------------
+
+    /// The peer's byte stream ended (TCP FIN, `read` returned 0). Call it
+    /// before the next [`Link::drive`].
+    pub fn llp_closed(&mut self, now: Instant, qp: &mut Connection) {
+        self.llp.get_or_insert(LlpEnd::Closed);
+        qp.handle_llp_closed(now);
+    }
+
+    /// The TCP connection failed (reset, timeout). Call it before the next
+    /// [`Link::drive`].
+    pub fn llp_failed(&mut self, now: Instant, kind: ErrorKind, qp: &mut Connection) {
+        self.llp.get_or_insert(LlpEnd::Failed(kind));
+        qp.handle_llp_closed(now);
+    }
+
+    // ----- the adapter --------------------------------------------------
+
+    /// Moves everything that can move between the SDP connection and the
+    /// iWARP connection: events and completions in, verbs operations out.
+    /// Call after every input (bytes received, a socket call, a timer).
+    pub fn drive(&mut self, now: Instant, qp: &mut Connection) {
+        self.drive_checked(now, qp, &mut |_, _| {})
+    }
+
+    /// [`Link::drive`], calling `check` with the credit state before each
+    /// Op is carried out (tests assert §10.5 with it).
+    pub fn drive_checked(
+        &mut self,
+        now: Instant,
+        qp: &mut Connection,
+        check: &mut dyn FnMut(&CreditState, &Op),
+    ) {
+        while let Some(ev) = qp.poll_event() {
+            self.on_qp_event(ev);
+        }
+        if self.conn.role() == Role::Accepting
+            && !self.established
+            && qp.state() == QpState::Rts
+            && !qp.datapath().awaiting_first_fpdu()
+        {
+            // RFC 5044 §7.1.2 rule 4 is met: the RTR arrived, the HelloAck
+            // may be our first FPDU (DESIGN §4).
+            self.established = true;
+            self.conn.handle_event(now, Event::Established);
+        }
+        while let Some(c) = qp.poll_completion() {
+            self.on_completion(now, c);
+        }
+        if !self.ended {
+            let end = self.failure.take().or(match self.llp {
+                Some(LlpEnd::Closed) => Some(Event::TransportClosed),
+                Some(LlpEnd::Failed(kind)) => Some(Event::TransportError(kind)),
+                None => None,
+            });
+            if let Some(ev) = end {
+                self.ended = true;
+                self.conn.handle_event(now, ev);
+            }
+        }
+        loop {
+            let before = self.conn.credit_state();
+            let Some(op) = self.conn.poll_op() else {
+                break;
+            };
+            check(&before, &op);
+            self.execute(op, qp);
+        }
+        if !self.logged_close {
+            if let Some(reason) = self.conn.close_reason() {
+                self.logged_close = true;
+                if *reason != CloseReason::Graceful {
+                    let line = reason.to_string();
+                    self.log(line);
+                }
+            }
+        }
+    }
+
+    fn on_qp_event(&mut self, ev: QpEvent) {
+        let kind = match ev {
+            QpEvent::Established { .. } => {
+                // The Connecting Peer waits for the HelloAck instead; the
+                // Accepting Peer waits for the RTR (see drive).
+                return;
+            }
+            QpEvent::ConnectRequest { .. } => return,
+            QpEvent::Rejected { .. } => ErrorKind::Refused,
+            QpEvent::TerminateSent(info) => {
+                self.log(format!("iWARP Terminate sent: {}", info.code));
+                ErrorKind::Terminated
+            }
+            QpEvent::TerminateReceived(info) => {
+                self.log(format!("iWARP Terminate received: {}", info.code));
+                ErrorKind::Terminated
+            }
+            QpEvent::Failed(code) => match self.llp {
+                Some(LlpEnd::Closed) => {
+                    self.failure.get_or_insert(Event::TransportClosed);
+                    return;
+                }
+                Some(LlpEnd::Failed(kind)) => kind,
+                // RFC 5044 §8 code 1 with the LLP still there: the MPA
+                // startup timed out.
+                None if code == TermCode::MPA_CONNECTION_LOST => ErrorKind::TimedOut,
+                None => {
+                    self.log(format!("iWARP connection failed: {code}"));
+                    ErrorKind::Terminated
+                }
+            },
+        };
+        self.failure.get_or_insert(Event::TransportError(kind));
+    }
+
+    fn on_completion(&mut self, now: Instant, c: Completion) {
+        if c.status != Status::Success {
+            // The stream failed; its event says why (RFC 5040 §6.2.1).
+            return;
+        }
+        match c.opcode {
+            WcOpcode::Recv => {
+                let len = c.byte_len as usize;
+                self.conn.handle_event(
+                    now,
+                    Event::RecvDone {
+                        wr_id: WrId(c.wr_id),
+                        len,
+                    },
+                );
+            }
+            WcOpcode::Send => {
+                if let Some((_, slot)) = self.sends.pop_front() {
+                    self.staging.free_header(slot);
+                }
+                self.conn.handle_event(
+                    now,
+                    Event::SendDone {
+                        wr_id: WrId(c.wr_id),
+                    },
+                );
+            }
+            WcOpcode::Write | WcOpcode::Read => {}
+        }
+    }
+
+    fn execute(&mut self, op: Op, qp: &mut Connection) {
+        match op {
+            Op::PostRecv { wr_id, buf } => {
+                let wr = RecvWr {
+                    wr_id: wr_id.0,
+                    sge: Sge {
+                        region: RegionId(buf as u32),
+                        offset: 0,
+                        len: self.conn.pool().buf_size(),
+                    },
+                };
+                // Refused only once the stream failed; its event follows.
+                let _ = qp.post_recv(wr);
+            }
+            Op::Send {
+                wr_id,
+                kind,
+                header,
+                payload,
+            } => {
+                let slot = self.staging.alloc_header(&header);
+                let mut sges = Vec::with_capacity(3);
+                sges.push(self.staging.header_sge(slot, header.len()));
+                if payload.end > payload.start {
+                    let (a, b) = self.staging.payload_sges(payload);
+                    sges.push(a);
+                    sges.extend(b);
+                }
+                let kind = match kind {
+                    SendKind::Send => QpSendKind::Send,
+                    SendKind::SendSe => QpSendKind::SendSe,
+                    SendKind::SendInvalidate(s) => QpSendKind::SendInvalidate(Stag(s)),
+                    SendKind::SendSeInvalidate(s) => QpSendKind::SendSeInvalidate(Stag(s)),
+                };
+                let wr = SendWr {
+                    wr_id: wr_id.0,
+                    kind,
+                    payload: Payload::Sges(sges),
+                    signaled: true,
+                };
+                if qp.post_send(wr).is_ok() {
+                    self.sends.push_back((wr_id.0, slot));
+                } else {
+                    self.staging.free_header(slot);
+                }
+            }
+            Op::Teardown(t) => self.teardown = Some(t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,385 @@
+//! Scenarios of issue 5 acceptance 1 over the real engine
+//! ([`super::pair::LinkPair`]): setup accept/reject, bulk transfer with
+//! hashes, a stalled receiver, half-closes, abortive close, OOB, and a
+//! hostile peer sending real FPDUs.
+
+use iwarp::engine::{Payload, SendKind as QpSendKind, SendWr};
+
+use super::pair::LinkPair;
+use super::AcceptError;
+use crate::conn::{CloseReason, Config, RecvFlags, SendFlags, Shutdown, State, Violation};
+use crate::errno::Error;
+use crate::verbs::{ErrorKind, Teardown};
+use crate::wire::{self, Bsdh, BsdhRepr, Flags, Mid};
+
+fn small() -> Config {
+    Config {
+        bufs: 4,
+        buf_size: 512,
+        desired_remote_buf_size: 512,
+        send_buffer: 4096,
+        ..Config::default()
+    }
+}
+
+/// The Hello of `config` with `f` applied to its bytes.
+fn hello_with(config: &Config, f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let mut h = crate::conn::setup::hello_message(config).to_vec();
+    f(&mut h);
+    h
+}
+
+#[test]
+fn setup_accept_reject_matrix() {
+    let c = Config::default();
+    // Bytes 16: MajV|MinV; 18..20 MaxAdverts; 28..30 LocORD; 30..32 LocIRD.
+    let refused: [(&str, Vec<u8>, Violation); 4] = [
+        (
+            "MajV 2",
+            hello_with(&c, |h| h[16] = 0x21),
+            Violation::Malformed(wire::Error::UnsupportedMajorVersion),
+        ),
+        (
+            "MaxAdverts 0",
+            hello_with(&c, |h| h[18..20].copy_from_slice(&[0, 0])),
+            Violation::Malformed(wire::Error::ZeroMaxAdverts),
+        ),
+        (
+            "LocIRD 0",
+            hello_with(&c, |h| h[30..32].copy_from_slice(&[0, 0])),
+            Violation::Malformed(wire::Error::ZeroLocIrd),
+        ),
+        (
+            "LocORD 0",
+            hello_with(&c, |h| h[28..30].copy_from_slice(&[0, 0])),
+            Violation::Malformed(wire::Error::ZeroLocOrd),
+        ),
+    ];
+    for (seed, (what, hello, violation)) in refused.into_iter().enumerate() {
+        let mut pair = LinkPair::new(&c, &c, seed as u64, Some(hello));
+        pair.settle(100_000);
+        assert_eq!(
+            pair.sides[1].refused,
+            Some(AcceptError::Hello(violation)),
+            "{what}"
+        );
+        let client = pair.sides[0].link();
+        assert_eq!(
+            client.close_reason(),
+            Some(&CloseReason::Transport(ErrorKind::Refused)),
+            "{what}"
+        );
+        assert_eq!(client.teardown(), Some(Teardown::Abortive));
+        assert!(saw_error(&mut pair, 0, Error::ConnectionRefused), "{what}");
+    }
+    // §8.1.1 step 3b: a MinV mismatch is no reason to refuse.
+    for min_v in [0, 2, 15] {
+        let hello = hello_with(&c, |h| h[16] = 0x10 | min_v);
+        let mut pair = LinkPair::new(&c, &c, 9, Some(hello));
+        assert!(pair.run(100_000, LinkPair::both_connected), "MinV {min_v}");
+        assert_eq!(
+            pair.sides[1].link().conn().minor_version(),
+            min_v.min(wire::MINOR_VERSION)
+        );
+    }
+}
+
+/// Whether the application of side `s` got `err` from a call, or gets it
+/// from `recv` now (after reading what is left).
+fn saw_error(pair: &mut LinkPair, s: usize, err: Error) -> bool {
+    if pair.apps[s].errors.contains(&err) {
+        return true;
+    }
+    let link = pair.sides[s].link();
+    let mut buf = [0; 4096];
+    loop {
+        match link.recv(&mut buf, RecvFlags::EMPTY) {
+            Ok(n) if n > 0 => continue,
+            r => return r == Err(err),
+        }
+    }
+}
+
+/// Both directions at once, hashes compared; then a graceful close.
+fn transfer(a: &Config, b: &Config, seed: u64, bytes: u64, max_chunk: usize) -> LinkPair {
+    let mut pair = LinkPair::connected(a, b, seed);
+    pair.max_chunk = max_chunk;
+    for app in &mut pair.apps {
+        app.to_write = bytes;
+        app.shutdown_when_done = true;
+    }
+    let done = |p: &LinkPair| p.apps.iter().all(|a| a.eof);
+    assert!(pair.run(u64::MAX, done), "seed {seed}: transfer stuck");
+    for s in 0..2 {
+        let o = 1 - s;
+        assert_eq!(pair.apps[s].read, bytes, "seed {seed} side {s}");
+        assert_eq!(pair.apps[s].read_hash, pair.apps[o].write_hash);
+        assert!(pair.apps[s].errors.is_empty(), "{:?}", pair.apps[s].errors);
+    }
+    assert!(pair.settle(1_000_000));
+    for s in 0..2 {
+        assert_eq!(
+            pair.sides[s].link().close_reason(),
+            Some(&CloseReason::Graceful),
+            "seed {seed} side {s}"
+        );
+        assert_eq!(pair.sides[s].link().teardown(), Some(Teardown::Graceful));
+    }
+    pair
+}
+
+#[test]
+fn random_transfers_small_buffers_tiny_chunks() {
+    for seed in 0..12 {
+        let mut rng = crate::testing::Rng::new(seed);
+        let mut cfg = || Config {
+            bufs: 3 + rng.below(6) as u16,
+            buf_size: 37 + rng.below(2000) as u32,
+            send_buffer: 1 + rng.below(10_000),
+            ..Config::default()
+        };
+        let (a, b) = (cfg(), cfg());
+        let max_chunk = [1, 7, 100, 3000][seed as usize % 4];
+        let pair = transfer(&a, &b, seed, 20_000 + seed * 1000, max_chunk);
+        assert!(pair.ops_checked > 0);
+    }
+}
+
+#[test]
+fn gigabyte_each_way() {
+    // 1 GiB each way under `cargo test --release`; 16 MiB in debug builds,
+    // where the byte-by-byte checks make a gigabyte take minutes.
+    let bytes = if cfg!(debug_assertions) {
+        16 << 20
+    } else {
+        1 << 30
+    };
+    let c = Config::default();
+    let pair = transfer(&c, &c, 77, bytes, 256 * 1024);
+    assert_eq!(pair.apps[0].read, bytes);
+}
+
+#[test]
+fn stalled_receiver_stalls_sender_without_loss() {
+    let c = small();
+    let mut pair = LinkPair::connected(&c, &c, 5);
+    pair.apps[0].to_write = 200_000;
+    pair.apps[1].reading = false;
+    // Nothing more can happen: the sender is stuck on a full send buffer.
+    assert!(pair.settle(1_000_000));
+    let written = pair.apps[0].written;
+    assert!(written < 200_000 && written >= c.send_buffer);
+    assert!(!pair.sides[0].link().writable());
+    // Every buffer of the receiver holds data; the peer has no credit.
+    let held = pair.sides[1].link().bytes_readable();
+    assert!(held > 0);
+    assert!(pair.sides[0].link().credit_state().send_credit < 3);
+    pair.apps[1].reading = true;
+    assert!(pair.run(u64::MAX, |p| p.apps[1].read == 200_000));
+    assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+}
+
+fn half_close(first: usize, seed: u64) {
+    let c = small();
+    let mut pair = LinkPair::connected(&c, &c, seed);
+    let second = 1 - first;
+    pair.apps[first].to_write = 3000;
+    pair.apps[first].shutdown_when_done = true;
+    pair.apps[second].to_write = 5000;
+    // The first closer's peer sees the end of the stream, and can still
+    // send for as long as it likes.
+    assert!(pair.run(u64::MAX, |p| p.apps[second].eof));
+    assert_eq!(pair.apps[second].read, 3000);
+    assert!(pair.run(u64::MAX, |p| p.apps[first].read == 5000));
+    assert_eq!(
+        pair.sides[first].link().send(b"x", SendFlags::EMPTY),
+        Err(Error::BrokenPipe)
+    );
+    assert!(!pair.apps[first].eof);
+    pair.sides[second].link().shutdown(Shutdown::Write).unwrap();
+    pair.drive(second);
+    assert!(pair.run(u64::MAX, |p| p.apps[first].eof));
+    assert!(pair.settle(1_000_000));
+    for s in 0..2 {
+        assert_eq!(
+            pair.sides[s].link().close_reason(),
+            Some(&CloseReason::Graceful)
+        );
+    }
+    assert_eq!(pair.apps[first].read_hash, pair.apps[second].write_hash);
+    assert_eq!(pair.apps[second].read_hash, pair.apps[first].write_hash);
+}
+
+#[test]
+fn half_close_connecting_peer_first() {
+    half_close(0, 11);
+}
+
+#[test]
+fn half_close_accepting_peer_first() {
+    half_close(1, 12);
+}
+
+#[test]
+fn abortive_close_resets_the_peer() {
+    for (closer, seed) in [(0, 21), (1, 22)] {
+        let c = small();
+        let mut pair = LinkPair::connected(&c, &c, seed);
+        pair.apps[0].to_write = 10_000;
+        pair.apps[1].to_write = 10_000;
+        pair.run(50, |_| false);
+        pair.sides[closer].link().abort();
+        pair.drive(closer);
+        assert_eq!(
+            pair.sides[closer].link().teardown(),
+            Some(Teardown::Abortive)
+        );
+        pair.settle(100_000);
+        let peer = 1 - closer;
+        assert_eq!(pair.sides[peer].link().teardown(), Some(Teardown::Abortive));
+        // Whatever was received before the reset may still be read; then
+        // the reset is reported, once.
+        assert!(saw_error(&mut pair, peer, Error::ConnectionReset));
+        let peer = pair.sides[peer].link();
+        assert_eq!(peer.send(b"x", SendFlags::EMPTY), Err(Error::BrokenPipe));
+    }
+}
+
+#[test]
+fn oob_byte_arrives_in_order_with_the_mark() {
+    let c = small();
+    let mut pair = LinkPair::connected(&c, &c, 31);
+    pair.apps[1].reading = false;
+    let client = pair.sides[0].link();
+    assert_eq!(client.send(b"abc", SendFlags::EMPTY), Ok(3));
+    assert_eq!(client.send(b"d!", SendFlags::OOB), Ok(2));
+    assert_eq!(client.send(b"ef", SendFlags::EMPTY), Ok(2));
+    pair.drive(0);
+    assert!(pair.settle(100_000));
+    let server = pair.sides[1].link();
+    assert!(server.urgent_ready());
+    let mut buf = [0; 16];
+    // The read stops at the mark.
+    assert_eq!(server.recv(&mut buf, RecvFlags::EMPTY), Ok(4));
+    assert_eq!(&buf[..4], b"abcd");
+    assert!(server.at_mark());
+    assert_eq!(server.recv(&mut buf, RecvFlags::OOB), Ok(1));
+    assert_eq!(buf[0], b'!');
+    assert_eq!(server.recv(&mut buf, RecvFlags::EMPTY), Ok(2));
+    assert_eq!(&buf[..2], b"ef");
+}
+
+/// One SDP message: BSDH (Len covering `payload`) and `payload`.
+fn message(mid: Mid, flags: Flags, bufs: u16, mseq: u32, mseq_ack: u32, payload: &[u8]) -> Vec<u8> {
+    let mut m = vec![0; wire::BSDH_LEN];
+    BsdhRepr {
+        mid,
+        flags,
+        bufs,
+        len: (wire::BSDH_LEN + payload.len()) as u32,
+        mseq,
+        mseq_ack,
+    }
+    .emit(&mut Bsdh::new_unchecked(&mut m[..]));
+    m.extend_from_slice(payload);
+    m
+}
+
+/// Side 0 turns hostile and sends `msgs` (built from its credit state) as
+/// real RDMAP Sends; side 1 must close abortively, logging `rule`.
+fn hostile(name: &str, rule: &str, msgs: impl FnOnce(u32, u32, u16) -> Vec<Vec<u8>>) {
+    let c = small();
+    let mut pair = LinkPair::connected(&c, &c, 41);
+    // A little traffic first, so sequence numbers are not at their start.
+    pair.apps[0].to_write = 1000;
+    pair.apps[1].to_write = 1000;
+    assert!(pair.run(u64::MAX, |p| p.apps[0].read == 1000
+        && p.apps[1].read == 1000));
+    assert!(pair.settle(100_000));
+    pair.apps[1].reading = false;
+    let side = &mut pair.sides[0];
+    side.hostile = true;
+    let cs = side.link().credit_state();
+    for (i, m) in msgs(cs.lsseq.wrapping_add(1), cs.mseq_ack, cs.bufs)
+        .into_iter()
+        .enumerate()
+    {
+        side.qp
+            .post_send(SendWr {
+                wr_id: 1000 + i as u64,
+                kind: QpSendKind::Send,
+                payload: Payload::Inline(m),
+                signaled: false,
+            })
+            .unwrap();
+    }
+    assert!(pair.settle(100_000), "{name}: no end");
+    let victim = pair.sides[1].link();
+    assert_eq!(victim.teardown(), Some(Teardown::Abortive), "{name}");
+    assert_eq!(victim.conn().state(), State::Closed, "{name}");
+    let lines: Vec<String> = victim.log_lines().map(str::to_string).collect();
+    assert!(
+        lines.iter().any(|l| l.contains(rule)),
+        "{name}: log lines {lines:?} do not name {rule}"
+    );
+    assert!(saw_error(&mut pair, 1, Error::ConnectionReset), "{name}");
+}
+
+#[test]
+fn hostile_bad_mid() {
+    hostile("bad MID", "§6.1.1", |mseq, ack, bufs| {
+        vec![message(Mid(0x20), Flags::EMPTY, bufs, mseq, ack, &[])]
+    });
+}
+
+#[test]
+fn hostile_len_mismatch() {
+    hostile("Len mismatch", "§6.1", |mseq, ack, bufs| {
+        let mut m = message(Mid::DATA, Flags::EMPTY, bufs, mseq, ack, b"hello");
+        m[7] += 3;
+        vec![m]
+    });
+}
+
+#[test]
+fn hostile_message_larger_than_buffer() {
+    // The engine finds it: DDP Terminate (RFC 5041 §7.2 "message too long").
+    hostile("too large", "Terminate sent", |mseq, ack, bufs| {
+        vec![message(Mid::DATA, Flags::EMPTY, bufs, mseq, ack, &[7; 600])]
+    });
+}
+
+#[test]
+fn hostile_mseq_gap() {
+    hostile("MSeq gap", "§10.1", |mseq, ack, bufs| {
+        vec![message(
+            Mid::DATA,
+            Flags::EMPTY,
+            bufs,
+            mseq.wrapping_add(1),
+            ack,
+            b"x",
+        )]
+    });
+}
+
+#[test]
+fn hostile_sending_without_credit() {
+    // Four buffers at the victim: the third message with payload is sent
+    // with fewer than three credits.
+    hostile("no credit", "§10.5", |mseq, ack, bufs| {
+        (0..4)
+            .map(|i| message(Mid::DATA, Flags::EMPTY, bufs, mseq + i, ack, b"payload"))
+            .collect()
+    });
+}
+
+#[test]
+fn hostile_data_after_disconn() {
+    hostile("data after DisConn", "§8.2.1", |mseq, ack, bufs| {
+        vec![
+            message(Mid::DIS_CONN, Flags::EMPTY, bufs, mseq, ack, &[]),
+            message(Mid::DATA, Flags::EMPTY, bufs, mseq + 1, ack, b"late"),
+        ]
+    });
+}

@@ -1,0 +1,684 @@
+//! SDP sockets with the shape of `std::net`: [`SdpStream`] and
+//! [`SdpListener`], over a kernel TCP socket carrying MPA/DDP/RDMAP
+//! (DESIGN §2, §4, §6).
+//!
+//! * Blocking and nonblocking use, read/write timeouts, `shutdown`,
+//!   `SO_LINGER` 0 for an abortive close, OOB (`send_flags`/`recv_flags`),
+//!   and the errno a TCP program expects: ECONNREFUSED when the peer
+//!   rejects the MPA connection or refuses the Hello, ECONNRESET after an
+//!   abortive close, EPIPE after `shutdown(Write)` or the end of the
+//!   connection, EAGAIN from a nonblocking call that would wait — and from
+//!   a blocking one whose read/write timeout passed, as Linux TCP does for
+//!   SO_RCVTIMEO/SO_SNDTIMEO — and ETIMEDOUT when `connect_timeout` or the
+//!   connection (keepalive, close timer) times out.
+//! * **Readiness.** [`AsRawFd`] (and [`SdpStream::readiness_fd`]) give a
+//!   descriptor that poll/epoll/mio see readable exactly when a read would
+//!   make progress and writable exactly when a write would
+//!   ([`readiness`] explains the socket-pair construction and why not an
+//!   eventfd or the kernel socket). The kernel socket itself is
+//!   [`SdpStream::socket_fd`]; SO_KEEPALIVE is on (draft §14.3).
+//! * **Progress.** Bytes accepted by `write` reach the peer without further
+//!   calls: a process-wide progress thread ([`progress`]) writes them as
+//!   the socket takes them, takes in the peer's messages and fires timers.
+//!   Application threads do the work themselves on the fast path, and a
+//!   blocking read sleeps in `poll` on its own socket ([`shared`] holds the
+//!   locking rules).
+//! * **Close.** Dropping the last handle closes gracefully (DisConn after
+//!   the data, §8.2.1) and the progress thread finishes the exchange; a
+//!   blocking stream first waits (at most 10 s) until its accepted bytes
+//!   are with the kernel, so that a process exiting right after its last
+//!   write does not lose them. With `set_linger(Some(0))` the close is
+//!   abortive (§8.2.2).
+//!
+//! The link-level calls the preload needs are public here too:
+//! [`SdpStream::from_parts`] wraps a [`Link`] and an [`Endpoint`] it set up
+//! on the application's own socket, and the nonblocking
+//! [`SdpStream::send_flags`] / [`SdpStream::recv_flags`], `readable`,
+//! `writable`, `bytes_readable`, `at_mark` and the readiness descriptor do
+//! the rest. (`Endpoint` is a stand-in for `iwarp::driver::Endpoint` until
+//! that is merged; see [`endpoint`].)
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use sdp_core::stream::{SdpListener, SdpStream};
+//!
+//! let listener = SdpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+//!     let (mut s, _) = listener.accept()?;
+//!     let mut got = Vec::new();
+//!     s.read_to_end(&mut got)?;
+//!     s.write_all(b"bye")?;
+//!     Ok(got)
+//! });
+//! let mut c = SdpStream::connect(addr)?;
+//! c.write_all(b"hello over SDP")?;
+//! c.shutdown(std::net::Shutdown::Write)?;
+//! let mut reply = String::new();
+//! c.read_to_string(&mut reply)?;
+//! assert_eq!(reply, "bye");
+//! assert_eq!(server.join().unwrap()?, b"hello over SDP");
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+pub mod endpoint;
+pub mod progress;
+pub mod readiness;
+pub mod shared;
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iwarp::engine::Event as QpEvent;
+use iwarp::mem::VecMemory;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+
+pub use endpoint::{Endpoint, Progress};
+
+use crate::conn::{Config, CreditState, RecvFlags, SendFlags, Shutdown, State};
+use crate::errno::Error;
+use crate::link::{connection_config, Link};
+use shared::{Locked, Shared};
+
+/// How long dropping a blocking stream waits for its accepted bytes to
+/// reach the kernel.
+const DROP_FLUSH: Duration = Duration::from_secs(10);
+
+fn to_io(e: Error) -> io::Error {
+    io::Error::from(e)
+}
+
+fn would_block() -> io::Error {
+    to_io(Error::WouldBlock)
+}
+
+/// The last handle closes the stream.
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        let mut g = shared.lock();
+        let abort = g.linger == Some(Duration::ZERO);
+        if !abort && !g.nonblocking {
+            let deadline = Instant::now() + DROP_FLUSH;
+            let _ = wait_until(&mut g, Some(deadline), |g| {
+                let tx = g.link.conn().tx();
+                tx.released() == tx.accepted() || !g.link.is_connected()
+            });
+        }
+        let now = Instant::now();
+        if abort {
+            g.link.abort();
+        } else {
+            g.link.close(now);
+        }
+        g.released = true;
+        if let (Some(linger), false) = (g.linger.filter(|l| !l.is_zero()), g.nonblocking) {
+            // SO_LINGER: wait for the close exchange to finish.
+            let deadline = now + linger;
+            let _ = wait_until(&mut g, Some(deadline), |g| g.finished(Instant::now()));
+        }
+        let now = Instant::now();
+        g.pump(now);
+        let finished = g.finished(now);
+        drop(g);
+        if finished {
+            progress::deregister(shared.id);
+        }
+    }
+}
+
+/// Pumps and waits until `done` holds; `Err(EAGAIN)` when `deadline`
+/// passes first.
+fn wait_until(
+    g: &mut Locked<'_>,
+    deadline: Option<Instant>,
+    mut done: impl FnMut(&mut Locked<'_>) -> bool,
+) -> io::Result<()> {
+    loop {
+        g.pump(Instant::now());
+        if done(g) {
+            return Ok(());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(would_block());
+        }
+        g.wait(deadline)?;
+    }
+}
+
+/// An SDP connection; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct SdpStream {
+    handle: Arc<Handle>,
+}
+
+impl SdpStream {
+    /// Connects to `addr` (each address in turn, as `TcpStream::connect`),
+    /// with the default [`Config`].
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<SdpStream> {
+        SdpStream::connect_with(addr, &Config::default())
+    }
+
+    /// Connects with `config`.
+    pub fn connect_with(addr: impl ToSocketAddrs, config: &Config) -> io::Result<SdpStream> {
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no address");
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect(a).and_then(|tcp| SdpStream::setup(tcp, config, None)) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Connects to `addr` within `timeout` (TCP and SDP setup together);
+    /// ETIMEDOUT when it passes.
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<SdpStream> {
+        let deadline = Instant::now() + timeout;
+        let tcp = TcpStream::connect_timeout(addr, timeout)?;
+        SdpStream::setup(tcp, &Config::default(), Some(deadline))
+    }
+
+    /// The SDP setup of a connected TCP stream, as the Connecting Peer,
+    /// blocking until the HelloAck arrived.
+    fn setup(tcp: TcpStream, config: &Config, deadline: Option<Instant>) -> io::Result<SdpStream> {
+        let stream = SdpStream::start_connect(tcp, config)?;
+        stream.wait_connected(deadline)?;
+        Ok(stream)
+    }
+
+    /// Starts the SDP setup of a connected TCP stream as the Connecting
+    /// Peer and returns at once; the progress thread carries the setup on.
+    /// The stream turns writable (readiness) when it is connected or
+    /// failed; [`SdpStream::take_error`] then tells which — the contract of
+    /// a nonblocking `connect`.
+    pub fn start_connect(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
+        let now = Instant::now();
+        rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
+        let config = &fit_buffers(&tcp, config);
+        let mut link = Link::connect(config);
+        let mut ep = Endpoint::initiator(tcp, connection_config(config), link.hello(), now)?;
+        link.drive(now, ep.connection_mut());
+        SdpStream::from_parts(link, ep)
+    }
+
+    /// Wraps a link and its endpoint (set up by the caller, connected or
+    /// not) and hands them to the progress thread.
+    pub fn from_parts(link: Link, ep: Endpoint) -> io::Result<SdpStream> {
+        let local = ep.stream().local_addr()?;
+        let peer = ep.stream().peer_addr()?;
+        let shared = Arc::new(Shared::new(link, ep, progress::next_id())?);
+        progress::register(shared.clone())?;
+        Ok(SdpStream {
+            handle: Arc::new(Handle {
+                shared,
+                local,
+                peer,
+            }),
+        })
+    }
+
+    /// Blocks until setup finished; its error if it failed.
+    pub fn wait_connected(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        let r = wait_until(&mut g, deadline, |g| {
+            g.link.is_connected() || g.link.conn().state() == State::Closed
+        });
+        if r.is_err() {
+            return Err(to_io(Error::TimedOut));
+        }
+        if g.link.is_connected() {
+            return Ok(());
+        }
+        Err(to_io(
+            g.link
+                .conn_mut()
+                .take_error()
+                .unwrap_or(Error::ConnectionRefused),
+        ))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+
+    /// Another handle to the same connection (the last one dropped closes
+    /// it).
+    pub fn try_clone(&self) -> io::Result<SdpStream> {
+        Ok(self.clone())
+    }
+
+    /// `send(2)` with flags ([`SendFlags::OOB`]): blocking unless
+    /// nonblocking mode; returns the bytes accepted.
+    pub fn send_flags(&self, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        let deadline = g.write_timeout.map(|t| Instant::now() + t);
+        let mut pumped = false;
+        loop {
+            match g.link.send(buf, flags) {
+                Ok(n) => {
+                    g.pump_out(Instant::now());
+                    return Ok(n);
+                }
+                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+                    // Credits or completions may be waiting in the socket.
+                    g.pump(Instant::now());
+                    pumped = true;
+                }
+                Err(Error::WouldBlock) if g.nonblocking => return Err(would_block()),
+                Err(Error::WouldBlock) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(would_block());
+                    }
+                    g.wait(deadline)?;
+                    g.pump(Instant::now());
+                }
+                Err(e) => return Err(to_io(e)),
+            }
+        }
+    }
+
+    /// `recv(2)` with flags ([`RecvFlags::OOB`], [`RecvFlags::PEEK`],
+    /// [`RecvFlags::WAITALL`]): blocking unless nonblocking mode.
+    pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        let deadline = g.read_timeout.map(|t| Instant::now() + t);
+        let mut pumped = false;
+        let mut got = 0;
+        loop {
+            match g.link.recv(&mut buf[got..], flags) {
+                Ok(n) => {
+                    // Emptied buffers are re-posted and credited.
+                    g.pump_out(Instant::now());
+                    got += n;
+                    let waitall = flags.contains(RecvFlags::WAITALL)
+                        && !flags.contains(RecvFlags::PEEK)
+                        && n > 0
+                        && got < buf.len();
+                    if !waitall {
+                        return Ok(got);
+                    }
+                }
+                Err(e) if got > 0 && e != Error::WouldBlock => return Ok(got),
+                // A blocking call goes straight to poll(2), which sees what
+                // the socket holds; a nonblocking one reads it first.
+                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+                    g.pump(Instant::now());
+                    pumped = true;
+                }
+                Err(Error::WouldBlock) if g.nonblocking => {
+                    return if got > 0 { Ok(got) } else { Err(would_block()) };
+                }
+                Err(Error::WouldBlock) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return if got > 0 { Ok(got) } else { Err(would_block()) };
+                    }
+                    g.wait(deadline)?;
+                    g.pump(Instant::now());
+                }
+                Err(e) => return Err(to_io(e)),
+            }
+        }
+    }
+
+    /// `shutdown(2)`. Write: DisConn once every accepted byte is sent
+    /// (§8.2.1); Read: later reads return 0.
+    pub fn shutdown(&self, how: NetShutdown) -> io::Result<()> {
+        let how = match how {
+            NetShutdown::Read => Shutdown::Read,
+            NetShutdown::Write => Shutdown::Write,
+            NetShutdown::Both => Shutdown::Both,
+        };
+        let mut g = self.shared().lock();
+        g.link.shutdown(how).map_err(to_io)?;
+        g.pump_out(Instant::now());
+        Ok(())
+    }
+
+    /// O_NONBLOCK.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.shared().lock().nonblocking = nonblocking;
+        Ok(())
+    }
+
+    /// SO_RCVTIMEO (`Some(0)` is refused, as by `TcpStream`).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        check_timeout(t)?;
+        self.shared().lock().read_timeout = t;
+        Ok(())
+    }
+
+    /// SO_SNDTIMEO.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        check_timeout(t)?;
+        self.shared().lock().write_timeout = t;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.shared().lock().read_timeout)
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.shared().lock().write_timeout)
+    }
+
+    /// SO_LINGER. `Some(0)`: the close (drop of the last handle) is
+    /// abortive (§8.2.2). `Some(t)`: a blocking close waits up to `t` for
+    /// the graceful close to finish — both DisConns and both FINs — which a
+    /// process about to exit wants: its socket must not be closed while
+    /// the peer still sends (credit updates), or the kernel answers with a
+    /// reset. `None` (default): the close finishes in the background.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        self.shared().lock().linger = linger;
+        Ok(())
+    }
+
+    /// SO_LINGER.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(self.shared().lock().linger)
+    }
+
+    /// TCP_NODELAY is always on for the iWARP stream (messages are framed
+    /// already); this reports it.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.handle.peer)
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.handle.local)
+    }
+
+    /// SO_ERROR: the pending error, taken.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(self.shared().lock().link.conn_mut().take_error().map(to_io))
+    }
+
+    /// FIONREAD.
+    pub fn bytes_readable(&self) -> u64 {
+        self.shared().lock().link.bytes_readable()
+    }
+
+    /// SIOCATMARK.
+    pub fn at_mark(&self) -> bool {
+        self.shared().lock().link.at_mark()
+    }
+
+    /// SO_OOBINLINE.
+    pub fn set_oob_inline(&self, inline: bool) {
+        self.shared().lock().link.conn_mut().set_oob_inline(inline);
+    }
+
+    /// A read would make progress (data, end of stream, or an error).
+    pub fn readable(&self) -> bool {
+        self.shared().lock().link.readable()
+    }
+
+    /// A write would take at least one byte (or fail at once).
+    pub fn writable(&self) -> bool {
+        self.shared().lock().link.writable()
+    }
+
+    /// Setup finished and the connection carries data.
+    pub fn is_connected(&self) -> bool {
+        self.shared().lock().link.is_connected()
+    }
+
+    /// The credit state (§10), for observability.
+    pub fn credit_state(&self) -> CreditState {
+        self.shared().lock().link.credit_state()
+    }
+
+    /// Why the connection closed, once it did (for diagnostics).
+    pub fn close_reason(&self) -> Option<String> {
+        self.shared()
+            .lock()
+            .link
+            .close_reason()
+            .map(ToString::to_string)
+    }
+
+    /// The readiness descriptor (see the module documentation); what
+    /// [`AsRawFd`] returns. For polling only.
+    pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.shared().readiness()
+    }
+
+    /// The kernel TCP socket.
+    pub fn socket_fd(&self) -> RawFd {
+        self.shared().lock().ep.raw_fd()
+    }
+
+    /// Blocks until every byte accepted so far is handed to the kernel
+    /// (nonblocking mode: one attempt).
+    fn flush_accepted(&self) -> io::Result<()> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        if g.nonblocking {
+            g.pump(Instant::now());
+            return Ok(());
+        }
+        let deadline = g.write_timeout.map(|t| Instant::now() + t);
+        wait_until(&mut g, deadline, |g| {
+            let tx = g.link.conn().tx();
+            tx.released() == tx.accepted() || !g.link.is_connected()
+        })
+    }
+}
+
+/// `config` with its receive Private Buffers shrunk, if need be, so that a
+/// full message is one FPDU on this socket — when that still leaves at
+/// least 32 KiB (a loopback or jumbo-frame path). A 64 KiB buffer on
+/// loopback (MULPDU 65,474) would otherwise make every full message two
+/// FPDUs, the second one of a few dozen bytes.
+fn fit_buffers(tcp: &TcpStream, config: &Config) -> Config {
+    let Ok(mss) = socket2::SockRef::from(tcp).tcp_mss() else {
+        return config.clone();
+    };
+    let one_fpdu = iwarp::wire::fpdu::mulpdu(mss as usize, false)
+        .saturating_sub(iwarp::wire::ddp::UNTAGGED_HEADER_LEN) as u32;
+    let mut c = config.clone();
+    if one_fpdu >= 32 * 1024 && c.buf_size > one_fpdu {
+        c.buf_size = one_fpdu;
+    }
+    c
+}
+
+fn check_timeout(t: Option<Duration>) -> io::Result<()> {
+    if t == Some(Duration::ZERO) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        ));
+    }
+    Ok(())
+}
+
+impl Read for &SdpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_flags(buf, RecvFlags::EMPTY)
+    }
+}
+
+impl Read for SdpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for &SdpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.send_flags(buf, SendFlags::EMPTY)
+    }
+
+    /// Waits until every accepted byte is with the kernel.
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_accepted()
+    }
+}
+
+impl Write for SdpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self).flush()
+    }
+}
+
+impl AsRawFd for SdpStream {
+    /// The readiness descriptor (-1 if it could not be created).
+    fn as_raw_fd(&self) -> RawFd {
+        self.readiness_fd().map_or(-1, |fd| fd.as_raw_fd())
+    }
+}
+
+impl AsFd for SdpStream {
+    /// The readiness descriptor.
+    ///
+    /// # Panics
+    ///
+    /// If it cannot be created (out of descriptors); use
+    /// [`SdpStream::readiness_fd`] to see the error.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.readiness_fd().expect("readiness descriptor")
+    }
+}
+
+/// A listening SDP socket; see the module documentation.
+#[derive(Debug)]
+pub struct SdpListener {
+    tcp: TcpListener,
+    config: Config,
+}
+
+impl SdpListener {
+    /// Binds to `addr`, with the default [`Config`].
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<SdpListener> {
+        SdpListener::bind_with(addr, &Config::default())
+    }
+
+    /// Binds with `config` for the accepted connections.
+    pub fn bind_with(addr: impl ToSocketAddrs, config: &Config) -> io::Result<SdpListener> {
+        Ok(SdpListener {
+            tcp: TcpListener::bind(addr)?,
+            config: config.clone(),
+        })
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// O_NONBLOCK: `accept` returns EAGAIN when no TCP connection waits.
+    /// A connection that is there is still set up before `accept` returns
+    /// (bounded by the MPA startup timeout).
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.tcp.set_nonblocking(nonblocking)
+    }
+
+    /// Accepts the next SDP connection. A TCP connection whose SDP setup
+    /// fails (bad MPA frame, refused Hello, timeout) is dropped and the
+    /// next one is waited for.
+    pub fn accept(&self) -> io::Result<(SdpStream, SocketAddr)> {
+        loop {
+            let (tcp, addr) = self.tcp.accept()?;
+            match accept_setup(tcp, &self.config) {
+                Ok(s) => return Ok((s, addr)),
+                Err(e) => crate::log::emit(format_args!("SDP setup with {addr} failed: {e}")),
+            }
+        }
+    }
+
+    /// The accepted connections, one after another.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SdpStream>> + '_ {
+        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    }
+}
+
+impl AsRawFd for SdpListener {
+    /// The kernel listening socket.
+    fn as_raw_fd(&self) -> RawFd {
+        self.tcp.as_raw_fd()
+    }
+}
+
+/// The Accepting Peer's setup on an accepted TCP stream: wait for the MPA
+/// Request, accept or refuse its Hello, then wait for the RTR.
+fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
+    let now = Instant::now();
+    tcp.set_nonblocking(true)?;
+    rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
+    let config = &fit_buffers(&tcp, config);
+    let mut ep = Endpoint::responder(tcp, connection_config(config), now)?;
+    let hello = loop {
+        let now = Instant::now();
+        if ep.pump_recv(now, &mut VecMemory::new())? == Progress::Closed {
+            return Err(to_io(Error::ConnectionReset));
+        }
+        if ep.poll_timeout().is_some_and(|t| t <= now) {
+            ep.handle_timeout(now);
+        }
+        let mut found = None;
+        while let Some(ev) = ep.connection_mut().poll_event() {
+            match ev {
+                QpEvent::ConnectRequest { private_data, .. } => found = Some(private_data),
+                QpEvent::Failed(code) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("MPA startup failed: {code}"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if let Some(h) = found {
+            break h;
+        }
+        let timeout = ep
+            .poll_timeout()
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        let ts = timeout.map(|t| Timespec {
+            tv_sec: t.as_secs() as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
+        let _ = poll(&mut fds, ts.as_ref());
+    };
+    let now = Instant::now();
+    let link = match Link::accept(config, &hello, ep.connection_mut(), now) {
+        Ok(link) => link,
+        Err(e) => {
+            // The reject Reply goes, then the connection is dropped.
+            let _ = ep.pump_send(now, &VecMemory::new());
+            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, e));
+        }
+    };
+    let stream = SdpStream::from_parts(link, ep)?;
+    let deadline = Instant::now() + iwarp::mpa::startup::DEFAULT_TIMEOUT;
+    stream.wait_connected(Some(deadline))?;
+    Ok(stream)
+}

@@ -1,0 +1,150 @@
+//! The readiness descriptor of a stream: a file descriptor that poll(2),
+//! epoll(7) and mio see readable exactly when a read would make progress
+//! and writable exactly when a write would (DESIGN §6 "Readiness is
+//! exact").
+//!
+//! The kernel socket cannot serve: it turns readable on protocol-only
+//! traffic (credit updates) and stays quiet about data the link already
+//! holds in its Private Buffers. An eventfd cannot either: it is writable
+//! whenever its counter is below its maximum, so "neither readable nor
+//! writable" — the common state of a bulk sender waiting for credits —
+//! has no encoding. So the descriptor is one end (`user`) of a Unix stream
+//! socket pair whose two states the library sets from the other end:
+//!
+//! * readable ⇔ one byte waits in `user`'s receive queue (written through
+//!   `ours`; drained from `user` to clear);
+//! * writable ⇔ `user`'s send buffer is not full. `user` has the smallest
+//!   send buffer the kernel allows; writing from `user` until EAGAIN fills
+//!   it (not writable), reading everything from `ours` empties it again
+//!   (writable: the kernel wakes pollers when the space returns).
+//!
+//! Each transition costs one or two system calls, and is only done once a
+//! caller has asked for the descriptor. The descriptor is for polling only:
+//! reading or writing it is undefined.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::io::Errno;
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Readiness {
+    user: OwnedFd,
+    ours: OwnedFd,
+    readable: bool,
+    writable: bool,
+}
+
+impl Readiness {
+    /// A descriptor that is neither readable nor writable.
+    pub fn new() -> io::Result<Readiness> {
+        let (user, ours) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        // The kernel rounds up to its minimum (a few KiB).
+        rustix::net::sockopt::set_socket_send_buffer_size(&user, 1)?;
+        let mut r = Readiness {
+            user,
+            ours,
+            readable: false,
+            writable: true,
+        };
+        r.set(false, false)?;
+        Ok(r)
+    }
+
+    /// The descriptor to poll.
+    pub fn user_fd(&self) -> BorrowedFd<'_> {
+        self.user.as_fd()
+    }
+
+    /// Makes the descriptor readable iff `readable`, writable iff
+    /// `writable`.
+    pub fn set(&mut self, readable: bool, writable: bool) -> io::Result<()> {
+        if readable != self.readable {
+            if readable {
+                write_all_once(&self.ours, &[1])?;
+            } else {
+                drain(&self.user)?;
+            }
+            self.readable = readable;
+        }
+        if writable != self.writable {
+            if writable {
+                drain(&self.ours)?;
+            } else {
+                fill(&self.user)?;
+            }
+            self.writable = writable;
+        }
+        Ok(())
+    }
+}
+
+fn write_all_once(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        match rustix::io::write(&fd, bytes) {
+            Ok(_) | Err(Errno::AGAIN) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn drain(fd: impl AsFd) -> io::Result<()> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match rustix::io::read(&fd, &mut buf) {
+            Ok(0) | Err(Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn fill(fd: impl AsFd) -> io::Result<()> {
+    let buf = [0u8; 1024];
+    loop {
+        match rustix::io::write(&fd, &buf) {
+            Ok(_) | Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::event::{poll, PollFd, PollFlags};
+
+    fn state(r: &Readiness) -> (bool, bool) {
+        let mut fds = [PollFd::new(&r.user, PollFlags::IN | PollFlags::OUT)];
+        poll(&mut fds, Some(&rustix::event::Timespec::default())).unwrap();
+        let ev = fds[0].revents();
+        (ev.contains(PollFlags::IN), ev.contains(PollFlags::OUT))
+    }
+
+    #[test]
+    fn every_combination_is_expressed() {
+        let mut r = Readiness::new().unwrap();
+        assert_eq!(state(&r), (false, false));
+        for want in [
+            (true, false),
+            (true, true),
+            (false, true),
+            (false, false),
+            (false, true),
+            (true, true),
+            (true, false),
+        ] {
+            r.set(want.0, want.1).unwrap();
+            assert_eq!(state(&r), want);
+        }
+    }
+}

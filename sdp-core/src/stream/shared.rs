@@ -1,0 +1,499 @@
+//! What one stream's handles, the application threads using it and the
+//! progress thread share, and who may touch the socket when.
+//!
+//! # Locking
+//!
+//! One mutex per link holds the [`Link`], the [`Endpoint`] (socket and
+//! iWARP connection) and the readiness descriptor. Whoever holds it may
+//! pump: read the socket into the Private Buffers, drive the link, write
+//! what is queued, act on the teardown, fire timers ([`Inner::pump`]).
+//!
+//! An application thread that must wait (blocking read or write, connect)
+//! becomes the **poller**: it marks itself, releases the lock and sleeps in
+//! `poll(2)` on the socket (readable; writable when bytes are queued) and
+//! on the stream's wake-up eventfd, with the nearest deadline as timeout.
+//! It then reads the socket itself — no hand-off through another thread on
+//! the blocking path. Other application threads that must wait meanwhile
+//! sleep on a condition variable and are woken whenever the lock is
+//! released after a change.
+//!
+//! The progress thread ([`super::progress`]) keeps off a link whose poller
+//! is active (an atomic flag, checked again under the lock): it could
+//! otherwise drain the socket between the poller's last check and its
+//! `poll`, stealing its wake-up. Any other thread that changes the link
+//! while a poller sleeps writes the wake-up eventfd. When the progress
+//! thread finds the lock taken it leaves a *kick*; every holder checks it
+//! after unlocking and pumps again, so no socket edge is lost.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+
+use super::endpoint::{Endpoint, Progress};
+use super::readiness::Readiness;
+use crate::link::Link;
+use crate::verbs::{ErrorKind, Teardown};
+
+/// How long a closed link keeps reading after its FIN, waiting for the
+/// peer's (see [`Inner::finished`]).
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// The origin of the deadlines kept in atomics.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+const NO_DEADLINE: u64 = u64::MAX;
+
+fn encode(t: Option<Instant>) -> u64 {
+    t.map_or(NO_DEADLINE, |t| {
+        t.saturating_duration_since(base())
+            .as_nanos()
+            .min(u128::from(NO_DEADLINE - 1)) as u64
+    })
+}
+
+fn decode(v: u64) -> Option<Instant> {
+    (v != NO_DEADLINE).then(|| base() + Duration::from_nanos(v))
+}
+
+fn error_kind(e: &io::Error) -> ErrorKind {
+    match e.kind() {
+        io::ErrorKind::TimedOut => ErrorKind::TimedOut,
+        io::ErrorKind::ConnectionRefused => ErrorKind::Refused,
+        _ => ErrorKind::Reset,
+    }
+}
+
+/// The state under the lock.
+#[derive(Debug)]
+pub struct Inner {
+    /// The SDP link.
+    pub link: Link,
+    /// The socket and the iWARP connection.
+    pub ep: Endpoint,
+    /// EOF or a socket error was seen: no more reading.
+    llp_end: bool,
+    /// The graceful teardown's FIN went (shutdown(SHUT_WR)).
+    shut_wr: bool,
+    /// The abortive teardown's reset went.
+    reset: bool,
+    /// After our FIN: how long the socket is read (and what comes
+    /// discarded) waiting for the peer's FIN.
+    drain_until: Option<Instant>,
+    readiness: Option<Readiness>,
+    poller_active: bool,
+    cond_waiters: u32,
+    wake_pending: bool,
+    /// No handle is left: the progress thread finishes the close.
+    pub released: bool,
+    /// O_NONBLOCK.
+    pub nonblocking: bool,
+    /// SO_RCVTIMEO.
+    pub read_timeout: Option<Duration>,
+    /// SO_SNDTIMEO.
+    pub write_timeout: Option<Duration>,
+    /// SO_LINGER: zero aborts on close, more waits for the close.
+    pub linger: Option<Duration>,
+}
+
+impl Inner {
+    /// Reads the socket, drives the link, writes what is queued, acts on
+    /// the teardown and the timers, until nothing moves. True if anything
+    /// did.
+    pub fn pump(&mut self, now: Instant) -> bool {
+        let mut any = self.timers(now);
+        if !self.llp_end && !self.reset {
+            let r = self.ep.pump_recv(now, &mut self.link.memory());
+            match r {
+                Ok(Progress::Idle) => {}
+                Ok(Progress::Progressed) => any = true,
+                Ok(Progress::Closed) => {
+                    self.llp_end = true;
+                    self.link.llp_closed(now, self.ep.connection_mut());
+                    any = true;
+                }
+                Err(e) => {
+                    self.llp_end = true;
+                    let kind = error_kind(&e);
+                    self.link.llp_failed(now, kind, self.ep.connection_mut());
+                    any = true;
+                }
+            }
+        }
+        any |= self.pump_out(now);
+        any
+    }
+
+    /// Drives the link and writes until nothing moves (no socket read).
+    pub fn pump_out(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..64 {
+            self.link.drive(now, self.ep.connection_mut());
+            let mut progressed = false;
+            if !self.reset {
+                match self.ep.pump_send(now, &self.link.memory()) {
+                    Ok(Progress::Progressed) => progressed = true,
+                    Ok(_) => {}
+                    Err(e) => {
+                        if !self.llp_end {
+                            self.llp_end = true;
+                            let kind = error_kind(&e);
+                            self.link.llp_failed(now, kind, self.ep.connection_mut());
+                        }
+                        progressed = true;
+                    }
+                }
+            }
+            progressed |= self.teardown(now);
+            any |= progressed;
+            if !progressed {
+                break;
+            }
+        }
+        self.update_readiness();
+        any
+    }
+
+    fn timers(&mut self, now: Instant) -> bool {
+        let mut fired = false;
+        if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+            self.ep.handle_timeout(now);
+            fired = true;
+        }
+        if self.link.poll_timeout().is_some_and(|t| t <= now) {
+            self.link.handle_timeout(now);
+            fired = true;
+        }
+        fired
+    }
+
+    /// Carries out the link's LLP teardown once it can.
+    fn teardown(&mut self, now: Instant) -> bool {
+        match self.link.teardown() {
+            Some(Teardown::Graceful)
+                if !self.shut_wr
+                    && !self.reset
+                    && self.ep.connection().txq().is_empty()
+                    && self.ep.connection().datapath().send_outstanding() == 0 =>
+            {
+                // Every Send already posted is written: FIN (§8.2.1).
+                let _ = self.ep.stream().shutdown(std::net::Shutdown::Write);
+                self.shut_wr = true;
+                self.drain_until = Some(now + DRAIN);
+                true
+            }
+            Some(Teardown::Abortive) if !self.reset => {
+                // A Terminate we queued still goes, if the socket takes it.
+                if matches!(
+                    self.ep.connection().state(),
+                    iwarp::engine::State::Terminate
+                ) {
+                    let _ = self.ep.pump_send(now, &self.link.memory());
+                }
+                // §8.2.2: "MUST immediately terminate the LLP connection":
+                // a TCP reset; connect(AF_UNSPEC) sends it and leaves the
+                // descriptor open (it may be the application's own).
+                let fd = self.ep.stream();
+                let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
+                let _ = rustix::net::connect_unspec(fd);
+                self.reset = true;
+                self.llp_end = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The link's teardown was carried out and the socket may be closed:
+    /// after a reset at once; after our FIN once the peer's arrived (or
+    /// [`DRAIN`] passed). Closing a socket with unread bytes — such as the
+    /// credit updates a peer still sends while it reads our last data —
+    /// would make the kernel answer with a reset.
+    pub fn finished(&self, now: Instant) -> bool {
+        self.reset || (self.shut_wr && (self.llp_end || self.drain_until.is_some_and(|d| now >= d)))
+    }
+
+    /// Sets the readiness descriptor from the link's state.
+    pub fn update_readiness(&mut self) {
+        if let Some(r) = &mut self.readiness {
+            let _ = r.set(self.link.readable(), self.link.writable());
+        }
+    }
+
+    /// Creates the readiness descriptor; returns a duplicate of the
+    /// descriptor to poll.
+    fn arm_readiness(&mut self) -> io::Result<OwnedFd> {
+        let r = Readiness::new()?;
+        let user = r.user_fd().try_clone_to_owned()?;
+        self.readiness = Some(r);
+        self.update_readiness();
+        Ok(user)
+    }
+
+    /// The nearest deadline: the engine's, the link's, the end of the
+    /// drain of a released link, and `extra`.
+    fn next_deadline(&self, extra: Option<Instant>) -> Option<Instant> {
+        let drain = self.drain_until.filter(|_| self.released && !self.llp_end);
+        [
+            extra,
+            self.ep.poll_timeout(),
+            self.link.poll_timeout(),
+            drain,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Shared {
+    inner: Mutex<Inner>,
+    cond: Condvar,
+    poller: AtomicBool,
+    kick: AtomicBool,
+    wake: OwnedFd,
+    /// A duplicate of the socket, to poll it without the lock.
+    sock: OwnedFd,
+    deadline: AtomicU64,
+    /// The readiness descriptor the application polls, once asked for.
+    readiness: OnceLock<OwnedFd>,
+    /// Key in the progress thread's table.
+    pub id: u64,
+}
+
+impl Shared {
+    /// Wraps a link and its endpoint.
+    pub fn new(link: Link, ep: Endpoint, id: u64) -> io::Result<Shared> {
+        let sock = ep.stream().as_fd().try_clone_to_owned()?;
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let inner = Inner {
+            link,
+            ep,
+            llp_end: false,
+            shut_wr: false,
+            reset: false,
+            drain_until: None,
+            readiness: None,
+            poller_active: false,
+            cond_waiters: 0,
+            wake_pending: false,
+            released: false,
+            nonblocking: false,
+            read_timeout: None,
+            write_timeout: None,
+            linger: None,
+        };
+        Ok(Shared {
+            inner: Mutex::new(inner),
+            cond: Condvar::new(),
+            poller: AtomicBool::new(false),
+            kick: AtomicBool::new(false),
+            wake,
+            sock,
+            deadline: AtomicU64::new(NO_DEADLINE),
+            readiness: OnceLock::new(),
+            id,
+        })
+    }
+
+    /// The socket (a duplicate), for epoll.
+    pub fn sock(&self) -> &OwnedFd {
+        &self.sock
+    }
+
+    /// The readiness descriptor (see [`super::readiness`]), created and
+    /// kept up to date from the first call on.
+    pub fn readiness(&self) -> io::Result<BorrowedFd<'_>> {
+        if let Some(fd) = self.readiness.get() {
+            return Ok(fd.as_fd());
+        }
+        let mut g = self.lock();
+        if self.readiness.get().is_none() {
+            let fd = g.arm_readiness()?;
+            let _ = self.readiness.set(fd);
+        }
+        drop(g);
+        self.readiness
+            .get()
+            .map(|fd| fd.as_fd())
+            .ok_or_else(|| io::Error::other("no readiness descriptor"))
+    }
+
+    /// An application thread is polling the socket.
+    pub fn polled(&self) -> bool {
+        self.poller.load(Ordering::SeqCst)
+    }
+
+    /// The nearest deadline of the link, as last published.
+    pub fn deadline(&self) -> Option<Instant> {
+        decode(self.deadline.load(Ordering::Relaxed))
+    }
+
+    fn lock_inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the lock (an application thread).
+    pub fn lock(&self) -> Locked<'_> {
+        Locked {
+            shared: self,
+            guard: Some(self.lock_inner()),
+        }
+    }
+
+    /// The progress thread's visit: pump unless a poller owns the socket or
+    /// the lock is taken (then leave a kick). Returns the state's
+    /// `released && finished` (the link may be dropped), or false.
+    pub fn service(&self, now: Instant) -> bool {
+        if self.poller.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.kick.store(true, Ordering::SeqCst);
+                // The holder checks the kick after unlocking; if it
+                // unlocked already, take the lock now.
+                match self.inner.try_lock() {
+                    Ok(g) => g,
+                    Err(_) => return false,
+                }
+            }
+        };
+        self.kick.store(false, Ordering::SeqCst);
+        if g.poller_active {
+            return false;
+        }
+        if g.pump(now) && g.cond_waiters > 0 {
+            self.cond.notify_all();
+        }
+        self.publish_deadline(&g);
+        g.released && g.finished(now)
+    }
+
+    fn publish_deadline(&self, g: &Inner) -> bool {
+        let new = encode(g.next_deadline(None));
+        let old = self.deadline.swap(new, Ordering::Relaxed);
+        new < old
+    }
+}
+
+/// The lock, held by an application thread. Dropping it wakes the poller
+/// and the waiters if there are any, and serves a kick from the progress
+/// thread.
+pub struct Locked<'a> {
+    shared: &'a Shared,
+    guard: Option<MutexGuard<'a, Inner>>,
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        self.guard.as_ref().expect("lock held")
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        self.guard.as_mut().expect("lock held")
+    }
+}
+
+impl<'a> Locked<'a> {
+    /// Blocks the calling application thread until the link may have
+    /// changed, `deadline` passed, or a timer of the link is due; see the
+    /// module documentation. The caller pumps afterwards.
+    pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+        let shared = self.shared;
+        let Some(mut g) = self.guard.take() else {
+            return Ok(());
+        };
+        let timer = g.next_deadline(deadline);
+        let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
+        if g.poller_active {
+            g.cond_waiters += 1;
+            g = match timeout {
+                Some(t) => {
+                    shared
+                        .cond
+                        .wait_timeout(g, t)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                None => shared.cond.wait(g).unwrap_or_else(|p| p.into_inner()),
+            };
+            g.cond_waiters -= 1;
+            self.guard = Some(g);
+            return Ok(());
+        }
+        g.poller_active = true;
+        shared.poller.store(true, Ordering::SeqCst);
+        let mut flags = PollFlags::IN;
+        // Bytes waiting for socket space (not work the engine holds back,
+        // such as the responder's before the RTR: that would spin).
+        if !g.ep.connection().txq().is_empty() {
+            flags |= PollFlags::OUT;
+        }
+        drop(g);
+        let ts = timeout.map(|t| Timespec {
+            tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        let mut fds = [
+            PollFd::new(&shared.sock, flags),
+            PollFd::new(&shared.wake, PollFlags::IN),
+        ];
+        let r = match poll(&mut fds, ts.as_ref()) {
+            Ok(_) | Err(Errno::INTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        let mut g = shared.lock_inner();
+        g.poller_active = false;
+        shared.poller.store(false, Ordering::SeqCst);
+        if g.wake_pending {
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&shared.wake, &mut buf);
+            g.wake_pending = false;
+        }
+        self.guard = Some(g);
+        r
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let shared = self.shared;
+        if let Some(mut g) = self.guard.take() {
+            if g.poller_active && !g.wake_pending {
+                g.wake_pending = true;
+                let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+            }
+            if g.cond_waiters > 0 {
+                shared.cond.notify_all();
+            }
+            if shared.publish_deadline(&g) {
+                super::progress::wake();
+            }
+        }
+        while shared.kick.load(Ordering::SeqCst) && !shared.poller.load(Ordering::SeqCst) {
+            let mut g = shared.lock_inner();
+            shared.kick.store(false, Ordering::SeqCst);
+            if g.poller_active {
+                break;
+            }
+            if g.pump(Instant::now()) && g.cond_waiters > 0 {
+                shared.cond.notify_all();
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! `sdpcat` over loopback (issue 5 acceptance 2): a generated stream goes
+//! from one `sdpcat` to another and the SHA-256 (coreutils `sha256sum`) of
+//! what went in equals that of what came out; the exit status tells an
+//! abortive close from a graceful one.
+//!
+//! The binary is the release build: `cargo build --release -p sdp-core
+//! --bin sdpcat` is run by the first test that needs it. The 10 GiB run
+//! takes about a minute on two cores (most of it in the two `sha256sum`
+//! processes); the 1 GiB one finds a fault sooner.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use sdp_core::stream::SdpListener;
+
+fn sdpcat() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&root)
+            .args([
+                "build",
+                "--release",
+                "-q",
+                "-p",
+                "sdp-core",
+                "--bin",
+                "sdpcat",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building sdpcat failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("release").join("sdpcat")
+    })
+    .clone()
+}
+
+/// Starts `sdpcat -l 127.0.0.1:0` and returns it with its address.
+fn server(stdout: Stdio) -> (Child, SocketAddr) {
+    let mut child = Command::new(sdpcat())
+        .args(["-l", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sdpcat -l");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("sdpcat: listening on ")
+        .unwrap_or_else(|| panic!("unexpected: {line:?}"))
+        .parse()
+        .unwrap();
+    // Keep draining its messages.
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+        eprint!("{rest}");
+    });
+    (child, addr)
+}
+
+fn sha256sum(stdin: Stdio) -> Child {
+    Command::new("sha256sum")
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sha256sum")
+}
+
+fn digest(child: Child) -> String {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A deterministic stream that is cheap even in a debug build: one random
+/// MiB, its first word replaced by the chunk number in each chunk, so that
+/// a lost, repeated or reordered chunk changes the hash.
+struct Generator {
+    block: Vec<u8>,
+    chunk: u64,
+}
+
+impl Generator {
+    fn new() -> Generator {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let block = (0..1 << 17)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()
+            })
+            .collect();
+        Generator { block, chunk: 0 }
+    }
+
+    fn next(&mut self) -> &[u8] {
+        self.chunk += 1;
+        self.block[..8].copy_from_slice(&self.chunk.to_le_bytes());
+        &self.block
+    }
+}
+
+fn transfer(bytes: u64) {
+    let (mut srv, addr) = server(Stdio::piped());
+    let srv_sum = sha256sum(Stdio::from(srv.stdout.take().unwrap()));
+    let mut client = Command::new(sdpcat())
+        .arg(addr.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sdpcat client");
+    let mut local_sum = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    {
+        let mut to_client = client.stdin.take().unwrap();
+        let mut to_sum = local_sum.stdin.take().unwrap();
+        let mut gen = Generator::new();
+        let mut left = bytes;
+        while left > 0 {
+            let chunk = gen.next();
+            let n = left.min(chunk.len() as u64) as usize;
+            to_client.write_all(&chunk[..n]).unwrap();
+            to_sum.write_all(&chunk[..n]).unwrap();
+            left -= n as u64;
+        }
+    }
+    assert!(client.wait().unwrap().success(), "client failed");
+    assert!(srv.wait().unwrap().success(), "server failed");
+    let secs = t.elapsed().as_secs_f64();
+    let (sent, received) = (digest(local_sum), digest(srv_sum));
+    eprintln!(
+        "{bytes} bytes in {secs:.1} s ({:.2} Gbit/s with the hashing)",
+        bytes as f64 * 8.0 / secs / 1e9
+    );
+    assert_eq!(
+        sent.split_whitespace().next(),
+        received.split_whitespace().next()
+    );
+}
+
+#[test]
+fn sdpcat_moves_1_gib_with_matching_sha256() {
+    transfer(1 << 30);
+}
+
+#[test]
+fn sdpcat_moves_10_gib_with_matching_sha256() {
+    transfer(10 << 30);
+}
+
+#[test]
+fn sdpcat_exits_nonzero_on_abortive_close() {
+    let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut client = Command::new(sdpcat())
+        .arg(addr.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (s, _) = listener.accept().unwrap();
+    (&s).write_all(b"before the reset\n").unwrap();
+    let mut out = client.stdout.take().unwrap();
+    let mut line = [0u8; 17];
+    out.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"before the reset\n");
+    s.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(s);
+    let status = client.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let mut err = String::new();
+    client
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("reset"), "{err}");
+}
+
+#[test]
+fn sdpcat_graceful_both_ways() {
+    let (mut srv, addr) = server(Stdio::piped());
+    let mut client = Command::new(sdpcat())
+        .arg(addr.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    client.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let mut got = String::new();
+    srv.stdout.take().unwrap().read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hello\n");
+    assert!(client.wait().unwrap().success());
+    assert!(srv.wait().unwrap().success());
+}
