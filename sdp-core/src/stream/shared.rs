@@ -266,6 +266,8 @@ pub struct Shared {
     deadline: AtomicU64,
     /// The readiness descriptor the application polls, once asked for.
     readiness: OnceLock<OwnedFd>,
+    /// Mirror of [`Inner::released`], readable without the lock.
+    released: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -273,9 +275,26 @@ pub struct Shared {
 impl Shared {
     /// Wraps a link and its endpoint.
     pub fn new(link: Link, ep: Endpoint, id: u64) -> io::Result<Shared> {
+        Shared::with_readiness(link, ep, id, None)
+    }
+
+    /// Wraps a link and its endpoint, with `readiness` (if given) as its
+    /// readiness descriptor from the start: a caller that handed out the
+    /// descriptor before the stream existed (a nonblocking connect) keeps
+    /// it.
+    pub fn with_readiness(
+        link: Link,
+        ep: Endpoint,
+        id: u64,
+        readiness: Option<Readiness>,
+    ) -> io::Result<Shared> {
         let sock = ep.stream().as_fd().try_clone_to_owned()?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let inner = Inner {
+        let user = match &readiness {
+            Some(r) => Some(r.user_fd().try_clone_to_owned()?),
+            None => None,
+        };
+        let mut inner = Inner {
             link,
             ep,
             llp_end: false,
@@ -292,6 +311,12 @@ impl Shared {
             write_timeout: None,
             linger: None,
         };
+        let user_fd = OnceLock::new();
+        if let (Some(r), Some(user)) = (readiness, user) {
+            inner.readiness = Some(r);
+            inner.update_readiness();
+            let _ = user_fd.set(user);
+        }
         Ok(Shared {
             inner: Mutex::new(inner),
             cond: Condvar::new(),
@@ -300,9 +325,20 @@ impl Shared {
             wake,
             sock,
             deadline: AtomicU64::new(NO_DEADLINE),
-            readiness: OnceLock::new(),
+            readiness: user_fd,
+            released: AtomicBool::new(false),
             id,
         })
+    }
+
+    /// The application released the stream (dropped its last handle).
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Marks the stream released (see [`Shared::is_released`]).
+    pub fn set_released(&self) {
+        self.released.store(true, Ordering::Relaxed);
     }
 
     /// The socket (a duplicate), for epoll.
