@@ -321,6 +321,13 @@ fn paused_streams_resume_detached_streams_leave_the_connection_alone() {
     assert!(fds[0].revents().contains(PollFlags::OUT));
     assert!(c.poll_state().connected && c.poll_state().writable);
     let s = server.join().unwrap();
+    // Another descriptor adopted: it follows the stream from now on.
+    let r = Readiness::new().unwrap();
+    let user = r.user_fd().try_clone_to_owned().unwrap();
+    c.adopt_readiness(r).unwrap();
+    let mut fds = [PollFd::new(&user, PollFlags::OUT)];
+    poll(&mut fds, Some(&Timespec::default())).unwrap();
+    assert!(fds[0].revents().contains(PollFlags::OUT));
 
     // Paused: data waits in the socket until the stream is resumed.
     c.pause_progress();

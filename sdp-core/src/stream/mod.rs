@@ -265,6 +265,16 @@ impl SdpStream {
         })
     }
 
+    /// Makes `readiness` the stream's readiness descriptor from now on,
+    /// kept up to date like the one [`SdpStream::readiness_fd`] creates:
+    /// for a caller that handed a descriptor out before it knew whether
+    /// the connection would be SDP (the preload's nonblocking connect,
+    /// which adopts it once the setup succeeded). A descriptor asked for
+    /// before keeps its last state and no longer follows the stream.
+    pub fn adopt_readiness(&self, readiness: readiness::Readiness) -> io::Result<()> {
+        self.shared().adopt_readiness(readiness)
+    }
+
     /// Takes the stream away from this process's progress thread: nothing
     /// reads or writes its socket until [`SdpStream::resume_progress`] or
     /// an application call (which still pumps). For the preload across

@@ -331,6 +331,18 @@ impl Shared {
         })
     }
 
+    /// Makes `r` the readiness descriptor from now on (kept up to date as
+    /// [`Shared::readiness`]'s). One asked for before keeps its last
+    /// state and no longer follows the stream.
+    pub fn adopt_readiness(&self, r: Readiness) -> io::Result<()> {
+        let user = r.user_fd().try_clone_to_owned()?;
+        let mut g = self.lock();
+        g.readiness = Some(r);
+        g.update_readiness();
+        let _ = self.readiness.set(user);
+        Ok(())
+    }
+
     /// The application released the stream (dropped its last handle).
     pub fn is_released(&self) -> bool {
         self.released.load(Ordering::Relaxed)
