@@ -561,6 +561,12 @@ impl SdpStream {
             .map(ToString::to_string)
     }
 
+    /// Why the connection closed, once it did (for a caller that picks a
+    /// fallback by cause: an MPA reject, a timeout, a reset).
+    pub fn close_cause(&self) -> Option<crate::conn::CloseReason> {
+        self.shared().lock().link.close_reason().copied()
+    }
+
     /// The readiness descriptor (see the module documentation); what
     /// [`AsRawFd`] returns. For polling only.
     pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {

@@ -261,6 +261,10 @@ impl Thread {
                         let mut buf = [0u8; 8];
                         let _ = rustix::io::read(&self.wake, &mut buf);
                     } else if let Some(s) = links.get(&key) {
+                        let flags = ev.flags;
+                        if flags.intersects(EventFlags::RDHUP | EventFlags::HUP | EventFlags::ERR) {
+                            s.note_hangup();
+                        }
                         if s.polled() {
                             // Its application thread reads the socket.
                             let data = EventData::new_u64(s.id);

@@ -101,6 +101,9 @@ pub struct Inner {
     pub write_timeout: Option<Duration>,
     /// SO_LINGER: zero aborts on close, more waits for the close.
     pub linger: Option<Duration>,
+    /// The socket reported hang-up (RDHUP, HUP or ERR) since the last
+    /// pump: read past a short read (see [`Inner::pump`]).
+    hangup_hint: bool,
 }
 
 impl Inner {
@@ -109,11 +112,20 @@ impl Inner {
     /// did.
     pub fn pump(&mut self, now: Instant) -> bool {
         let mut any = self.timers(now);
-        if !self.llp_end && !self.reset {
+        // A short read means "drained" to the endpoint, but the peer's FIN
+        // may wait behind the bytes it read: an edge-triggered event that
+        // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
+        let mut again = std::mem::take(&mut self.hangup_hint);
+        while !self.llp_end && !self.reset {
             let r = self.ep.pump_recv(now, &mut self.link.memory());
             match r {
-                Ok(Progress::Idle) => {}
-                Ok(Progress::Progressed) => any = true,
+                Ok(Progress::Idle) => break,
+                Ok(Progress::Progressed) => {
+                    any = true;
+                    if !std::mem::take(&mut again) {
+                        break;
+                    }
+                }
                 Ok(Progress::Closed) => {
                     self.llp_end = true;
                     self.link.llp_closed(now, self.ep.connection_mut());
@@ -268,6 +280,8 @@ pub struct Shared {
     readiness: OnceLock<OwnedFd>,
     /// Mirror of [`Inner::released`], readable without the lock.
     released: AtomicBool,
+    /// An event reported hang-up, not yet passed to [`Inner`].
+    hangup: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -310,6 +324,7 @@ impl Shared {
             read_timeout: None,
             write_timeout: None,
             linger: None,
+            hangup_hint: false,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -327,8 +342,21 @@ impl Shared {
             deadline: AtomicU64::new(NO_DEADLINE),
             readiness: user_fd,
             released: AtomicBool::new(false),
+            hangup: AtomicBool::new(false),
             id,
         })
+    }
+
+    /// The progress thread saw RDHUP, HUP or ERR on the socket (an
+    /// edge-triggered event: it will not come again).
+    pub fn note_hangup(&self) {
+        self.hangup.store(true, Ordering::SeqCst);
+    }
+
+    fn take_hangup(&self, g: &mut Inner) {
+        if self.hangup.swap(false, Ordering::SeqCst) {
+            g.hangup_hint = true;
+        }
     }
 
     /// Makes `r` the readiness descriptor from now on (kept up to date as
@@ -422,6 +450,7 @@ impl Shared {
         if g.poller_active {
             return false;
         }
+        self.take_hangup(&mut g);
         if g.pump(now) && g.cond_waiters > 0 {
             self.cond.notify_all();
         }
@@ -539,8 +568,17 @@ impl Drop for Locked<'_> {
             if g.poller_active {
                 break;
             }
-            if g.pump(Instant::now()) && g.cond_waiters > 0 {
+            shared.take_hangup(&mut g);
+            let now = Instant::now();
+            if g.pump(now) && g.cond_waiters > 0 {
                 shared.cond.notify_all();
+            }
+            if g.released && g.finished(now) {
+                // The progress thread left this pump to us: it will not
+                // look at the link again to drop it.
+                drop(g);
+                super::progress::deregister(shared.id);
+                break;
             }
         }
     }
