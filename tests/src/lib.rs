@@ -1,6 +1,7 @@
 //! Shared harness for the end-to-end tests in `tests/tests/`.
 
 pub mod pcap;
+pub mod portmapper;
 pub mod preload;
 pub mod statfile;
 pub mod tshark;

@@ -138,8 +138,13 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
     }
     cmd.env("SDP_STAT_DIR", stat_dir);
     // sdprun would otherwise start a port mapper that outlives the test;
-    // the test that wants one says so.
+    // the test that wants one says so. Without one, the preload's queries
+    // go to a port where nothing answers (not a daemon of the host's, or
+    // of another test), and connections fall back to TCP at once
+    // (`crate::portmapper::PortMapper::apply` points them at one).
     cmd.env("SDP_NO_PORTMAPPER", "1");
+    cmd.env("SDP_PM_PORT", crate::portmapper::dead_port().to_string());
+    cmd.env("SDP_PM_CONTROL", "/nonexistent/sdp-portmapper.sock");
     if mode == Mode::Preload {
         cmd.env("LD_PRELOAD", &artifacts().library);
     }
