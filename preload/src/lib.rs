@@ -28,5 +28,6 @@ pub mod real;
 pub mod rules;
 pub mod sdp;
 pub mod stat;
+pub mod stat_format;
 #[cfg(test)]
 mod test_support;

@@ -16,6 +16,8 @@ pub struct Artifacts {
     pub sdprun: PathBuf,
     /// The port mapper daemon, which `sdprun` starts from its own directory.
     pub portmapper: PathBuf,
+    /// `sdp-stat`, the reader of the state export.
+    pub sdp_stat: PathBuf,
 }
 
 /// `target/<profile>` of the running test (its executable is in `deps/`).
@@ -51,10 +53,12 @@ pub fn artifacts() -> &'static Artifacts {
             library: dir.join("libsdp_preload.so"),
             sdprun: dir.join("sdprun"),
             portmapper: dir.join("sdp-portmapper"),
+            sdp_stat: dir.join("sdp-stat"),
         };
         assert!(a.library.is_file(), "{} missing", a.library.display());
         assert!(a.sdprun.is_file(), "{} missing", a.sdprun.display());
         assert!(a.portmapper.is_file(), "{} missing", a.portmapper.display());
+        assert!(a.sdp_stat.is_file(), "{} missing", a.sdp_stat.display());
         a
     })
 }
