@@ -24,11 +24,11 @@ use std::ptr;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-pub use crate::stat_format::{
-    parse, ParseError, ProcessState, Record, FLAG_FORCED, FLAG_IPV6, HEADER_LEN, MAGIC,
-    RECORD_LEN, VERSION,
-};
 use crate::stat_format::{field, le_u64};
+pub use crate::stat_format::{
+    parse, ParseError, ProcessState, Record, FLAG_FORCED, FLAG_IPV6, HEADER_LEN, MAGIC, RECORD_LEN,
+    VERSION,
+};
 const CHUNK_BYTES: usize = CHUNK * RECORD_LEN;
 const CHUNKS: usize = 4096;
 
@@ -503,9 +503,9 @@ pub fn current_path() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stat_format::le_u32;
     use crate::fdtable::{DecidedBy, SocketRole, TcpReason, Transport};
     use crate::sdp::{Counters, Mode};
+    use crate::stat_format::le_u32;
 
     #[test]
     fn records_round_trip_through_the_format() {

@@ -189,4 +189,3 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
     }
     Ok(state)
 }
-

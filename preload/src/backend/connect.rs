@@ -575,7 +575,20 @@ impl Connector {
                     None => Ok(()),
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
-                    crate::log!(Level::Info, "fd {fd}: connect {}: SDP", self.dest);
+                    let local = socket_name(fd, false);
+                    let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+                    fdtable::update(fd, |e| {
+                        if matches!(&e.sdp, fdtable::SdpSide::Stream(h)
+                            if std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&dyn_ep)))
+                        {
+                            e.local = local;
+                        }
+                    });
+                    crate::log!(
+                        Level::Info,
+                        "fd {fd}: connect {} (nonblocking) -> SDP",
+                        self.dest
+                    );
                     *st = State::Connected(stream);
                     return;
                 }
@@ -633,7 +646,7 @@ impl Connector {
             Ok(()) | Err(libc::EINPROGRESS) => {
                 crate::log!(
                     Level::Info,
-                    "fd {fd}: connect {}: TCP ({})",
+                    "fd {fd}: connect {} (nonblocking) -> TCP ({})",
                     self.dest,
                     fail.reason.name()
                 );

@@ -360,7 +360,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    print!("{}", if o.json { json(&states) } else { table(&states) });
+    print!(
+        "{}",
+        if o.json {
+            json(&states)
+        } else {
+            table(&states)
+        }
+    );
     ExitCode::SUCCESS
 }
 
@@ -411,7 +418,10 @@ mod tests {
             records: vec![record()],
         };
         let j = json(&[s]);
-        assert!(j.starts_with("[\n  {\"pid\": 42, \"program\": \"a\\\"b\""), "{j}");
+        assert!(
+            j.starts_with("[\n  {\"pid\": 42, \"program\": \"a\\\"b\""),
+            "{j}"
+        );
         assert!(j.contains("\"reason\": \"pm-deny\""), "{j}");
         assert!(j.contains("\"bcopy_tx\": 1, \"bcopy_rx\": 2"), "{j}");
         assert_eq!(json(&[]), "[]\n");

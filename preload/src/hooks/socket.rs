@@ -234,8 +234,8 @@ unsafe fn connect_managed(
                         dest,
                         SdpSide::stream(ep.clone(), nonblocking),
                     );
-                    let local = socket_name(fd, false);
-                    fdtable::update(fd, |e| e.local = local);
+                    // The local address is known once connected (the
+                    // backend records it then); getsockname asks the kernel.
                     // The fallback may have come before the table knew it.
                     if let Some(reason) = ep.fallen_back() {
                         fdtable::fall_back_if(fd, &ep, reason);
