@@ -122,14 +122,34 @@ impl TcpReason {
 /// An SDP endpoint shared by every fd number (dup, fork) referring to it.
 pub struct StreamHandle {
     fds: AtomicUsize,
+    /// `O_NONBLOCK` as the program set it: the kernel socket of an SDP fd
+    /// is always nonblocking (the engine needs it, and a `dup` shares the
+    /// flag), so `fcntl(F_GETFL/F_SETFL)` and `ioctl(FIONBIO)` use this.
+    pub nonblock: AtomicBool,
     pub endpoint: Arc<dyn SdpEndpoint>,
 }
 
 /// A hidden SDP listener shared like [`StreamHandle`].
 pub struct ListenerHandle {
     fds: AtomicUsize,
+    /// `O_NONBLOCK` as the program set it on the listening socket, which
+    /// is kept nonblocking in the kernel so that `accept` can take from
+    /// the hidden listener and the kernel one without blocking in either.
+    pub nonblock: AtomicBool,
     pub listener: Arc<dyn SdpListener>,
 }
+
+/// A socket option the program set (`setsockopt`), replayed on the fresh
+/// socket of a fallback to TCP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SockOpt {
+    pub level: i32,
+    pub name: i32,
+    pub value: Vec<u8>,
+}
+
+/// Most options kept per socket.
+const MAX_OPTS: usize = 32;
 
 /// The SDP side of a managed socket.
 #[derive(Clone, Default)]
@@ -141,20 +161,33 @@ pub enum SdpSide {
 }
 
 impl SdpSide {
-    /// A stream endpoint for a newly managed fd.
-    pub fn stream(endpoint: Arc<dyn SdpEndpoint>) -> SdpSide {
+    /// A stream endpoint for a newly managed fd; `nonblock` is the
+    /// program's `O_NONBLOCK`.
+    pub fn stream(endpoint: Arc<dyn SdpEndpoint>, nonblock: bool) -> SdpSide {
         SdpSide::Stream(Arc::new(StreamHandle {
             fds: AtomicUsize::new(0),
+            nonblock: AtomicBool::new(nonblock),
             endpoint,
         }))
     }
 
-    /// A hidden listener for a newly managed fd.
-    pub fn listener(listener: Arc<dyn SdpListener>) -> SdpSide {
+    /// A hidden listener for a newly managed fd; `nonblock` is the
+    /// program's `O_NONBLOCK` on the listening socket.
+    pub fn listener(listener: Arc<dyn SdpListener>, nonblock: bool) -> SdpSide {
         SdpSide::Listener(Arc::new(ListenerHandle {
             fds: AtomicUsize::new(0),
+            nonblock: AtomicBool::new(nonblock),
             listener,
         }))
+    }
+
+    /// The program's view of `O_NONBLOCK`, for an SDP side.
+    pub fn nonblock(&self) -> Option<&AtomicBool> {
+        match self {
+            SdpSide::None => None,
+            SdpSide::Stream(h) => Some(&h.nonblock),
+            SdpSide::Listener(h) => Some(&h.nonblock),
+        }
     }
 
     fn is_some(&self) -> bool {
@@ -187,7 +220,7 @@ impl SdpSide {
     fn close(&self) {
         match self {
             SdpSide::None => {}
-            SdpSide::Stream(h) => h.endpoint.close(),
+            SdpSide::Stream(h) => h.endpoint.close(h.nonblock.load(Ordering::Relaxed)),
             SdpSide::Listener(h) => h.listener.close(),
         }
     }
@@ -211,9 +244,24 @@ pub struct Entry {
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub sdp: SdpSide,
+    /// Options the program set, oldest first (one per level and name).
+    pub opts: Vec<SockOpt>,
 }
 
 impl Entry {
+    /// Records an option the kernel accepted (the last value per level
+    /// and name; at most a few dozen options).
+    pub fn record_opt(&mut self, level: i32, name: i32, value: &[u8]) {
+        self.opts.retain(|o| (o.level, o.name) != (level, name));
+        if self.opts.len() < MAX_OPTS {
+            self.opts.push(SockOpt {
+                level,
+                name,
+                value: value.to_vec(),
+            });
+        }
+    }
+
     /// A socket just created.
     pub fn new(ipv6: bool, forced: bool) -> Entry {
         Entry {
@@ -228,6 +276,7 @@ impl Entry {
             local: None,
             peer: None,
             sdp: SdpSide::None,
+            opts: Vec::new(),
         }
     }
 }
@@ -597,6 +646,27 @@ pub fn remove_range(first: u32, last: u32) {
     }
 }
 
+/// [`for_each`] for the fork handlers, while this thread holds the fork
+/// gate closed (no other thread is inside the table, so no slot lock is
+/// held; entering the gate would wait for ever).
+pub fn for_each_unguarded(mut f: impl FnMut(i32, &Entry)) {
+    for (chunk, base) in CHUNK_TABLE.iter().enumerate() {
+        if base.load(Ordering::Acquire).is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            let fd = (chunk * CHUNK + i) as i32;
+            if !is_managed(fd) {
+                continue;
+            }
+            let Some(s) = slot(fd) else { continue };
+            if let Some(e) = s.entry.with(|e| e.clone()) {
+                f(fd, &e);
+            }
+        }
+    }
+}
+
 /// Calls `f` with every managed fd and a copy of its entry.
 pub fn for_each(mut f: impl FnMut(i32, &Entry)) {
     for (chunk, base) in CHUNK_TABLE.iter().enumerate() {
@@ -622,6 +692,26 @@ pub fn fall_back(fd: i32, reason: TcpReason) {
         e.reason = reason;
     });
     crate::hooks::epoll::fell_back(fd);
+}
+
+/// [`fall_back`], only if `fd` still refers to `endpoint` (the SDP
+/// engine's own thread finishing a nonblocking connect: the program may
+/// have closed the fd meanwhile). True if it did.
+pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason) -> bool {
+    let ours = update(fd, |e| match &e.sdp {
+        SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, endpoint) => {
+            e.sdp = SdpSide::None;
+            e.transport = Transport::Tcp;
+            e.reason = reason;
+            true
+        }
+        _ => false,
+    })
+    .unwrap_or(false);
+    if ours {
+        crate::hooks::epoll::fell_back(fd);
+    }
+    ours
 }
 
 /// Publishes the SDP statistics of `fd` to the state export.

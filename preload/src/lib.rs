@@ -10,12 +10,14 @@
 //! * [`stat`] — the per-process state export read by `sdp-stat`.
 //! * [`log`] — logging by environment, never to standard output.
 //! * [`real`] — the C library's own functions.
+//! * [`backend`] — the SDP engine behind [`sdp`]: `sdp-core` streams, the
+//!   port mapper client, the hidden listeners, `fork`.
 //!
-//! Until the SDP engine is installed, every connection is TCP: the decision
-//! is still made and recorded (rule, reason) and published.
+//! Every decision is recorded (rule, reason) and published, SDP or TCP.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod backend;
 pub mod config;
 pub mod fdtable;
 pub mod hooks;
@@ -26,5 +28,6 @@ pub mod real;
 pub mod rules;
 pub mod sdp;
 pub mod stat;
+pub mod stat_format;
 #[cfg(test)]
 mod test_support;

@@ -3,13 +3,13 @@
 //! The hooks keep the program's socket semantics (blocking, timeouts,
 //! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
 //! SDP connection only has to offer the non-blocking operations below.
-//! `sdp-core` implements these traits later; today the only implementations
-//! are the fakes of the tests, and [`backend`] answers `None`, so every
+//! [`crate::backend`] implements these traits over `sdp-core` and
+//! `hooks::init` installs it (unless `SDP_ENGINE=0`); without it every
 //! connection is TCP with the reason [`TcpReason::NoEngine`].
 //!
 //! Contract shared by every method:
 //! * No method blocks. "Nothing now" is `Err(EAGAIN)`; the hooks wait on
-//!   [`WakeFds`] and retry.
+//!   the [`WakeFd`] and retry.
 //! * Errors are the `errno` a TCP program expects (DESIGN §3.4): `EPIPE`
 //!   after our shutdown for writing, `ECONNRESET` after a Terminate, ...
 //! * The endpoint never changes the file status flags (`O_NONBLOCK`) of the
@@ -78,23 +78,20 @@ impl Readiness {
     }
 }
 
-/// Two file descriptors owned by the endpoint whose `POLLIN` level follows
+/// The file descriptor, owned by the endpoint, whose poll levels follow
 /// its readiness, so the hooks can sleep in the kernel (`ppoll`, `epoll`)
 /// next to the program's other fds.
 ///
-/// `readable` polls readable whenever [`Readiness::readable`],
-/// `read_closed`, `error`, `hangup` or `urgent` holds; `writable` polls
-/// readable whenever [`Readiness::writable`], `error` or `hangup` holds.
-/// Levels, not edges: the endpoint sets and clears them (eventfds are the
-/// obvious choice) and never leaves one readable while its condition is
-/// false for longer than a progress step. A change of readiness that keeps
-/// the level (more data arriving) is signalled by writing to the eventfd
-/// again, which `EPOLLET` sees as a new edge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WakeFds {
-    pub readable: RawFd,
-    pub writable: RawFd,
-}
+/// `POLLIN` holds whenever [`Readiness::readable`] (which includes end of
+/// stream and a pending error); `POLLOUT` whenever [`Readiness::writable`]
+/// (which includes a closed or failed connection). Levels, exact: the fd
+/// is neither readable nor writable while the connection is neither (a
+/// socket pair end, `sdp_core::stream::readiness`, can say that; an eventfd
+/// cannot). A listener's wake fd polls `POLLIN` while a connection waits.
+///
+/// `EPOLLET` sees an edge on every change of a level; a reader that
+/// drains the connection until `EAGAIN` gets a new edge with new data.
+pub type WakeFd = RawFd;
 
 /// Flags of a receive the endpoint must honour (the hooks handle
 /// `MSG_DONTWAIT`, `MSG_WAITALL` and blocking).
@@ -160,8 +157,11 @@ pub struct Stats {
 pub trait SdpEndpoint: Send + Sync {
     /// Current readiness (exact; see [`Readiness`]).
     fn readiness(&self) -> Readiness;
-    /// The fds whose levels follow [`SdpEndpoint::readiness`].
-    fn wake_fds(&self) -> WakeFds;
+    /// The fd whose levels follow [`SdpEndpoint::readiness`] (see
+    /// [`WakeFd`]). It may change once, when a nonblocking connect falls
+    /// back to TCP: the fd number itself, the kernel socket, is returned
+    /// from then on.
+    fn wake_fd(&self) -> WakeFd;
     /// Moves received application data into `bufs` (scatter, in order).
     /// `Ok(0)` only at EOF (or for empty `bufs`); `Err(EAGAIN)` when no data.
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno>;
@@ -176,8 +176,9 @@ pub trait SdpEndpoint: Send + Sync {
     /// The last fd number of this process referring to the endpoint is
     /// being closed. Called before the fd is closed: an endpoint that still
     /// has data to flush dups the fd and finishes in the background (honour
-    /// `SO_LINGER`, which it reads from the socket).
-    fn close(&self);
+    /// `SO_LINGER`, which it reads from the socket; `nonblocking` is the
+    /// program's `O_NONBLOCK`: a lingering close blocks only without it).
+    fn close(&self, nonblocking: bool);
     /// An option the endpoint answers itself (`SO_ERROR`, `SO_RCVBUF` as
     /// SDP buffering, `TCP_INFO`...): `Some(Ok(len written))`; `None` lets
     /// the hooks ask the kernel socket.
@@ -200,10 +201,21 @@ pub trait SdpEndpoint: Send + Sync {
     fn take_error(&self) -> Option<Errno>;
     /// Modes, byte counters and credits for the state export.
     fn stats(&self) -> Stats;
+    /// Before `fork`, with every other thread kept out of the fd table
+    /// (the fork gate): the connection becomes shared by two processes.
+    fn fork_prepare(&self) {}
+    /// After `fork`, in the parent.
+    fn fork_parent(&self) {}
     /// Called in the child of `fork` (the only thread there): the endpoint
-    /// resumes progress in this process; SDP socket duplication (draft §8,
-    /// SuspComm) is its business.
+    /// resumes progress in this process; SDP socket duplication (draft
+    /// §13, SuspComm) is its business.
     fn fork_child(&self);
+    /// A nonblocking connect that fell back to TCP on its own (the hooks
+    /// ask right after recording [`ConnectOutcome::InProgress`], in case
+    /// the fallback came before the fd table knew the endpoint).
+    fn fallen_back(&self) -> Option<TcpReason> {
+        None
+    }
     /// The process is exiting (`exit`, not `_exit`) with this connection
     /// open: block until the bytes accepted by `send` have reached the
     /// peer, or until `deadline` (DESIGN §6 "flush at exit").
@@ -224,12 +236,19 @@ pub struct Accepted {
 pub trait SdpListener: Send + Sync {
     /// `readable` ⇔ an SDP connection is ready to be accepted.
     fn readiness(&self) -> Readiness;
-    fn wake_fds(&self) -> WakeFds;
+    /// `POLLIN` ⇔ an SDP connection is ready to be accepted.
+    fn wake_fd(&self) -> WakeFd;
     /// An established SDP connection, or `Err(EAGAIN)`.
     fn accept(&self) -> Result<Accepted, Errno>;
     /// The listening fd is closed: deregister and close the hidden listener.
     fn close(&self);
+    /// After `fork`, in the parent.
+    fn fork_parent(&self) {}
+    /// After `fork`, in the child.
     fn fork_child(&self);
+    /// The process is exiting with the listener open: connections set up
+    /// but not accepted are closed (as the kernel resets TCP ones).
+    fn exiting(&self) {}
 }
 
 /// What `connect` on SDP led to.
@@ -265,6 +284,23 @@ pub trait SdpBackend: Send + Sync {
         local: SocketAddr,
         backlog: c_int,
     ) -> Result<Arc<dyn SdpListener>, TcpReason>;
+    /// Before `fork`, after every endpoint's `fork_prepare` (the fork gate
+    /// is closed): the engine's own threads are kept outside their locks.
+    fn fork_prepare(&self) {}
+    /// After `fork`, in the parent (after every endpoint's `fork_parent`).
+    fn fork_parent(&self) {}
+    /// After `fork`, in the child (before every endpoint's `fork_child`).
+    fn fork_child(&self) {}
+    /// The process is exiting (`exit` or `_exit`), after every open
+    /// endpoint's `flush_at_exit`: wait until connections the program
+    /// closed finished their close, or until `deadline`.
+    fn exiting(&self, _deadline: Instant) {}
+    /// Endpoints waiting, after a `fork`, for the first process that uses
+    /// them (0 almost always). While it is not 0, `epoll_wait` counts as a
+    /// use of the SDP fds registered in the set it waits on.
+    fn pending(&self) -> usize {
+        0
+    }
 }
 
 static BACKEND: OnceLock<&'static dyn SdpBackend> = OnceLock::new();
@@ -274,7 +310,7 @@ pub fn install_backend(backend: &'static dyn SdpBackend) -> bool {
     BACKEND.set(backend).is_ok()
 }
 
-/// The installed SDP engine, if any (none in this build).
+/// The installed SDP engine, if any.
 pub fn backend() -> Option<&'static dyn SdpBackend> {
     BACKEND.get().copied()
 }

@@ -19,57 +19,18 @@ use crate::real;
 use crate::rules::Family;
 use crate::sdp::Stats;
 use std::ffi::CString;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::ptr;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-/// First 8 bytes of the file.
-pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
-/// Format version (header offset 8).
-pub const VERSION: u32 = 1;
-/// Bytes before record 0 (one page).
-pub const HEADER_LEN: usize = 4096;
-/// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
-pub const RECORD_LEN: usize = 128;
+use crate::stat_format::{field, le_u64};
+pub use crate::stat_format::{
+    parse, ParseError, ProcessState, Record, FLAG_FORCED, FLAG_IPV6, HEADER_LEN, MAGIC, RECORD_LEN,
+    VERSION,
+};
 const CHUNK_BYTES: usize = CHUNK * RECORD_LEN;
 const CHUNKS: usize = 4096;
-
-mod field {
-    // Header.
-    pub const H_MAGIC: std::ops::Range<usize> = 0..8;
-    pub const H_VERSION: std::ops::Range<usize> = 8..12;
-    pub const H_HEADER_LEN: std::ops::Range<usize> = 12..16;
-    pub const H_RECORD_LEN: std::ops::Range<usize> = 16..20;
-    pub const H_PID: std::ops::Range<usize> = 20..24;
-    pub const H_START: std::ops::Range<usize> = 24..32;
-    pub const H_PROGRAM: std::ops::Range<usize> = 32..96;
-    // Record.
-    pub const SEQ: std::ops::Range<usize> = 0..4;
-    pub const IN_USE: usize = 4;
-    pub const TRANSPORT: usize = 5;
-    pub const ROLE: usize = 6;
-    pub const WANT: usize = 7;
-    pub const DECIDED_BY: usize = 8;
-    pub const REASON: usize = 9;
-    pub const RULE: std::ops::Range<usize> = 10..12;
-    pub const TX_MODE: usize = 12;
-    pub const RX_MODE: usize = 13;
-    pub const FLAGS: usize = 14;
-    pub const LOCAL: std::ops::Range<usize> = 16..36;
-    pub const PEER: std::ops::Range<usize> = 36..56;
-    pub const COUNTERS: std::ops::Range<usize> = 56..104;
-    pub const LOCAL_CREDITS: std::ops::Range<usize> = 104..108;
-    pub const REMOTE_CREDITS: std::ops::Range<usize> = 108..112;
-    /// What `publish` owns: everything but the sequence word and the
-    /// engine's statistics.
-    pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
-}
-
-/// Record flag: created as `socket(AF_INET_SDP, ...)`.
-pub const FLAG_FORCED: u8 = 1;
-/// Record flag: an `AF_INET6` socket.
-pub const FLAG_IPV6: u8 = 2;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -539,150 +500,12 @@ pub fn current_path() -> Option<String> {
         .map(|f| f.path.to_string_lossy().into_owned())
 }
 
-// ---------------------------------------------------------------------
-// Reading (for sdp-stat and the tests).
-
-/// A decoded export file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessState {
-    pub pid: u32,
-    pub start_time: u64,
-    pub program: String,
-    pub records: Vec<Record>,
-}
-
-/// One in-use record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub fd: u32,
-    /// 0 undecided, 1 TCP, 2 SDP ([`crate::fdtable::Transport`]).
-    pub transport: u8,
-    /// [`crate::fdtable::SocketRole`] as a number.
-    pub role: u8,
-    /// 0 none, 1 sdp, 2 tcp, 3 both.
-    pub want: u8,
-    /// [`crate::fdtable::DecidedBy`] as a number.
-    pub decided_by: u8,
-    /// [`crate::fdtable::TcpReason`] as a number.
-    pub reason: u8,
-    pub rule: u16,
-    /// 0 (TCP), else [`crate::sdp::Mode`].
-    pub tx_mode: u8,
-    pub rx_mode: u8,
-    pub flags: u8,
-    pub local: Option<SocketAddr>,
-    pub peer: Option<SocketAddr>,
-    /// bcopy tx/rx, read zcopy tx/rx, write zcopy tx/rx.
-    pub counters: [u64; 6],
-    pub local_credits: u32,
-    pub remote_credits: u32,
-}
-
-/// Why an export file could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ParseError {
-    Truncated,
-    BadMagic,
-    UnsupportedVersion(u32),
-    /// A record stayed mid-update (odd sequence) in the snapshot.
-    Torn(u32),
-}
-
-fn le_u16(b: &[u8]) -> u16 {
-    u16::from_le_bytes([b[0], b[1]])
-}
-fn le_u32(b: &[u8]) -> u32 {
-    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-}
-fn le_u64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(a)
-}
-
-fn parse_addr(b: &[u8]) -> Option<SocketAddr> {
-    let port = le_u16(&b[2..4]);
-    match le_u16(&b[0..2]) {
-        4 => Some(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::new(b[4], b[5], b[6], b[7])),
-            port,
-        )),
-        6 => {
-            let mut o = [0u8; 16];
-            o.copy_from_slice(&b[4..20]);
-            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(o)), port))
-        }
-        _ => None,
-    }
-}
-
-/// Decodes a snapshot of an export file. A reader that finds a record
-/// with an odd sequence number re-reads that record (`Torn`).
-pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
-    let h = bytes.get(..HEADER_LEN).ok_or(ParseError::Truncated)?;
-    if h[field::H_MAGIC] != MAGIC {
-        return Err(ParseError::BadMagic);
-    }
-    let version = le_u32(&h[field::H_VERSION]);
-    if version != VERSION {
-        return Err(ParseError::UnsupportedVersion(version));
-    }
-    let header_len = le_u32(&h[field::H_HEADER_LEN]) as usize;
-    let record_len = le_u32(&h[field::H_RECORD_LEN]) as usize;
-    if record_len < RECORD_LEN || header_len < HEADER_LEN {
-        return Err(ParseError::Truncated);
-    }
-    let program = &h[field::H_PROGRAM];
-    let end = program
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(program.len());
-    let mut state = ProcessState {
-        pid: le_u32(&h[field::H_PID]),
-        start_time: le_u64(&h[field::H_START]),
-        program: String::from_utf8_lossy(&program[..end]).into_owned(),
-        records: Vec::new(),
-    };
-    let body = bytes.get(header_len..).unwrap_or(&[]);
-    for (fd, r) in body.chunks_exact(record_len).enumerate() {
-        let seq = le_u32(&r[field::SEQ]);
-        if seq & 1 == 1 {
-            return Err(ParseError::Torn(fd as u32));
-        }
-        if r[field::IN_USE] == 0 {
-            continue;
-        }
-        let mut counters = [0u64; 6];
-        for (i, c) in counters.iter_mut().enumerate() {
-            let at = field::COUNTERS.start + i * 8;
-            *c = le_u64(&r[at..at + 8]);
-        }
-        state.records.push(Record {
-            fd: fd as u32,
-            transport: r[field::TRANSPORT],
-            role: r[field::ROLE],
-            want: r[field::WANT],
-            decided_by: r[field::DECIDED_BY],
-            reason: r[field::REASON],
-            rule: le_u16(&r[field::RULE]),
-            tx_mode: r[field::TX_MODE],
-            rx_mode: r[field::RX_MODE],
-            flags: r[field::FLAGS],
-            local: parse_addr(&r[field::LOCAL]),
-            peer: parse_addr(&r[field::PEER]),
-            counters,
-            local_credits: le_u32(&r[field::LOCAL_CREDITS]),
-            remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
-        });
-    }
-    Ok(state)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fdtable::{DecidedBy, SocketRole, TcpReason, Transport};
     use crate::sdp::{Counters, Mode};
+    use crate::stat_format::le_u32;
 
     #[test]
     fn records_round_trip_through_the_format() {

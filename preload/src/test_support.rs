@@ -1,14 +1,17 @@
 //! A fake SDP endpoint for the unit tests of the hooks: application data
 //! goes in with `deliver`, sends land in `sent`, readiness levels are kept
-//! on two eventfds as the `SdpEndpoint` contract asks.
+//! on a socket pair end as the `SdpEndpoint` contract asks (the stream
+//! layer's own readiness descriptor).
 
 use crate::fdtable::{self, Entry, SdpSide, Transport};
 use crate::sdp::{
-    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFds,
+    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
 };
 use libc::c_int;
+use sdp_core::stream::readiness::Readiness as Levels;
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
@@ -20,49 +23,25 @@ struct State {
     closes: usize,
     flushes: usize,
     panic: bool,
-    read_level: bool,
-    write_level: bool,
 }
 
 pub struct FakeEndpoint {
     state: Mutex<State>,
-    wake: WakeFds,
-}
-
-fn eventfd() -> c_int {
-    // SAFETY: plain syscall.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    assert!(fd >= 0);
-    fd
-}
-
-fn set_level(fd: c_int, current: &mut bool, want: bool) {
-    if *current == want {
-        return;
-    }
-    let mut v: u64 = 1;
-    // SAFETY: 8-byte eventfd transfers on a local u64.
-    unsafe {
-        if want {
-            libc::write(fd, (&v as *const u64).cast(), 8);
-        } else {
-            libc::read(fd, (&mut v as *mut u64).cast(), 8);
-        }
-    }
-    *current = want;
+    levels: Mutex<Levels>,
+    wake: OwnedFd,
 }
 
 impl FakeEndpoint {
     pub fn new() -> Arc<FakeEndpoint> {
+        let levels = Levels::new().unwrap();
+        let wake = levels.user_fd().try_clone_to_owned().unwrap();
         let ep = Arc::new(FakeEndpoint {
             state: Mutex::new(State {
                 send_room: usize::MAX,
                 ..State::default()
             }),
-            wake: WakeFds {
-                readable: eventfd(),
-                writable: eventfd(),
-            },
+            levels: Mutex::new(levels),
+            wake,
         });
         ep.with(|_| ());
         ep
@@ -72,25 +51,13 @@ impl FakeEndpoint {
         let mut s = self.state.lock().unwrap();
         let r = f(&mut s);
         let (readable, writable) = (!s.rx.is_empty(), s.send_room > 0 || s.write_shut);
-        let (mut rl, mut wl) = (s.read_level, s.write_level);
-        set_level(self.wake.readable, &mut rl, readable);
-        set_level(self.wake.writable, &mut wl, writable);
-        s.read_level = rl;
-        s.write_level = wl;
+        self.levels.lock().unwrap().set(readable, writable).unwrap();
         r
     }
 
-    /// New application data: the readable wake fd gets a new edge even if
-    /// it was already readable (the `WakeFds` contract).
+    /// New application data.
     pub fn deliver(&self, data: &[u8]) {
-        self.with(|s| {
-            s.rx.extend(data);
-            if s.read_level {
-                let v: u64 = 1;
-                // SAFETY: an 8-byte eventfd write from a local u64.
-                unsafe { libc::write(self.wake.readable, (&v as *const u64).cast(), 8) };
-            }
-        });
+        self.with(|s| s.rx.extend(data));
     }
     pub fn take_all(&self) {
         self.with(|s| s.rx.clear());
@@ -124,8 +91,8 @@ impl SdpEndpoint for FakeEndpoint {
             ..Readiness::default()
         })
     }
-    fn wake_fds(&self) -> WakeFds {
-        self.wake
+    fn wake_fd(&self) -> WakeFd {
+        self.wake.as_raw_fd()
     }
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
         if self.with(|s| s.panic) {
@@ -179,7 +146,7 @@ impl SdpEndpoint for FakeEndpoint {
         self.with(|s| s.write_shut = true);
         Ok(())
     }
-    fn close(&self) {
+    fn close(&self, _nonblocking: bool) {
         self.with(|s| s.closes += 1);
     }
     fn getsockopt(
@@ -238,7 +205,7 @@ pub fn socketpair() -> (c_int, c_int) {
 pub fn install(fd: c_int, ep: Arc<FakeEndpoint>) {
     let mut e = Entry::new(false, false);
     e.transport = Transport::Sdp;
-    e.sdp = SdpSide::stream(ep);
+    e.sdp = SdpSide::stream(ep, false);
     fdtable::insert(fd, e);
 }
 

@@ -295,3 +295,84 @@ fn urgent_byte_out_of_band() {
     assert_eq!(b.recv_flags(&mut buf, RecvFlags::EMPTY).unwrap(), 2);
     assert_eq!(&buf[..2], b"de");
 }
+
+#[test]
+fn paused_streams_resume_detached_streams_leave_the_connection_alone() {
+    use sdp_core::stream::readiness::Readiness;
+    let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || listener.accept().unwrap().0);
+    // A readiness descriptor handed out before the stream exists.
+    let r = Readiness::new().unwrap();
+    let user = r.user_fd().try_clone_to_owned().unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    let c =
+        SdpStream::start_connect_with(tcp, &sdp_core::conn::Config::default(), Some(r)).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let mut fds = [PollFd::new(&user, PollFlags::OUT)];
+    poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: 5,
+            tv_nsec: 0,
+        }),
+    )
+    .unwrap();
+    assert!(fds[0].revents().contains(PollFlags::OUT));
+    assert!(c.poll_state().connected && c.poll_state().writable);
+    let s = server.join().unwrap();
+    // Another descriptor adopted: it follows the stream from now on.
+    let r = Readiness::new().unwrap();
+    let user = r.user_fd().try_clone_to_owned().unwrap();
+    c.adopt_readiness(r).unwrap();
+    let mut fds = [PollFd::new(&user, PollFlags::OUT)];
+    poll(&mut fds, Some(&Timespec::default())).unwrap();
+    assert!(fds[0].revents().contains(PollFlags::OUT));
+
+    // Paused: data waits in the socket until the stream is resumed.
+    c.pause_progress();
+    (&s).write_all(b"hello").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut fds = [PollFd::new(&user, PollFlags::IN)];
+    poll(&mut fds, Some(&Timespec::default())).unwrap();
+    assert!(!fds[0].revents().contains(PollFlags::IN));
+    c.resume_progress().unwrap();
+    let mut fds = [PollFd::new(&user, PollFlags::IN)];
+    poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: 5,
+            tv_nsec: 0,
+        }),
+    )
+    .unwrap();
+    assert!(fds[0].revents().contains(PollFlags::IN));
+    let st = c.poll_state();
+    assert!(st.readable && !st.read_closed && !st.hangup && !st.error);
+    let mut buf = [0u8; 8];
+    assert_eq!(
+        c.recv_flags(&mut buf, sdp_core::conn::RecvFlags::EMPTY)
+            .unwrap(),
+        5
+    );
+    let info = c.info();
+    assert_eq!((info.bytes_received, info.bytes_sent), (5, 0));
+
+    // Detached: no DisConn, no reset; the peer sees nothing until the
+    // socket itself closes.
+    let raw = c.socket_fd();
+    // SAFETY: the stream's socket, open until `detach` below.
+    let keep = rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) }).unwrap();
+    c.detach();
+    s.set_nonblocking(true).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let e = (&s).read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    drop(keep);
+    std::thread::sleep(Duration::from_millis(100));
+    // Now the TCP connection ended without a DisConn: a reset for SDP.
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let e = (&s).read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+}

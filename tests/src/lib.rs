@@ -3,6 +3,7 @@
 pub mod bins;
 pub mod capture;
 pub mod pcap;
+pub mod portmapper;
 pub mod preload;
 pub mod statfile;
 pub mod tshark;

@@ -16,6 +16,8 @@ pub struct Artifacts {
     pub sdprun: PathBuf,
     /// The port mapper daemon, which `sdprun` starts from its own directory.
     pub portmapper: PathBuf,
+    /// `sdp-stat`, the reader of the state export.
+    pub sdp_stat: PathBuf,
 }
 
 /// `target/<profile>` of the running test (its executable is in `deps/`).
@@ -51,10 +53,12 @@ pub fn artifacts() -> &'static Artifacts {
             library: dir.join("libsdp_preload.so"),
             sdprun: dir.join("sdprun"),
             portmapper: dir.join("sdp-portmapper"),
+            sdp_stat: dir.join("sdp-stat"),
         };
         assert!(a.library.is_file(), "{} missing", a.library.display());
         assert!(a.sdprun.is_file(), "{} missing", a.sdprun.display());
         assert!(a.portmapper.is_file(), "{} missing", a.portmapper.display());
+        assert!(a.sdp_stat.is_file(), "{} missing", a.sdp_stat.display());
         a
     })
 }
@@ -138,8 +142,13 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
     }
     cmd.env("SDP_STAT_DIR", stat_dir);
     // sdprun would otherwise start a port mapper that outlives the test;
-    // the test that wants one says so.
+    // the test that wants one says so. Without one, the preload's queries
+    // go to a port where nothing answers (not a daemon of the host's, or
+    // of another test), and connections fall back to TCP at once
+    // (`crate::portmapper::PortMapper::apply` points them at one).
     cmd.env("SDP_NO_PORTMAPPER", "1");
+    cmd.env("SDP_PM_PORT", crate::portmapper::dead_port().to_string());
+    cmd.env("SDP_PM_CONTROL", "/nonexistent/sdp-portmapper.sock");
     if mode == Mode::Preload {
         cmd.env("LD_PRELOAD", &artifacts().library);
     }

@@ -59,10 +59,28 @@ fn addr(b: &[u8]) -> Option<SocketAddr> {
     }
 }
 
-/// Reads `<dir>/<pid>.stat`.
+/// Reads `<dir>/<pid>.stat`. A record caught mid-update (odd sequence:
+/// the library publishes statistics in the background too) is read again,
+/// as the document says.
 pub fn read(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
-    let bytes = std::fs::read(dir.join(format!("{pid}.stat")))?;
+    let path = dir.join(format!("{pid}.stat"));
+    let mut bytes = std::fs::read(&path)?;
+    for _ in 0..1000 {
+        if !torn(&bytes) {
+            break;
+        }
+        std::thread::yield_now();
+        bytes = std::fs::read(&path)?;
+    }
     Ok(parse(&bytes))
+}
+
+/// Whether a record of the snapshot is being written (odd sequence).
+fn torn(bytes: &[u8]) -> bool {
+    bytes.len() > 4096
+        && bytes[4096..]
+            .chunks(128)
+            .any(|r| r.len() >= 4 && u32_at(r, 0) % 2 == 1)
 }
 
 /// Decodes a file (panics on anything the document does not allow).

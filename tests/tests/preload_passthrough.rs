@@ -1,9 +1,12 @@
-//! Real programs under `libsdp_preload.so`. Until the SDP engine is
-//! installed every connection is TCP, so a program must behave exactly as
-//! without the preload: same output bytes, same stream hashes, same exit
+//! Real programs under `libsdp_preload.so` with no port mapper answering
+//! (the harness points them at a UDP port where nothing listens), so every
+//! connection falls back to TCP at once: a program must behave exactly as
+//! without the preload — same output bytes, same stream hashes, same exit
 //! status. The state export must show each socket with the decision and
 //! its reason. Readiness of servers is a line they print, never a sleep.
+//! `preload_sdp.rs` runs programs over SDP.
 
+use sdp_tests::portmapper::PortMapper;
 use sdp_tests::preload::{
     artifacts, command, free_port, python, python_command, require, run_ok, Background, Mode,
     TempDir,
@@ -15,6 +18,7 @@ use std::process::Stdio;
 
 // Values of the state export (docs/preload.md).
 const TCP: u8 = 1;
+const SDP: u8 = 2;
 const CLIENT: u8 = 1;
 const LISTENER: u8 = 2;
 const ACCEPTED: u8 = 3;
@@ -25,8 +29,9 @@ const BY_DEFAULT: u8 = 1;
 const BY_RULE: u8 = 2;
 const BY_FORCED: u8 = 3;
 const BY_LISTENER: u8 = 4;
+const REASON_NONE: u8 = 0;
 const REASON_RULE_TCP: u8 = 1;
-const REASON_NO_ENGINE: u8 = 2;
+const REASON_PM_UNREACHABLE: u8 = 5;
 const FLAG_FORCED: u8 = 1;
 
 /// Nonblocking connect, epoll (selectors) server, MSG_PEEK, sendall of
@@ -387,15 +392,16 @@ fn bad_rules_file_is_reported_with_line_numbers_and_the_program_works() {
     let state = statfile::read(stat.path(), pid).expect("state export file");
     assert!(state.program.starts_with("python3"), "{}", state.program);
     let srv_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // The hidden SDP listener exists even without a port mapper.
     let l = state.record(srv).expect("listener record");
     assert_eq!(
         (l.transport, l.role, l.want, l.decided_by, l.reason, l.local),
         (
-            TCP,
+            SDP,
             LISTENER,
             WANT_BOTH,
             BY_DEFAULT,
-            REASON_NO_ENGINE,
+            REASON_NONE,
             Some(srv_addr)
         )
     );
@@ -417,7 +423,7 @@ fn bad_rules_file_is_reported_with_line_numbers_and_the_program_works() {
             WANT_BOTH,
             BY_RULE,
             2,
-            REASON_NO_ENGINE,
+            REASON_PM_UNREACHABLE,
             Some(srv_addr)
         )
     );
@@ -447,7 +453,8 @@ fn bad_rules_file_is_reported_with_line_numbers_and_the_program_works() {
 }
 
 /// `socket(AF_INET_SDP, ...)` through ctypes (Python's own socket module
-/// does not know family 27), then used as an ordinary socket.
+/// does not know family 27), then used as an ordinary socket. SDP only:
+/// without a port mapper the connect is refused.
 const AF_INET_SDP: &str = r#"
 import ctypes, os, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -459,7 +466,11 @@ srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen()
 s = socket.socket(fileno=fd)
-s.connect(srv.getsockname())
+try:
+    s.connect(srv.getsockname())
+except OSError as e:
+    print("connect failed", e.errno == 111)
+    sys.exit(0)
 a, _ = srv.accept()
 a.sendall(b"sdp?")
 print("family", s.family == socket.AF_INET, "echo", s.recv(4).decode(), os.getpid(), fd, srv.getsockname()[1])
@@ -473,8 +484,16 @@ fn af_inet_sdp_socket_is_accepted_and_forced() {
     let plain = run_ok(python_command(AF_INET_SDP, Mode::Plain, stat.path()));
     assert!(String::from_utf8_lossy(&plain.stdout).starts_with("socket failed"));
 
+    // SDP only, and no port mapper answers: ECONNREFUSED, no fallback.
+    let refused = run_ok(python_command(AF_INET_SDP, Mode::Preload, stat.path()));
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stdout),
+        "connect failed True\n"
+    );
+
+    let pm = PortMapper::start();
     let mut cmd = python_command(AF_INET_SDP, Mode::Preload, stat.path());
-    cmd.stdin(Stdio::piped());
+    pm.apply(&mut cmd).stdin(Stdio::piped());
     let mut program = Background::start(cmd);
     let line = program.wait_for_line("family True echo sdp?");
     let f: Vec<u32> = line
@@ -494,14 +513,7 @@ fn af_inet_sdp_socket_is_accepted_and_forced() {
             r.reason,
             r.flags & FLAG_FORCED
         ),
-        (
-            TCP,
-            CLIENT,
-            WANT_SDP,
-            BY_FORCED,
-            REASON_NO_ENGINE,
-            FLAG_FORCED
-        )
+        (SDP, CLIENT, WANT_SDP, BY_FORCED, REASON_NONE, FLAG_FORCED)
     );
     assert_eq!(r.peer, Some(format!("127.0.0.1:{port}").parse().unwrap()));
     drop(program.child.stdin.take());
@@ -618,8 +630,11 @@ fn fortified_c_program_is_identical_with_and_without_the_preload() {
     let mut plain = command(&exe, Mode::Plain, stat.path());
     plain.arg("sdp");
     let plain = String::from_utf8(run_ok(plain).stdout).unwrap();
+    // With a port mapper: every connection of the program is SDP (the
+    // AF_INET_SDP one has no fallback).
+    let pm = PortMapper::start();
     let mut preloaded = command(&exe, Mode::Preload, stat.path());
-    preloaded.arg("sdp");
+    pm.apply(&mut preloaded).arg("sdp");
     let preloaded = run_ok(preloaded);
     let text = String::from_utf8(preloaded.stdout).unwrap();
     let sdp_line = |t: &str| {
@@ -650,10 +665,10 @@ fn fortified_c_program_is_identical_with_and_without_the_preload() {
          epoll_wait drained: 0\ndups: 50 60 70\nsendfile: 10\nafter sendfile: file-bytes\n\
          eof: 0\ndone"
     );
-    let err = String::from_utf8_lossy(&preloaded.stderr);
-    assert!(
-        err.contains("AF_INET_SDP asks for SDP only, but this build has no SDP engine: using TCP"),
-        "{err}"
+    assert_eq!(
+        String::from_utf8_lossy(&preloaded.stderr),
+        "",
+        "the library logged at the default level"
     );
 }
 

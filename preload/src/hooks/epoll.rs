@@ -4,22 +4,29 @@
 //! While no fd is SDP and nothing is registered here, every call goes to
 //! the C library unchanged. An SDP fd is never put in the kernel epoll set
 //! itself (its kernel socket carries protocol bytes, not the program's
-//! data). Instead `epoll_ctl` registers private duplicates of the endpoint's
-//! wake fds ([`crate::sdp::WakeFds`]) under tokens of a reserved range, and
+//! data). Instead `epoll_ctl` registers a private duplicate of the endpoint's
+//! wake fd ([`crate::sdp::WakeFd`]) under a token of a reserved range, and
 //! keeps the program's interest and `epoll_data` here. `epoll_wait`
 //! translates each token event back into one event per fd, with the exact
 //! readiness bits of that moment ([`crate::sdp::Readiness`]), in the
 //! program's data, and drops wake-ups that no longer hold.
 //!
-//! * Level-triggered: the wake fds are levels, so a ready fd is reported on
-//!   every wait.
-//! * `EPOLLET`: the wake fds are registered edge-triggered; the endpoint
-//!   writes its eventfd on every change (new data), which is a new edge.
-//! * `EPOLLONESHOT`: after a report both wake registrations are disarmed
+//! * Level-triggered: the wake fd's `POLLIN`/`POLLOUT` are levels, so a
+//!   ready fd is reported on every wait.
+//! * `EPOLLET`: the wake fd is registered edge-triggered; each change of a
+//!   level is a new edge.
+//! * `EPOLLONESHOT`: after a report the wake registration is disarmed
 //!   until `EPOLL_CTL_MOD`.
 //! * One fd in several epoll sets: one registration per (epoll fd, fd),
-//!   each with its own duplicates (the kernel keys registrations by fd
+//!   each with its own duplicate (the kernel keys registrations by fd
 //!   number, so duplicates keep them apart).
+//! * After a `fork`, an SDP connection belongs to the first process that
+//!   uses it ([`crate::backend`]); while one waits for that, `epoll_wait`
+//!   counts as a use of the SDP fds registered in the set.
+//!
+//! * A listener with a hidden SDP listener: its kernel socket is
+//!   registered too (under the registration's second token), and the two
+//!   give one event.
 //!
 //! Tokens are `0x5D50 << 48 | id << 1 | which`: a non-canonical address,
 //! never a user pointer. Registrations end with `EPOLL_CTL_DEL`, with the
@@ -50,12 +57,20 @@ struct Registration {
     events: u32,
     data: u64,
     side: Side,
-    /// Our duplicate of the readable wake fd.
-    wake_r: c_int,
-    /// Our duplicate of the writable wake fd, when `EPOLLOUT` is asked for.
-    wake_w: Option<c_int>,
+    /// Our duplicate of the wake fd.
+    wake: c_int,
+    /// A listener: the kernel listening socket `fd` is registered too
+    /// (TCP connections arrive there), under the second token.
+    kernel: bool,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
+}
+
+impl Registration {
+    /// The kernel registrations: (fd, which token).
+    fn kernel_fds(&self) -> impl Iterator<Item = (c_int, bool)> {
+        std::iter::once((self.wake, false)).chain(self.kernel.then_some((self.fd, true)))
+    }
 }
 
 #[derive(Default)]
@@ -80,8 +95,10 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     r
 }
 
-fn token(id: u64, writable: bool) -> u64 {
-    TOKEN_TAG | (id << 1) | u64::from(writable)
+/// Token of registration `id`: its wake fd, or (`kernel`) a listener's
+/// own socket.
+fn token(id: u64, kernel: bool) -> u64 {
+    TOKEN_TAG | (id << 1) | u64::from(kernel)
 }
 
 /// A private duplicate of `fd`, numbered high to stay out of the program's
@@ -114,9 +131,28 @@ fn kernel_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Resu
     }
 }
 
-/// The kernel registration of a wake fd for the program's `events`.
+/// The kernel registration of a wake fd for the program's `events`
+/// (`EPOLLIN` always: errors and the end of the stream show there).
 fn wake_events(events: u32) -> u32 {
-    libc::EPOLLIN as u32 | (events & MODE_FLAGS)
+    let out = if wants_write(events) {
+        libc::EPOLLOUT as u32
+    } else {
+        0
+    };
+    libc::EPOLLIN as u32 | out | (events & MODE_FLAGS)
+}
+
+/// The kernel registration of a listener's own socket.
+fn kernel_events(events: u32) -> u32 {
+    (events & (libc::EPOLLIN | libc::EPOLLRDNORM | libc::EPOLLPRI) as u32) | (events & MODE_FLAGS)
+}
+
+fn events_for(kernel: bool, events: u32) -> u32 {
+    if kernel {
+        kernel_events(events)
+    } else {
+        wake_events(events)
+    }
 }
 
 fn wants_write(events: u32) -> bool {
@@ -127,41 +163,33 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
     if with_registry(|r| r.by_key.contains_key(&(epfd, fd))) {
         return Err(libc::EEXIST);
     }
-    let wake = side.wake_fds();
     let id = with_registry(|r| {
         r.next += 1;
         r.next
     });
-    let wake_r = hidden_dup(wake.readable).ok_or(libc::ENOMEM)?;
+    let kernel = matches!(side, Side::Listener(_));
+    let wake = hidden_dup(side.wake_fd()).ok_or(libc::ENOMEM)?;
     if let Err(e) = kernel_ctl(
         epfd,
         libc::EPOLL_CTL_ADD,
-        wake_r,
+        wake,
         wake_events(events),
         token(id, false),
     ) {
-        close_quietly(wake_r);
+        close_quietly(wake);
         return Err(e);
     }
-    let mut wake_w = None;
-    if wants_write(events) {
-        let added = hidden_dup(wake.writable).ok_or(libc::ENOMEM).and_then(|w| {
-            kernel_ctl(
-                epfd,
-                libc::EPOLL_CTL_ADD,
-                w,
-                wake_events(events),
-                token(id, true),
-            )
-            .map(|()| w)
-            .inspect_err(|_| close_quietly(w))
-        });
-        match added {
-            Ok(w) => wake_w = Some(w),
-            Err(e) => {
-                close_quietly(wake_r);
-                return Err(e);
-            }
+    if kernel {
+        if let Err(e) = kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_ADD,
+            fd,
+            kernel_events(events),
+            token(id, true),
+        ) {
+            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
+            close_quietly(wake);
+            return Err(e);
         }
     }
     with_registry(|r| {
@@ -174,8 +202,8 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 events,
                 data,
                 side,
-                wake_r,
-                wake_w,
+                wake,
+                kernel,
                 disarmed: false,
             },
         );
@@ -184,57 +212,26 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
 }
 
 fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
-    let Some((id, wake_r, wake_w, side)) = with_registry(|r| {
+    let Some((id, fds)) = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
         let reg = r.by_id.get(&id)?;
-        Some((id, reg.wake_r, reg.wake_w, reg.side.clone()))
+        Some((id, reg.kernel_fds().collect::<Vec<_>>()))
     }) else {
         return Err(libc::ENOENT);
     };
-    kernel_ctl(
-        epfd,
-        libc::EPOLL_CTL_MOD,
-        wake_r,
-        wake_events(events),
-        token(id, false),
-    )?;
-    let wake_w = match (wake_w, wants_write(events)) {
-        (Some(w), true) => {
-            kernel_ctl(
-                epfd,
-                libc::EPOLL_CTL_MOD,
-                w,
-                wake_events(events),
-                token(id, true),
-            )?;
-            Some(w)
-        }
-        (Some(w), false) => {
-            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, w, 0, 0);
-            close_quietly(w);
-            None
-        }
-        (None, true) => {
-            let w = hidden_dup(side.wake_fds().writable).ok_or(libc::ENOMEM)?;
-            if let Err(e) = kernel_ctl(
-                epfd,
-                libc::EPOLL_CTL_ADD,
-                w,
-                wake_events(events),
-                token(id, true),
-            ) {
-                close_quietly(w);
-                return Err(e);
-            }
-            Some(w)
-        }
-        (None, false) => None,
-    };
+    for (k, kernel) in fds {
+        kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            k,
+            events_for(kernel, events),
+            token(id, kernel),
+        )?;
+    }
     with_registry(|r| {
         if let Some(reg) = r.by_id.get_mut(&id) {
             reg.events = events;
             reg.data = data;
-            reg.wake_w = wake_w;
             reg.disarmed = false;
         }
     });
@@ -259,10 +256,10 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             .collect()
     });
     for reg in &gone {
-        for w in std::iter::once(reg.wake_r).chain(reg.wake_w) {
-            let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, w, 0, 0);
-            close_quietly(w);
+        for (k, _) in reg.kernel_fds() {
+            let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
         }
+        close_quietly(reg.wake);
     }
     gone.len()
 }
@@ -301,10 +298,23 @@ pub fn fell_back(fd: c_int) {
     }
 }
 
-/// The readiness of a registration as epoll bits, within its interest.
-fn epoll_bits(side: &Side, events: u32) -> u32 {
+/// The readiness of a registration as epoll bits, within its interest
+/// (a listener's: the hidden listener's and the kernel socket's `fd`).
+fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
     let asked = (events & 0xffff) as i16;
-    side.readiness().poll_bits(asked) as u16 as u32
+    let mut bits = side.readiness().poll_bits(asked);
+    if matches!(side, Side::Listener(_)) {
+        let mut p = libc::pollfd {
+            fd,
+            events: asked,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd, no wait.
+        if unsafe { real::poll(&mut p, 1, 0) } > 0 {
+            bits |= p.revents & asked;
+        }
+    }
+    bits as u16 as u32
 }
 
 /// Rewrites the first `n` kernel events in place: program events pass,
@@ -317,7 +327,8 @@ fn translate(events: &mut [epoll_event]) -> usize {
         data: u64,
         oneshot: bool,
         epfd: c_int,
-        wakes: (c_int, Option<c_int>),
+        fd: c_int,
+        fds: Vec<(c_int, bool)>,
     }
     let mut out = 0;
     let mut hits: Vec<(usize, Hit)> = Vec::new();
@@ -342,7 +353,8 @@ fn translate(events: &mut [epoll_event]) -> usize {
                 data: reg.data,
                 oneshot: reg.events & libc::EPOLLONESHOT as u32 != 0,
                 epfd: reg.epfd,
-                wakes: (reg.wake_r, reg.wake_w),
+                fd: reg.fd,
+                fds: reg.kernel_fds().collect(),
             })
         });
         if let Some(hit) = hit {
@@ -354,18 +366,18 @@ fn translate(events: &mut [epoll_event]) -> usize {
     }
     let mut dropped = Vec::new();
     for (slot, hit) in &hits {
-        let bits = epoll_bits(&hit.side, hit.interest);
+        let bits = epoll_bits(&hit.side, hit.fd, hit.interest);
         if bits == 0 {
             dropped.push(*slot);
             if hit.oneshot {
-                // The kernel disarmed the wake fd that fired; re-arm both.
-                for w in std::iter::once(hit.wakes.0).chain(hit.wakes.1) {
+                // The kernel disarmed what fired: re-arm.
+                for &(k, kernel) in &hit.fds {
                     let _ = kernel_ctl(
                         hit.epfd,
                         libc::EPOLL_CTL_MOD,
-                        w,
-                        wake_events(hit.interest),
-                        token(hit.id, w != hit.wakes.0),
+                        k,
+                        events_for(kernel, hit.interest),
+                        token(hit.id, kernel),
                     );
                 }
             }
@@ -381,14 +393,14 @@ fn translate(events: &mut [epoll_event]) -> usize {
                     g.disarmed = true;
                 }
             });
-            // Disarm the other wake fd too (events 0 keeps it registered).
-            for w in std::iter::once(hit.wakes.0).chain(hit.wakes.1) {
+            // The kernel disarmed what fired; disarm the other one too.
+            for &(k, kernel) in &hit.fds {
                 let _ = kernel_ctl(
                     hit.epfd,
                     libc::EPOLL_CTL_MOD,
-                    w,
+                    k,
                     libc::EPOLLONESHOT as u32,
-                    token(hit.id, w != hit.wakes.0),
+                    token(hit.id, kernel),
                 );
             }
         }
@@ -466,14 +478,34 @@ pub unsafe extern "C" fn epoll_ctl(
     unsafe { real::epoll_ctl(epfd, op, fd, event) }
 }
 
+/// After a `fork`, an SDP connection waits for the first process that
+/// uses it: waiting on an epoll set it is registered in is a use.
+fn touch_pending(epfd: c_int) {
+    if crate::sdp::backend().is_none_or(|b| b.pending() == 0) {
+        return;
+    }
+    let sides: Vec<Side> = with_registry(|r| {
+        r.by_id
+            .values()
+            .filter(|g| g.epfd == epfd)
+            .map(|g| g.side.clone())
+            .collect()
+    });
+    for side in sides {
+        side.readiness();
+    }
+}
+
 /// Waits with `wait(timeout)` until a translated event remains or the
 /// deadline passes.
 fn wait_translated(
+    epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
     deadline: Option<Instant>,
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
+    protect("epoll_wait", || touch_pending(epfd), || ());
     loop {
         let n = wait(remaining(deadline));
         if n <= 0 || events.is_null() {
@@ -513,7 +545,7 @@ pub unsafe extern "C" fn epoll_wait(
     if COUNT.load(Ordering::Relaxed) != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array of max events.
-            return wait_translated(events, max, ms_deadline(timeout), |t| unsafe {
+            return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
                 real::epoll_wait(epfd, events, max, timeout_ms(t))
             });
         }
@@ -533,7 +565,7 @@ pub unsafe extern "C" fn epoll_pwait(
     if COUNT.load(Ordering::Relaxed) != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array and signal mask.
-            return wait_translated(events, max, ms_deadline(timeout), |t| unsafe {
+            return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
                 real::epoll_pwait(epfd, events, max, timeout_ms(t), mask)
             });
         }
@@ -552,7 +584,7 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     if COUNT.load(Ordering::Relaxed) != 0 {
         if let Some(_g) = Guard::enter() {
-            return wait_translated(events, max, ts_deadline(timeout), |t| {
+            return wait_translated(epfd, events, max, ts_deadline(timeout), |t| {
                 let tp = t
                     .as_ref()
                     .map_or(std::ptr::null(), |t| t as *const timespec);
@@ -665,7 +697,7 @@ mod tests {
     }
 
     #[test]
-    fn edge_triggered_reports_each_arrival_once() {
+    fn edge_triggered_reports_each_new_readiness_once() {
         let (app, _peer) = socketpair();
         let ep = FakeEndpoint::new();
         install(app, ep.clone());
@@ -683,6 +715,8 @@ mod tests {
         ep.deliver(b"a");
         assert_eq!(wait(e, 1000), vec![(IN, 1)]);
         assert_eq!(wait(e, 0), vec![]);
+        // Drained to EAGAIN (the EPOLLET contract), new data is a new edge.
+        ep.take_all();
         ep.deliver(b"b");
         assert_eq!(wait(e, 1000), vec![(IN, 1)]);
         uninstall(app);

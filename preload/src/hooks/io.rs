@@ -22,6 +22,7 @@ use libc::{
 };
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::IntoRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,13 +93,6 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSlice<'a>>, Errn
         .collect()
 }
 
-fn nonblocking(fd: c_int) -> bool {
-    let _errno = SavedErrno::save();
-    // SAFETY: F_GETFL takes no argument.
-    let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    flags >= 0 && flags & libc::O_NONBLOCK != 0
-}
-
 /// `SO_RCVTIMEO` / `SO_SNDTIMEO` (`None`: wait forever).
 fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
     let _errno = SavedErrno::save();
@@ -126,12 +120,12 @@ fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
     ))
 }
 
-/// Sleeps until `wake` polls readable. `Err(EAGAIN)` at the deadline,
-/// `Err(EINTR)` when a signal handler ran.
-pub fn wait(wake: c_int, deadline: Option<Instant>) -> Result<(), Errno> {
+/// Sleeps until `wake` polls one of `events`. `Err(EAGAIN)` at the
+/// deadline, `Err(EINTR)` when a signal handler ran.
+pub fn wait(wake: c_int, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
     let mut p = libc::pollfd {
         fd: wake,
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     let ts = deadline.map(|d| {
@@ -177,7 +171,7 @@ fn sdp_recv_inner(
         peek: flags & libc::MSG_PEEK != 0,
         oob: flags & libc::MSG_OOB != 0,
     };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || h.nonblock.load(Ordering::Relaxed);
     let waitall = flags & libc::MSG_WAITALL != 0 && !rflags.peek && !rflags.oob;
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     let deadline = if dontwait {
@@ -198,7 +192,7 @@ fn sdp_recv_inner(
             }
             // Urgent data is never waited for (TCP answers at once).
             Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
-                if let Err(e) = wait(h.endpoint.wake_fds().readable, deadline) {
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -231,7 +225,7 @@ fn sdp_send_inner(
         oob: flags & libc::MSG_OOB != 0,
         more: flags & libc::MSG_MORE != 0,
     };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || h.nonblock.load(Ordering::Relaxed);
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     let deadline = if dontwait {
         None
@@ -253,7 +247,7 @@ fn sdp_send_inner(
                 IoSlice::advance_slices(&mut bufs, n);
             }
             Err(e) if e == libc::EAGAIN && !dontwait => {
-                if let Err(e) = wait(h.endpoint.wake_fds().writable, deadline) {
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -667,7 +661,7 @@ unsafe fn sdp_accept_inner(
         // SAFETY: the program's arguments, passed on.
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
-    let dontwait = nonblocking(fd);
+    let dontwait = h.nonblock.load(Ordering::Relaxed);
     loop {
         match h.listener.accept() {
             Ok(acc) => {
@@ -700,7 +694,7 @@ unsafe fn sdp_accept_inner(
                     (p, q) => p.or(q),
                 };
                 e.peer = Some(acc.peer);
-                e.sdp = SdpSide::stream(acc.endpoint);
+                e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
                 fdtable::insert(new, e);
                 drop(_errno);
                 // SAFETY: the program's (addr, len) pair.
@@ -718,7 +712,7 @@ unsafe fn sdp_accept_inner(
                 revents: 0,
             },
             libc::pollfd {
-                fd: h.listener.wake_fds().readable,
+                fd: h.listener.wake_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -730,13 +724,20 @@ unsafe fn sdp_accept_inner(
             return -1;
         }
         if p[0].revents != 0 {
+            // The kernel listener is nonblocking: another process (or
+            // thread) sharing it may have taken the connection.
             // SAFETY: the program's arguments, passed on.
             let new = unsafe { real::accept4(fd, addr, len, flags) };
             if new >= 0 {
                 // SAFETY: the kernel filled (addr, len) for `new`.
                 unsafe { super::socket::record_accepted(fd, new, addr, len) };
+                return new;
             }
-            return new;
+            let e = real::errno();
+            if e != libc::EAGAIN || dontwait {
+                return -1;
+            }
+            continue;
         }
         if r == 0 {
             return fail(libc::EAGAIN);

@@ -28,6 +28,7 @@ use libc::{c_int, sockaddr, socklen_t};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// `socket(AF_INET_SDP, ...)`: libsdp's address family that forces SDP.
 pub const AF_INET_SDP: c_int = 27;
@@ -62,6 +63,42 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let _ = INSIDE.try_with(|inside| inside.set(false));
     }
+}
+
+impl Guard {
+    /// [`Guard::enter`] for the hooks that change the fd table (`close`,
+    /// `dup*`): `None` in the child of a `vfork` (or of a `clone` sharing
+    /// our memory, as `posix_spawn` makes), which runs on the parent's
+    /// memory until it execs. Such a child closing or duplicating fds
+    /// (Python's `subprocess` does) must not touch the parent's table.
+    pub fn enter_lifecycle() -> Option<Guard> {
+        if foreign_process() {
+            return None;
+        }
+        Guard::enter()
+    }
+}
+
+/// Marks the calling thread as the preload's own for its whole life: its C
+/// calls go straight to the C library (the SDP engine's helper threads).
+pub fn internal_thread() {
+    let _ = INSIDE.try_with(|inside| inside.set(true));
+}
+
+/// This process's id, as the library last saw it (start, fork child).
+static PID: AtomicI32 = AtomicI32::new(0);
+
+fn note_pid() {
+    // SAFETY: getpid has no preconditions.
+    PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+}
+
+/// True when running in a process other than the one the library's
+/// memory belongs to (a `vfork` child before its `exec`).
+pub fn foreign_process() -> bool {
+    let p = PID.load(Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions.
+    p != 0 && p != unsafe { libc::getpid() }
 }
 
 /// Runs `f`; if it panics, logs and runs `fallback` instead (which must do
@@ -238,8 +275,14 @@ pub fn init() {
     protect(
         "initialisation",
         || {
+            note_pid();
             let config = crate::config::get();
             crate::stat::init();
+            if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "0") {
+                crate::log!(Level::Debug, "SDP_ENGINE=0: every connection is TCP");
+            } else {
+                crate::backend::install();
+            }
             for missing in real::resolve_all() {
                 crate::log!(
                     Level::Debug,
@@ -284,64 +327,178 @@ fn exit_flush_time() -> std::time::Duration {
 /// endpoint once, however many fd numbers share it); returns how many.
 pub fn flush_all(deadline: std::time::Instant) -> usize {
     let mut seen: Vec<*const ()> = Vec::new();
-    fdtable::for_each(|_, e| {
-        if let fdtable::SdpSide::Stream(h) = &e.sdp {
+    let mut listeners: Vec<*const ()> = Vec::new();
+    fdtable::for_each(|_, e| match &e.sdp {
+        fdtable::SdpSide::Stream(h) => {
             let key = std::sync::Arc::as_ptr(h).cast::<()>();
             if !seen.contains(&key) {
                 seen.push(key);
                 h.endpoint.flush_at_exit(deadline);
             }
         }
+        fdtable::SdpSide::Listener(h) => {
+            let key = std::sync::Arc::as_ptr(h).cast::<()>();
+            if !listeners.contains(&key) {
+                listeners.push(key);
+                h.listener.exiting();
+            }
+        }
+        fdtable::SdpSide::None => {}
     });
     seen.len()
 }
 
-extern "C" fn at_exit() {
-    if fdtable::no_sdp() {
+/// The process ends (`exit` or `_exit`): open SDP connections are closed
+/// gracefully and, with the ones the program closed already, given until
+/// `SDP_EXIT_FLUSH_MS` to finish.
+fn exit_flush() {
+    if foreign_process() {
         return;
     }
     let Some(_g) = Guard::enter() else { return };
     protect(
         "exit",
         || {
-            flush_all(std::time::Instant::now() + exit_flush_time());
+            let deadline = std::time::Instant::now() + exit_flush_time();
+            if !fdtable::no_sdp() {
+                flush_all(deadline);
+            }
+            if let Some(b) = crate::sdp::backend() {
+                b.exiting(deadline);
+            }
         },
         || (),
     );
 }
 
+extern "C" fn at_exit() {
+    exit_flush();
+}
+
+/// `_exit` (and `_Exit`): what a forked child calls to end without the
+/// parent's `atexit` work. Its SDP connections still need their bytes and
+/// close exchange out before the socket goes (the kernel keeps TCP bytes
+/// past the process's end; the SDP engine's are in this process).
+///
+/// # Safety
+/// As the C function: it does not return.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    exit_flush();
+    // SAFETY: ends the process, as the C library's _exit would.
+    unsafe { real_exit(status) }
+}
+
+/// `_Exit`: the same as `_exit`.
+///
+/// # Safety
+/// As the C function: it does not return.
+#[allow(non_snake_case)]
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    exit_flush();
+    // SAFETY: as in _exit.
+    unsafe { real_exit(status) }
+}
+
+/// The C library's `_exit`, or the system call if it cannot be found.
+unsafe fn real_exit(status: c_int) -> ! {
+    // SAFETY: a NUL-terminated name.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_exit".as_ptr()) };
+    if !f.is_null() {
+        // SAFETY: the C library's `void _exit(int)`.
+        let f: unsafe extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(f) };
+        // SAFETY: as documented for _exit.
+        unsafe { f(status) }
+    }
+    loop {
+        // SAFETY: exit_group ends the process.
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    }
+}
+
+/// Calls `f` once per SDP side (however many fd numbers share it), with
+/// the fork gate closed by this thread.
+fn each_side_unguarded(mut f: impl FnMut(&fdtable::SdpSide)) {
+    let mut seen: Vec<*const ()> = Vec::new();
+    fdtable::for_each_unguarded(|_, e| {
+        let key = match &e.sdp {
+            fdtable::SdpSide::None => return,
+            fdtable::SdpSide::Stream(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+            fdtable::SdpSide::Listener(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+        };
+        if !seen.contains(&key) {
+            seen.push(key);
+            f(&e.sdp);
+        }
+    });
+}
+
 extern "C" fn atfork_prepare() {
     fdtable::fork_prepare();
+    if foreign_process() {
+        return;
+    }
+    let Some(backend) = crate::sdp::backend() else {
+        return;
+    };
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "fork (prepare)",
+        || {
+            if !fdtable::no_sdp() {
+                each_side_unguarded(|side| {
+                    if let fdtable::SdpSide::Stream(h) = side {
+                        h.endpoint.fork_prepare();
+                    }
+                });
+            }
+            backend.fork_prepare();
+        },
+        || (),
+    );
 }
 
 extern "C" fn atfork_parent() {
+    if let (false, Some(backend), Some(_g)) =
+        (foreign_process(), crate::sdp::backend(), Guard::enter())
+    {
+        protect(
+            "fork (parent)",
+            || {
+                if !fdtable::no_sdp() {
+                    each_side_unguarded(|side| match side {
+                        fdtable::SdpSide::None => {}
+                        fdtable::SdpSide::Stream(h) => h.endpoint.fork_parent(),
+                        fdtable::SdpSide::Listener(h) => h.listener.fork_parent(),
+                    });
+                }
+                backend.fork_parent();
+            },
+            || (),
+        );
+    }
     fdtable::fork_done();
 }
 
 extern "C" fn atfork_child() {
+    note_pid();
+    // The only thread: the gate may open before the fix-ups.
     fdtable::fork_done();
-    let Some(_g) = Guard::enter() else { return };
+    let Some(_g) = Guard::enter() else {
+        return;
+    };
     protect(
         "fork (child)",
         || {
             crate::stat::fork_child();
-            // Once per endpoint, however many fd numbers share it.
-            let mut seen: Vec<*const ()> = Vec::new();
-            fdtable::for_each(|_, e| {
-                let key = match &e.sdp {
-                    fdtable::SdpSide::None => return,
-                    fdtable::SdpSide::Stream(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
-                    fdtable::SdpSide::Listener(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
-                };
-                if seen.contains(&key) {
-                    return;
-                }
-                seen.push(key);
-                match &e.sdp {
-                    fdtable::SdpSide::None => {}
-                    fdtable::SdpSide::Stream(h) => h.endpoint.fork_child(),
-                    fdtable::SdpSide::Listener(h) => h.listener.fork_child(),
-                }
+            if let Some(backend) = crate::sdp::backend() {
+                backend.fork_child();
+            }
+            each_side_unguarded(|side| match side {
+                fdtable::SdpSide::None => {}
+                fdtable::SdpSide::Stream(h) => h.endpoint.fork_child(),
+                fdtable::SdpSide::Listener(h) => h.listener.fork_child(),
             });
         },
         || (),

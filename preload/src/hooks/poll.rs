@@ -39,10 +39,10 @@ impl Side {
         }
     }
 
-    pub(super) fn wake_fds(&self) -> crate::sdp::WakeFds {
+    pub(super) fn wake_fd(&self) -> crate::sdp::WakeFd {
         match self {
-            Side::Stream(h) => h.endpoint.wake_fds(),
-            Side::Listener(h) => h.listener.wake_fds(),
+            Side::Stream(h) => h.endpoint.wake_fd(),
+            Side::Listener(h) => h.listener.wake_fd(),
         }
     }
 }
@@ -74,8 +74,10 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
 }
 
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    let sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
     loop {
+        // Again on every round: a nonblocking connect that fell back to TCP
+        // while we slept is polled as the kernel socket it now is.
+        let sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
         let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);
         // For each program entry: its own kernel entry, if it has one.
         let mut own: Vec<Option<usize>> = Vec::with_capacity(fds.len());
@@ -94,19 +96,16 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             }
             if let Some(s) = side {
                 sdp_ready |= s.readiness().poll_bits(p.events) != 0;
-                let wake = s.wake_fds();
+                // POLLIN always: errors and the end of the stream show there.
+                let mut events = libc::POLLIN;
+                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+                    events |= libc::POLLOUT;
+                }
                 kfds.push(pollfd {
-                    fd: wake.readable,
-                    events: libc::POLLIN,
+                    fd: s.wake_fd(),
+                    events,
                     revents: 0,
                 });
-                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
-                    kfds.push(pollfd {
-                        fd: wake.writable,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    });
-                }
             }
         }
         let zero = timespec {

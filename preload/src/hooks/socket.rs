@@ -203,6 +203,12 @@ unsafe fn connect_managed(
             };
             match backend.connect(fd, dest, nonblocking, family == Family::Sdp) {
                 ConnectOutcome::Sdp(ep) => {
+                    crate::log!(
+                        Level::Info,
+                        "fd {fd}: connect {dest}: {:?} by {} -> SDP",
+                        family,
+                        describe(decided_by, rule)
+                    );
                     record_connect(
                         fd,
                         family,
@@ -211,8 +217,10 @@ unsafe fn connect_managed(
                         Transport::Sdp,
                         TcpReason::None,
                         dest,
-                        SdpSide::stream(ep),
+                        SdpSide::stream(ep, nonblocking),
                     );
+                    let local = socket_name(fd, false);
+                    fdtable::update(fd, |e| e.local = local);
                     return 0;
                 }
                 ConnectOutcome::InProgress(ep) => {
@@ -224,8 +232,14 @@ unsafe fn connect_managed(
                         Transport::Sdp,
                         TcpReason::None,
                         dest,
-                        SdpSide::stream(ep),
+                        SdpSide::stream(ep.clone(), nonblocking),
                     );
+                    // The local address is known once connected (the
+                    // backend records it then); getsockname asks the kernel.
+                    // The fallback may have come before the table knew it.
+                    if let Some(reason) = ep.fallen_back() {
+                        fdtable::fall_back_if(fd, &ep, reason);
+                    }
                     return fail(libc::EINPROGRESS);
                 }
                 ConnectOutcome::Failed(errno) => {
@@ -336,7 +350,18 @@ fn listen_managed(fd: c_int, backlog: c_int) {
     } else if let Some(backend) = sdp::backend() {
         match backend.listen(fd, local, backlog) {
             Ok(l) => {
-                side = SdpSide::listener(l);
+                // The kernel listener turns nonblocking (accept takes from
+                // both listeners without blocking in either); the program
+                // keeps its own view of the flag.
+                // SAFETY: F_GETFL/F_SETFL on the program's socket.
+                let nonblock = unsafe {
+                    let fl = real::fcntl(fd, libc::F_GETFL, 0);
+                    if fl >= 0 {
+                        real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_ulong);
+                    }
+                    fl >= 0 && fl & libc::O_NONBLOCK != 0
+                };
+                side = SdpSide::listener(l, nonblock);
                 TcpReason::None
             }
             Err(r) => r,
@@ -466,7 +491,7 @@ pub unsafe extern "C" fn accept4(
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fdtable::is_managed(fd) || super::epoll::registered() {
-        if let Some(_g) = Guard::enter() {
+        if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             protect(
                 "close",
@@ -487,7 +512,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     // SAFETY: the program's arguments, passed on.
     let r = unsafe { real::close_range(first, last, flags) };
     if r == 0 && flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
-        if let Some(_g) = Guard::enter() {
+        if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             protect("close_range", || fdtable::remove_range(first, last), || ());
         }
@@ -520,7 +545,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 /// After a successful duplication of `old` onto `new`.
 fn duplicated(old: c_int, new: c_int) {
     if new >= 0 && (fdtable::is_managed(old) || fdtable::is_managed(new)) {
-        if let Some(_g) = Guard::enter() {
+        if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             protect("dup", || fdtable::duplicate(old, new), || ());
         }
@@ -531,7 +556,7 @@ fn duplicated(old: c_int, new: c_int) {
 /// before the kernel closes the fd (so it can still flush).
 fn forget_target(old: c_int, new: c_int) {
     if old != new && fdtable::is_sdp(new) && fdtable::is_managed(new) {
-        if let Some(_g) = Guard::enter() {
+        if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             // Only if `old` is open: otherwise dup2 fails and changes nothing.
             // SAFETY: F_GETFD takes no argument.
@@ -572,7 +597,58 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     r
 }
 
+/// The program's view of `O_NONBLOCK` on an SDP fd (stream or listener),
+/// whose kernel socket is always nonblocking.
+fn nonblock_view(fd: c_int) -> Option<std::sync::Arc<dyn AsNonblock>> {
+    if fdtable::no_sdp() {
+        return None;
+    }
+    let _g = Guard::enter()?;
+    if let Some(h) = fdtable::stream(fd) {
+        return Some(h);
+    }
+    fdtable::listener(fd).map(|h| h as std::sync::Arc<dyn AsNonblock>)
+}
+
+/// A handle carrying the program's `O_NONBLOCK`.
+pub(crate) trait AsNonblock {
+    fn flag(&self) -> &std::sync::atomic::AtomicBool;
+}
+
+impl AsNonblock for fdtable::StreamHandle {
+    fn flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.nonblock
+    }
+}
+
+impl AsNonblock for fdtable::ListenerHandle {
+    fn flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.nonblock
+    }
+}
+
 unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if cmd == libc::F_GETFL || cmd == libc::F_SETFL {
+        if let Some(h) = nonblock_view(fd) {
+            let view = h.flag();
+            if cmd == libc::F_GETFL {
+                // SAFETY: F_GETFL takes no argument.
+                let fl = unsafe { real::fcntl(fd, cmd, 0) };
+                if fl < 0 {
+                    return fl;
+                }
+                let on = view.load(Ordering::Relaxed);
+                return (fl & !libc::O_NONBLOCK) | if on { libc::O_NONBLOCK } else { 0 };
+            }
+            let want = arg as c_int;
+            // SAFETY: F_SETFL with the program's flags, O_NONBLOCK kept on.
+            let r = unsafe { real::fcntl(fd, cmd, (want | libc::O_NONBLOCK) as c_ulong) };
+            if r == 0 {
+                view.store(want & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+            }
+            return r;
+        }
+    }
     // SAFETY: the program's arguments, passed on (see real::fcntl on the
     // variadic argument).
     let r = unsafe { real::fcntl(fd, cmd, arg) };
@@ -602,10 +678,22 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 /// `ioctl(int, unsigned long, ...)`, read like [`fcntl`]. On an SDP fd,
 /// `FIONREAD` and `SIOCATMARK` are answered by the SDP connection;
-/// `FIONBIO` goes to the kernel socket, whose `O_NONBLOCK` flag the hooks
-/// follow.
+/// `FIONBIO` sets the program's view of `O_NONBLOCK`, which the hooks
+/// follow (the kernel socket stays nonblocking).
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if request == libc::FIONBIO {
+        if let Some(h) = nonblock_view(fd) {
+            let p = arg as *const c_int;
+            if p.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: FIONBIO takes an int* the program passed.
+            let on = unsafe { p.read_unaligned() } != 0;
+            h.flag().store(on, Ordering::Relaxed);
+            return 0;
+        }
+    }
     if let Some(h) = fdtable::stream(fd) {
         let value = protect(
             "ioctl",
@@ -688,6 +776,20 @@ pub unsafe extern "C" fn setsockopt(
     // The kernel socket always gets the option, so a fallback keeps it.
     // SAFETY: the program's arguments, passed on.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && !val.is_null() && fdtable::is_managed(fd) {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            // SAFETY: the kernel just read `len` bytes at `val`.
+            let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) };
+            protect(
+                "setsockopt",
+                || {
+                    fdtable::update(fd, |e| e.record_opt(level, name, bytes));
+                },
+                || (),
+            );
+        }
+    }
     if r == 0 && !val.is_null() {
         if let Some(h) = fdtable::stream(fd) {
             // SAFETY: the kernel just read `len` bytes at `val`.

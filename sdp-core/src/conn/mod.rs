@@ -483,6 +483,18 @@ impl Conn {
         self.error.take()
     }
 
+    /// Whether a connection error is pending (POLLERR; what
+    /// [`Conn::take_error`] would return).
+    pub fn error_pending(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Payload bytes received so far (the receive stream's length, read or
+    /// not).
+    pub fn rx_total(&self) -> u64 {
+        self.rx.total()
+    }
+
     /// Whether the LLP teardown Op went out: the adapter may drop the
     /// connection once the application is done with it.
     pub fn is_closed(&self) -> bool {

@@ -68,6 +68,7 @@ pub mod shared;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 pub use iwarp::driver::{Endpoint, Progress};
 
-use crate::conn::{Config, CreditState, RecvFlags, SendFlags, Shutdown, State};
+use crate::conn::{Config, CreditState, FlowControlMode, RecvFlags, SendFlags, Shutdown, State};
 use crate::errno::Error;
 use crate::link::{connection_config, Link};
 use shared::{Locked, Shared};
@@ -100,11 +101,18 @@ struct Handle {
     shared: Arc<Shared>,
     local: SocketAddr,
     peer: SocketAddr,
+    /// [`SdpStream::detach`]: dropping does nothing to the connection.
+    detached: AtomicBool,
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
         let shared = &self.shared;
+        if self.detached.load(Ordering::Acquire) {
+            progress::deregister(shared.id);
+            return;
+        }
+        shared.set_released();
         let mut g = shared.lock();
         let abort = g.linger == Some(Duration::ZERO);
         if !abort && !g.nonblocking {
@@ -202,29 +210,123 @@ impl SdpStream {
     /// failed; [`SdpStream::take_error`] then tells which — the contract of
     /// a nonblocking `connect`.
     pub fn start_connect(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
+        SdpStream::start_connect_with(tcp, config, None)
+    }
+
+    /// [`SdpStream::start_connect`] with `readiness` as the stream's
+    /// readiness descriptor (see [`SdpStream::from_parts_with`]).
+    pub fn start_connect_with(
+        tcp: TcpStream,
+        config: &Config,
+        readiness: Option<readiness::Readiness>,
+    ) -> io::Result<SdpStream> {
         let now = Instant::now();
         rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
-        let config = &fit_buffers(&tcp, config);
+        let config = &fit_config(&tcp, config);
         let mut link = Link::connect(config);
         let mut ep = Endpoint::initiator(tcp, connection_config(config), link.hello(), now)?;
         link.drive(now, ep.connection_mut());
-        SdpStream::from_parts(link, ep)
+        SdpStream::from_parts_with(link, ep, readiness)
     }
 
     /// Wraps a link and its endpoint (set up by the caller, connected or
     /// not) and hands them to the progress thread.
     pub fn from_parts(link: Link, ep: Endpoint) -> io::Result<SdpStream> {
+        SdpStream::from_parts_with(link, ep, None)
+    }
+
+    /// [`SdpStream::from_parts`], with `readiness` (if given) as the
+    /// stream's readiness descriptor from now on, kept up to date like the
+    /// one [`SdpStream::readiness_fd`] creates: for a caller that handed
+    /// the descriptor out before the stream existed (the preload's
+    /// nonblocking connect, polled while the port mapper is asked).
+    pub fn from_parts_with(
+        link: Link,
+        ep: Endpoint,
+        readiness: Option<readiness::Readiness>,
+    ) -> io::Result<SdpStream> {
         let local = ep.stream().local_addr()?;
         let peer = ep.stream().peer_addr()?;
-        let shared = Arc::new(Shared::new(link, ep, progress::next_id())?);
+        let shared = Arc::new(Shared::with_readiness(
+            link,
+            ep,
+            progress::next_id(),
+            readiness,
+        )?);
         progress::register(shared.clone())?;
         Ok(SdpStream {
             handle: Arc::new(Handle {
                 shared,
                 local,
                 peer,
+                detached: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Makes `readiness` the stream's readiness descriptor from now on,
+    /// kept up to date like the one [`SdpStream::readiness_fd`] creates:
+    /// for a caller that handed a descriptor out before it knew whether
+    /// the connection would be SDP (the preload's nonblocking connect,
+    /// which adopts it once the setup succeeded). A descriptor asked for
+    /// before keeps its last state and no longer follows the stream.
+    pub fn adopt_readiness(&self, readiness: readiness::Readiness) -> io::Result<()> {
+        self.shared().adopt_readiness(readiness)
+    }
+
+    /// Takes the stream away from this process's progress thread: nothing
+    /// reads or writes its socket until [`SdpStream::resume_progress`] or
+    /// an application call (which still pumps). For the preload across
+    /// `fork`, while it is unknown which process goes on with the
+    /// connection.
+    pub fn pause_progress(&self) {
+        progress::deregister(self.shared().id);
+    }
+
+    /// Hands the stream (back) to this process's progress thread — in a
+    /// child of `fork`, to the child's own.
+    pub fn resume_progress(&self) -> io::Result<()> {
+        progress::register(self.handle.shared.clone())
+    }
+
+    /// Lets go of the stream without touching the connection: no DisConn,
+    /// no shutdown, no reset; the descriptors this process holds for it are
+    /// closed. For a process that shares the socket with another one (a
+    /// child of `fork`) which goes on with the connection. Other handles
+    /// to the stream (clones) become inert too.
+    pub fn detach(self) {
+        self.handle.detached.store(true, Ordering::Release);
+        progress::deregister(self.shared().id);
+    }
+
+    /// Readiness and state at this moment, as the bits of `poll(2)`.
+    pub fn poll_state(&self) -> PollState {
+        let g = self.shared().lock();
+        let conn = g.link.conn();
+        let closed = conn.state() == State::Closed;
+        let read_closed = conn.disconn_received() || closed;
+        PollState {
+            readable: g.link.readable(),
+            writable: g.link.writable(),
+            read_closed,
+            hangup: closed || (read_closed && conn.disconn_sent()),
+            error: conn.error_pending(),
+            urgent: g.link.urgent_ready(),
+            connected: g.link.is_connected(),
+        }
+    }
+
+    /// Modes, byte counts and credits, for observability.
+    pub fn info(&self) -> StreamInfo {
+        let g = self.shared().lock();
+        let conn = g.link.conn();
+        StreamInfo {
+            send_mode: conn.send_mode(),
+            recv_mode: conn.recv_mode(),
+            bytes_sent: conn.tx().sent(),
+            bytes_received: conn.rx_total(),
+            credits: conn.credit_state(),
+        }
     }
 
     /// Blocks until setup finished; its error if it failed.
@@ -458,6 +560,12 @@ impl SdpStream {
             .map(ToString::to_string)
     }
 
+    /// Why the connection closed, once it did (for a caller that picks a
+    /// fallback by cause: an MPA reject, a timeout, a reset).
+    pub fn close_cause(&self) -> Option<crate::conn::CloseReason> {
+        self.shared().lock().link.close_reason().copied()
+    }
+
     /// The readiness descriptor (see the module documentation); what
     /// [`AsRawFd`] returns. For polling only.
     pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
@@ -486,12 +594,50 @@ impl SdpStream {
     }
 }
 
+/// Readiness and state of a stream at one moment ([`SdpStream::poll_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PollState {
+    /// A read would make progress: data, end of stream or an error
+    /// (POLLIN).
+    pub readable: bool,
+    /// A write would take at least one byte or fail at once (POLLOUT).
+    pub writable: bool,
+    /// No more data will come: the peer's DisConn, or the connection
+    /// closed (POLLRDHUP).
+    pub read_closed: bool,
+    /// Both directions are closed (POLLHUP).
+    pub hangup: bool,
+    /// An error is pending (POLLERR; [`SdpStream::take_error`]).
+    pub error: bool,
+    /// An urgent byte waits (POLLPRI).
+    pub urgent: bool,
+    /// Setup finished and the connection carries data.
+    pub connected: bool,
+}
+
+/// Modes, byte counts and credits of a stream ([`SdpStream::info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Flow Control Mode of our sending half-connection.
+    pub send_mode: FlowControlMode,
+    /// Flow Control Mode of our receiving half-connection.
+    pub recv_mode: FlowControlMode,
+    /// Payload bytes sent in SDP messages (Bcopy).
+    pub bytes_sent: u64,
+    /// Payload bytes received in SDP messages (Bcopy).
+    pub bytes_received: u64,
+    /// The credit state (§10).
+    pub credits: CreditState,
+}
+
 /// `config` with its receive Private Buffers shrunk, if need be, so that a
 /// full message is one FPDU on this socket — when that still leaves at
 /// least 32 KiB (a loopback or jumbo-frame path). A 64 KiB buffer on
 /// loopback (MULPDU 65,474) would otherwise make every full message two
-/// FPDUs, the second one of a few dozen bytes.
-fn fit_buffers(tcp: &TcpStream, config: &Config) -> Config {
+/// FPDUs, the second one of a few dozen bytes. [`SdpStream::start_connect`]
+/// and [`SdpListener::accept`] apply it; a caller that sets a link up
+/// itself ([`SdpStream::from_parts`]) does too.
+pub fn fit_config(tcp: &TcpStream, config: &Config) -> Config {
     let Ok(mss) = socket2::SockRef::from(tcp).tcp_mss() else {
         return config.clone();
     };
@@ -631,7 +777,7 @@ fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
     let now = Instant::now();
     tcp.set_nonblocking(true)?;
     rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
-    let config = &fit_buffers(&tcp, config);
+    let config = &fit_config(&tcp, config);
     let mut ep = Endpoint::responder(tcp, connection_config(config), now)?;
     let hello = loop {
         let now = Instant::now();

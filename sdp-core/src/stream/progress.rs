@@ -18,11 +18,19 @@
 //! [`PARK`] later. Setting it again reports the socket at once if it is
 //! ready then, so nothing is missed; the price is that progress for an
 //! application that stops polling comes at most [`PARK`] late.
+//!
+//! **fork.** A child of `fork` has no progress thread (only the forking
+//! thread survives). A program that forks calls [`fork_prepare`] before,
+//! [`fork_parent`] after in the parent and [`fork_child`] in the child (the
+//! preload does it from its `pthread_atfork` handlers): the thread is
+//! paused outside every lock across the fork, and the child starts its own
+//! thread, with an empty table, on first use. Links inherited by the child
+//! are not in it; [`super::SdpStream::resume_progress`] adds one.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -48,43 +56,116 @@ struct Thread {
     epoll: OwnedFd,
     wake: OwnedFd,
     links: Mutex<HashMap<u64, Arc<Shared>>>,
-    next_id: AtomicU64,
 }
 
+/// Fork generations a process may descend through (each child starts the
+/// next slot); beyond that a child gets no progress thread.
+const GENERATIONS: usize = 256;
+
+/// This process's fork generation: the slot of [`THREADS`] it uses.
+static GENERATION: AtomicUsize = AtomicUsize::new(0);
+
+type Slot = OnceLock<io::Result<&'static Thread>>;
+
+/// One progress thread per fork generation. A child moves to the next
+/// slot, so its thread is created afresh (the parent's is not there).
+static THREADS: [Slot; GENERATIONS] = [const { OnceLock::new() }; GENERATIONS];
+
+/// Link ids, unique in a process and its children.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Set across a fork: the thread stays outside its work.
+static PAUSE: AtomicBool = AtomicBool::new(false);
+/// The thread is doing work (holding locks).
+static BUSY: AtomicBool = AtomicBool::new(false);
+
 fn thread() -> io::Result<&'static Thread> {
-    static THREAD: OnceLock<io::Result<&'static Thread>> = OnceLock::new();
-    THREAD
-        .get_or_init(|| {
-            let epoll = epoll::create(CreateFlags::CLOEXEC)?;
-            let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-            epoll::add(
-                &epoll,
-                &wake,
-                EventData::new_u64(WAKE_KEY),
-                EventFlags::IN | EventFlags::ET,
-            )?;
-            let t: &'static Thread = Box::leak(Box::new(Thread {
-                epoll,
-                wake,
-                links: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
-            }));
-            std::thread::Builder::new()
-                .name("sdp-progress".into())
-                .spawn(move || t.run())?;
-            Ok(t)
-        })
+    let Some(slot) = THREADS.get(GENERATION.load(Ordering::Acquire)) else {
+        return Err(io::Error::other("too many fork generations"));
+    };
+    slot.get_or_init(|| {
+        let epoll = epoll::create(CreateFlags::CLOEXEC)?;
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        epoll::add(
+            &epoll,
+            &wake,
+            EventData::new_u64(WAKE_KEY),
+            EventFlags::IN | EventFlags::ET,
+        )?;
+        let t: &'static Thread = Box::leak(Box::new(Thread {
+            epoll,
+            wake,
+            links: Mutex::new(HashMap::new()),
+        }));
+        std::thread::Builder::new()
+            .name("sdp-progress".into())
+            .spawn(move || t.run())?;
+        Ok(t)
+    })
+    .as_ref()
+    .map(|t| *t)
+    .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+}
+
+/// Whether this process's progress thread runs (it starts with the first
+/// stream).
+fn running() -> Option<&'static Thread> {
+    THREADS
+        .get(GENERATION.load(Ordering::Acquire))?
+        .get()?
         .as_ref()
-        .map(|t| *t)
-        .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+        .ok()
+        .copied()
 }
 
 /// A fresh key for [`Shared::id`].
 pub fn next_id() -> u64 {
-    static FALLBACK: AtomicU64 = AtomicU64::new(1 << 62);
-    match thread() {
-        Ok(t) => t.next_id.fetch_add(1, Ordering::Relaxed),
-        Err(_) => FALLBACK.fetch_add(1, Ordering::Relaxed),
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Before `fork`: waits until the progress thread is outside its work
+/// (holding no lock) and keeps it there until [`fork_parent`]. The caller
+/// keeps its own threads out of the streams across the fork.
+pub fn fork_prepare() {
+    PAUSE.store(true, Ordering::SeqCst);
+    if running().is_none() {
+        return;
+    }
+    wake();
+    while BUSY.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+}
+
+/// After `fork`, in the parent: the progress thread goes on.
+pub fn fork_parent() {
+    PAUSE.store(false, Ordering::SeqCst);
+    wake();
+}
+
+/// After `fork`, in the child (its only thread): the parent's progress
+/// thread is not here; the next stream use starts one for this process,
+/// with an empty table (see the module documentation).
+pub fn fork_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    BUSY.store(false, Ordering::SeqCst);
+    PAUSE.store(false, Ordering::SeqCst);
+}
+
+/// Blocks until no link that the application released (closed) is left
+/// unfinished in this process, or until `deadline`; returns how many are
+/// left. For a process about to exit: a released link still has bytes or
+/// its close exchange to carry out, which the exit would cut short.
+pub fn wait_released(deadline: Instant) -> usize {
+    let Some(t) = running() else {
+        return 0;
+    };
+    loop {
+        let left = lock(&t.links).values().filter(|s| s.is_released()).count();
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -92,7 +173,10 @@ pub fn next_id() -> u64 {
 pub fn register(shared: Arc<Shared>) -> io::Result<()> {
     let t = thread()?;
     // In the table first: the first (edge) event may come at once.
-    lock(&t.links).insert(shared.id, shared.clone());
+    if lock(&t.links).insert(shared.id, shared.clone()).is_some() {
+        // Registered already.
+        return Ok(());
+    }
     let r = epoll::add(
         &t.epoll,
         shared.sock(),
@@ -109,7 +193,7 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
 
 /// Takes a link back (it is finished, or was never set up).
 pub fn deregister(id: u64) {
-    let Ok(t) = thread() else {
+    let Some(t) = running() else {
         return;
     };
     if let Some(shared) = lock(&t.links).remove(&id) {
@@ -120,8 +204,24 @@ pub fn deregister(id: u64) {
 /// Makes the thread recompute its timeout (a link's deadline moved
 /// earlier).
 pub fn wake() {
-    if let Ok(t) = thread() {
+    if let Some(t) = running() {
         let _ = rustix::io::write(&t.wake, &1u64.to_ne_bytes());
+    }
+}
+
+/// Marks the thread busy, first waiting outside while a fork is being
+/// prepared ([`fork_prepare`] waits for the mark to go).
+fn enter_work() {
+    loop {
+        if PAUSE.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        BUSY.store(true, Ordering::SeqCst);
+        if !PAUSE.load(Ordering::SeqCst) {
+            return;
+        }
+        BUSY.store(false, Ordering::SeqCst);
     }
 }
 
@@ -151,6 +251,7 @@ impl Thread {
             if epoll::wait(&self.epoll, spare_capacity(&mut events), timeout.as_ref()).is_err() {
                 continue;
             }
+            enter_work();
             let now = Instant::now();
             {
                 let links = lock(&self.links);
@@ -160,6 +261,10 @@ impl Thread {
                         let mut buf = [0u8; 8];
                         let _ = rustix::io::read(&self.wake, &mut buf);
                     } else if let Some(s) = links.get(&key) {
+                        let flags = ev.flags;
+                        if flags.intersects(EventFlags::RDHUP | EventFlags::HUP | EventFlags::ERR) {
+                            s.note_hangup();
+                        }
                         if s.polled() {
                             // Its application thread reads the socket.
                             let data = EventData::new_u64(s.id);
@@ -190,6 +295,7 @@ impl Thread {
                     self.remove(&s);
                 }
             }
+            BUSY.store(false, Ordering::SeqCst);
         }
     }
 

@@ -101,6 +101,9 @@ pub struct Inner {
     pub write_timeout: Option<Duration>,
     /// SO_LINGER: zero aborts on close, more waits for the close.
     pub linger: Option<Duration>,
+    /// The socket reported hang-up (RDHUP, HUP or ERR) since the last
+    /// pump: read past a short read (see [`Inner::pump`]).
+    hangup_hint: bool,
 }
 
 impl Inner {
@@ -109,11 +112,20 @@ impl Inner {
     /// did.
     pub fn pump(&mut self, now: Instant) -> bool {
         let mut any = self.timers(now);
-        if !self.llp_end && !self.reset {
+        // A short read means "drained" to the endpoint, but the peer's FIN
+        // may wait behind the bytes it read: an edge-triggered event that
+        // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
+        let mut again = std::mem::take(&mut self.hangup_hint);
+        while !self.llp_end && !self.reset {
             let r = self.ep.pump_recv(now, &mut self.link.memory());
             match r {
-                Ok(Progress::Idle) => {}
-                Ok(Progress::Progressed) => any = true,
+                Ok(Progress::Idle) => break,
+                Ok(Progress::Progressed) => {
+                    any = true;
+                    if !std::mem::take(&mut again) {
+                        break;
+                    }
+                }
                 Ok(Progress::Closed) => {
                     self.llp_end = true;
                     // The driver reports a FIN and a reset alike; its
@@ -274,6 +286,10 @@ pub struct Shared {
     deadline: AtomicU64,
     /// The readiness descriptor the application polls, once asked for.
     readiness: OnceLock<OwnedFd>,
+    /// Mirror of [`Inner::released`], readable without the lock.
+    released: AtomicBool,
+    /// An event reported hang-up, not yet passed to [`Inner`].
+    hangup: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -281,9 +297,26 @@ pub struct Shared {
 impl Shared {
     /// Wraps a link and its endpoint.
     pub fn new(link: Link, ep: Endpoint, id: u64) -> io::Result<Shared> {
+        Shared::with_readiness(link, ep, id, None)
+    }
+
+    /// Wraps a link and its endpoint, with `readiness` (if given) as its
+    /// readiness descriptor from the start: a caller that handed out the
+    /// descriptor before the stream existed (a nonblocking connect) keeps
+    /// it.
+    pub fn with_readiness(
+        link: Link,
+        ep: Endpoint,
+        id: u64,
+        readiness: Option<Readiness>,
+    ) -> io::Result<Shared> {
         let sock = ep.stream().as_fd().try_clone_to_owned()?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let inner = Inner {
+        let user = match &readiness {
+            Some(r) => Some(r.user_fd().try_clone_to_owned()?),
+            None => None,
+        };
+        let mut inner = Inner {
             link,
             ep,
             llp_end: false,
@@ -299,7 +332,14 @@ impl Shared {
             read_timeout: None,
             write_timeout: None,
             linger: None,
+            hangup_hint: false,
         };
+        let user_fd = OnceLock::new();
+        if let (Some(r), Some(user)) = (readiness, user) {
+            inner.readiness = Some(r);
+            inner.update_readiness();
+            let _ = user_fd.set(user);
+        }
         Ok(Shared {
             inner: Mutex::new(inner),
             cond: Condvar::new(),
@@ -308,9 +348,45 @@ impl Shared {
             wake,
             sock,
             deadline: AtomicU64::new(NO_DEADLINE),
-            readiness: OnceLock::new(),
+            readiness: user_fd,
+            released: AtomicBool::new(false),
+            hangup: AtomicBool::new(false),
             id,
         })
+    }
+
+    /// The progress thread saw RDHUP, HUP or ERR on the socket (an
+    /// edge-triggered event: it will not come again).
+    pub fn note_hangup(&self) {
+        self.hangup.store(true, Ordering::SeqCst);
+    }
+
+    fn take_hangup(&self, g: &mut Inner) {
+        if self.hangup.swap(false, Ordering::SeqCst) {
+            g.hangup_hint = true;
+        }
+    }
+
+    /// Makes `r` the readiness descriptor from now on (kept up to date as
+    /// [`Shared::readiness`]'s). One asked for before keeps its last
+    /// state and no longer follows the stream.
+    pub fn adopt_readiness(&self, r: Readiness) -> io::Result<()> {
+        let user = r.user_fd().try_clone_to_owned()?;
+        let mut g = self.lock();
+        g.readiness = Some(r);
+        g.update_readiness();
+        let _ = self.readiness.set(user);
+        Ok(())
+    }
+
+    /// The application released the stream (dropped its last handle).
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Marks the stream released (see [`Shared::is_released`]).
+    pub fn set_released(&self) {
+        self.released.store(true, Ordering::Relaxed);
     }
 
     /// The socket (a duplicate), for epoll.
@@ -382,6 +458,7 @@ impl Shared {
         if g.poller_active {
             return false;
         }
+        self.take_hangup(&mut g);
         if g.pump(now) && g.cond_waiters > 0 {
             self.cond.notify_all();
         }
@@ -499,8 +576,17 @@ impl Drop for Locked<'_> {
             if g.poller_active {
                 break;
             }
-            if g.pump(Instant::now()) && g.cond_waiters > 0 {
+            shared.take_hangup(&mut g);
+            let now = Instant::now();
+            if g.pump(now) && g.cond_waiters > 0 {
                 shared.cond.notify_all();
+            }
+            if g.released && g.finished(now) {
+                // The progress thread left this pump to us: it will not
+                // look at the link again to drop it.
+                drop(g);
+                super::progress::deregister(shared.id);
+                break;
             }
         }
     }

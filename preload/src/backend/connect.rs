@@ -1,0 +1,671 @@
+//! The Connecting Peer's way to SDP (DESIGN §4): bind the program's socket
+//! to an ephemeral port (CpPort), ask the port mapper, TCP-connect the
+//! same socket to the SDP address S':Q, MPA Request with the Hello, RTR,
+//! HelloAck. Any failure falls back to plain TCP to S:P on the same fd
+//! number, with a fresh kernel socket (`dup3`'ed onto it, keeping
+//! `FD_CLOEXEC`, `O_NONBLOCK` and the options the program set) once the old
+//! one was connected somewhere.
+//!
+//! [`Connector`] is the state machine: [`Connector::step`] never blocks
+//! (except for the kernel's own `connect` of a blocking socket) and says
+//! which fd to wait on. A blocking `connect` runs it on the calling thread;
+//! a nonblocking one hands it to the service thread ([`super::service`])
+//! and returns `EINPROGRESS` at once: the fd turns writable when SDP or the
+//! fallback is up or failed, and `SO_ERROR` tells which.
+//!
+//! `use sdp` rules and `AF_INET_SDP` sockets have no fallback: when SDP
+//! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
+
+use super::endpoint::{Ep, State};
+use super::service::{self, Task};
+use crate::fdtable::{self, TcpReason};
+use crate::hooks::{socket_name, RawAddr};
+use crate::log::Level;
+use crate::real;
+use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
+use portmapper::client::{Decision, Fallback};
+use portmapper::net::{PendingQuery, Start};
+use sdp_core::stream::SdpStream;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the MPA/Hello setup may take before the fallback (the engine's
+/// own startup timer, 5 s, normally decides first).
+const SETUP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where the setup stands.
+enum Phase {
+    /// The port mapper is being asked.
+    Query(Box<PendingQuery>),
+    /// PMAccept: connect the socket to the SDP address.
+    Connect(SocketAddr),
+    /// TCP connect to S':Q under way (nonblocking socket).
+    Tcp,
+    /// TCP connected: start the MPA/SDP setup.
+    StartSetup,
+    /// MPA Request sent; the progress thread carries the setup on.
+    Setup {
+        stream: SdpStream,
+        watch: OwnedFd,
+        until: Instant,
+    },
+    Done,
+}
+
+/// Why SDP was not had.
+#[derive(Debug, Clone, Copy)]
+pub struct Fail {
+    pub reason: TcpReason,
+    /// The socket was connected (or tried) to the SDP address: the
+    /// fallback needs a fresh one.
+    pub connected: bool,
+}
+
+/// What to do next.
+pub enum Step {
+    /// Wait until `fd` polls one of `events`, or `deadline`.
+    Wait {
+        fd: RawFd,
+        events: i16,
+        deadline: Option<Instant>,
+    },
+    Done(Result<SdpStream, Fail>),
+}
+
+/// See the module documentation.
+pub struct Connector {
+    /// The program's fd number.
+    fd: RawFd,
+    /// A duplicate of the program's socket (same socket, our number).
+    sock: OwnedFd,
+    /// S:P as the program gave it.
+    dest: SocketAddr,
+    /// S:P for the port mapper (a v4-mapped address as IPv4).
+    ap: SocketAddr,
+    v6: bool,
+    sdp_only: bool,
+    /// The address the program bound the socket to before connecting.
+    app_local: Option<SocketAddr>,
+    phase: Phase,
+    /// The endpoint of a nonblocking connect.
+    ep: Option<Arc<Ep>>,
+    /// Why not SDP, when the port mapper's cache decided at once.
+    decided: TcpReason,
+}
+
+fn tcp_reason(f: Fallback) -> TcpReason {
+    match f {
+        Fallback::Denied => TcpReason::PmDeny,
+        Fallback::NoAnswer => TcpReason::PmTimeout,
+        Fallback::Unreachable => TcpReason::PmUnreachable,
+    }
+}
+
+/// A v4-mapped IPv6 address as IPv4 (what the port mapper and the rules
+/// speak); others unchanged.
+fn plain(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+/// `a` in the socket's family (IPv4 on an IPv6 socket as v4-mapped).
+fn for_socket(a: SocketAddr, v6: bool) -> Option<SocketAddr> {
+    match (a, v6) {
+        (SocketAddr::V4(v4), true) => Some(SocketAddr::new(
+            IpAddr::V6(v4.ip().to_ipv6_mapped()),
+            v4.port(),
+        )),
+        (SocketAddr::V6(v6a), false) => v6a
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddr::new(IpAddr::V4(ip), v6a.port())),
+        (a, _) => Some(a),
+    }
+}
+
+fn dup_cloexec(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes the lowest acceptable number.
+    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    // SAFETY: a fresh descriptor of ours.
+    (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
+}
+
+fn connect_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
+    let raw = RawAddr::new(a);
+    // SAFETY: a complete address of raw.len() bytes.
+    if unsafe { real::connect(fd, raw.as_ptr(), raw.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(real::errno())
+    }
+}
+
+fn bind_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
+    let raw = RawAddr::new(a);
+    // SAFETY: a complete address of raw.len() bytes.
+    if unsafe { real::bind(fd, raw.as_ptr(), raw.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(real::errno())
+    }
+}
+
+fn so_error(fd: RawFd) -> Errno {
+    crate::hooks::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(libc::EIO)
+}
+
+fn set_nonblock(fd: RawFd, on: bool) {
+    // SAFETY: F_GETFL/F_SETFL on a socket we hold.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let want = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            if want != fl {
+                real::fcntl(fd, libc::F_SETFL, want as libc::c_ulong);
+            }
+        }
+    }
+}
+
+/// Waits until `fd` polls `events` or `deadline` (signals restart it).
+pub fn poll_one(fd: RawFd, events: i16, deadline: Option<Instant>) {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = deadline.map_or(-1, |d| {
+        let left = d.saturating_duration_since(Instant::now());
+        left.as_millis().min(60_000) as i32 + i32::from(left.subsec_micros() % 1000 != 0)
+    });
+    // SAFETY: one local pollfd.
+    unsafe { real::poll(&mut p, 1, ms) };
+}
+
+/// `connect` on SDP: see [`crate::sdp::SdpBackend::connect`].
+pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> ConnectOutcome {
+    let fail = |reason: TcpReason| {
+        if sdp_only {
+            crate::log!(
+                Level::Info,
+                "fd {fd}: connect {dest}: SDP only, and SDP failed ({}): ECONNREFUSED",
+                reason.name()
+            );
+            ConnectOutcome::Failed(libc::ECONNREFUSED)
+        } else {
+            ConnectOutcome::Fallback(reason)
+        }
+    };
+    let mut c = match Connector::new(fd, dest, sdp_only) {
+        Ok(c) => c,
+        Err(reason) => return fail(reason),
+    };
+    if let Phase::Done = c.phase {
+        return fail(c.decided);
+    }
+    if nonblocking {
+        let ep = match Ep::connecting(fd) {
+            Ok(ep) => Arc::new(ep),
+            Err(_) => return fail(TcpReason::Internal),
+        };
+        c.ep = Some(ep.clone());
+        service::submit(Task::Connect(Box::new(c)));
+        return ConnectOutcome::InProgress(ep);
+    }
+    let result = c.run_blocking();
+    match result {
+        Ok(stream) => match Ep::connected(stream, fd) {
+            Ok(ep) => {
+                service::ensure();
+                ConnectOutcome::Sdp(Arc::new(ep))
+            }
+            Err(e) => {
+                crate::log!(Level::Error, "fd {fd}: SDP endpoint: {e}");
+                c.replace_after_failure(false);
+                fail(TcpReason::Internal)
+            }
+        },
+        Err(f) => {
+            if f.connected {
+                c.replace_after_failure(false);
+            }
+            fail(f.reason)
+        }
+    }
+}
+
+impl Connector {
+    /// Binds the socket (CpPort) and asks the port mapper (or its cache).
+    fn new(fd: RawFd, dest: SocketAddr, sdp_only: bool) -> Result<Connector, TcpReason> {
+        let sock = dup_cloexec(fd).ok_or(TcpReason::Internal)?;
+        let v6 = crate::hooks::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+            == Some(libc::AF_INET6);
+        let ap = plain(dest);
+        let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
+        if app_local.is_none() {
+            let any = if v6 {
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
+            } else {
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
+            };
+            bind_raw(fd, any).map_err(|e| {
+                crate::log!(Level::Warn, "fd {fd}: bind for CpPort: errno {e}");
+                TcpReason::Internal
+            })?;
+        }
+        let cp = socket_name(fd, false)
+            .map(plain)
+            .ok_or(TcpReason::Internal)?;
+        let started = {
+            let _g = fdtable::enter_gate();
+            super::pm().start(ap, cp)
+        };
+        let mut c = Connector {
+            fd,
+            sock,
+            dest,
+            ap,
+            v6,
+            sdp_only,
+            app_local,
+            phase: Phase::Done,
+            ep: None,
+            decided: TcpReason::None,
+        };
+        match started {
+            Ok(Start::Decided(Decision::Sdp(a))) => c.phase = Phase::Connect(a),
+            Ok(Start::Decided(Decision::Tcp(f))) => c.decided = tcp_reason(f),
+            Ok(Start::Pending(q)) => c.phase = Phase::Query(Box::new(q)),
+            Err(e) => {
+                crate::log!(Level::Debug, "fd {fd}: port mapper query: {e}");
+                c.decided = TcpReason::PmUnreachable;
+            }
+        }
+        Ok(c)
+    }
+
+    /// The endpoint of a nonblocking connect.
+    pub fn ep(&self) -> Option<&Arc<Ep>> {
+        self.ep.as_ref()
+    }
+
+    /// The program closed the fd of a nonblocking connect: stop.
+    pub fn abandoned(&self) -> bool {
+        self.ep
+            .as_ref()
+            .is_some_and(|ep| matches!(*ep.lock(), State::Closed))
+    }
+
+    fn failed(&self, reason: TcpReason) -> Step {
+        // Connected to the SDP address or tried: remember, for this host,
+        // that SDP did not work (the cached PMAccept becomes a denial).
+        {
+            let _g = fdtable::enter_gate();
+            super::pm().sdp_connect_failed(self.ap);
+        }
+        Step::Done(Err(Fail {
+            reason,
+            connected: true,
+        }))
+    }
+
+    /// One step; see [`Step`].
+    pub fn step(&mut self, now: Instant) -> Step {
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::Done => {
+                    return Step::Done(Err(Fail {
+                        reason: self.decided,
+                        connected: false,
+                    }))
+                }
+                Phase::Query(mut q) => {
+                    if q.drive(now).is_none() {
+                        let step = Step::Wait {
+                            fd: q.as_raw_fd(),
+                            events: libc::POLLIN,
+                            deadline: q.deadline(),
+                        };
+                        self.phase = Phase::Query(q);
+                        return step;
+                    }
+                    let decision = {
+                        let _g = fdtable::enter_gate();
+                        super::pm().finish(*q)
+                    };
+                    match decision {
+                        Decision::Sdp(a) => self.phase = Phase::Connect(a),
+                        Decision::Tcp(f) => {
+                            return Step::Done(Err(Fail {
+                                reason: tcp_reason(f),
+                                connected: false,
+                            }))
+                        }
+                    }
+                }
+                Phase::Connect(a) => {
+                    let Some(a) = for_socket(a, self.v6) else {
+                        return Step::Done(Err(Fail {
+                            reason: TcpReason::Internal,
+                            connected: false,
+                        }));
+                    };
+                    crate::log!(
+                        Level::Debug,
+                        "fd {}: {}: PMAccept, SDP at {a}",
+                        self.fd,
+                        self.dest
+                    );
+                    match connect_raw(self.sock.as_raw_fd(), a) {
+                        Ok(()) => self.phase = Phase::StartSetup,
+                        Err(libc::EINPROGRESS | libc::EINTR) => self.phase = Phase::Tcp,
+                        Err(e) => {
+                            let reason = if e == libc::ECONNREFUSED {
+                                TcpReason::Refused
+                            } else {
+                                TcpReason::Internal
+                            };
+                            return self.failed(reason);
+                        }
+                    }
+                }
+                Phase::Tcp => {
+                    let mut p = libc::pollfd {
+                        fd: self.sock.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one local pollfd, no wait.
+                    unsafe { real::poll(&mut p, 1, 0) };
+                    if p.revents == 0 {
+                        self.phase = Phase::Tcp;
+                        return Step::Wait {
+                            fd: self.sock.as_raw_fd(),
+                            events: libc::POLLOUT,
+                            deadline: None,
+                        };
+                    }
+                    match so_error(self.sock.as_raw_fd()) {
+                        0 => self.phase = Phase::StartSetup,
+                        libc::ETIMEDOUT => return self.failed(TcpReason::Timeout),
+                        _ => return self.failed(TcpReason::Refused),
+                    }
+                }
+                Phase::StartSetup => {
+                    let stream = dup_cloexec(self.sock.as_raw_fd()).and_then(|d| {
+                        let tcp = std::net::TcpStream::from(d);
+                        SdpStream::start_connect(tcp, &super::sdp_config()).ok()
+                    });
+                    let Some(stream) = stream else {
+                        return self.failed(TcpReason::Internal);
+                    };
+                    let Some(watch) = stream
+                        .readiness_fd()
+                        .ok()
+                        .and_then(|f| f.try_clone_to_owned().ok())
+                    else {
+                        return self.failed(TcpReason::Internal);
+                    };
+                    self.phase = Phase::Setup {
+                        stream,
+                        watch,
+                        until: now + SETUP_LIMIT,
+                    };
+                }
+                Phase::Setup {
+                    stream,
+                    watch,
+                    until,
+                } => {
+                    let st = stream.poll_state();
+                    if st.connected {
+                        return Step::Done(Ok(stream));
+                    }
+                    if st.writable || now >= until {
+                        use sdp_core::conn::CloseReason as Why;
+                        use sdp_core::verbs::ErrorKind as Kind;
+                        let reason = match stream.close_cause() {
+                            _ if !st.writable => TcpReason::Timeout,
+                            // An MPA reject: the peer refused the Hello or
+                            // the MPA parameters (RFC 6581 §9.1).
+                            Some(Why::Transport(Kind::Refused)) => TcpReason::MpaReject,
+                            Some(Why::Transport(Kind::TimedOut)) => TcpReason::Timeout,
+                            Some(Why::Transport(Kind::Reset) | Why::TornDown) => TcpReason::Refused,
+                            // The HelloAck broke a rule.
+                            Some(Why::Violation(_)) => TcpReason::HelloReject,
+                            _ => TcpReason::Internal,
+                        };
+                        crate::log!(
+                            Level::Debug,
+                            "fd {}: SDP setup with {} failed: {}",
+                            self.fd,
+                            self.dest,
+                            stream
+                                .close_reason()
+                                .unwrap_or_else(|| reason.name().to_string())
+                        );
+                        drop(stream);
+                        return self.failed(reason);
+                    }
+                    let step = Step::Wait {
+                        fd: watch.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        deadline: Some(until),
+                    };
+                    self.phase = Phase::Setup {
+                        stream,
+                        watch,
+                        until,
+                    };
+                    return step;
+                }
+            }
+        }
+    }
+
+    /// Runs to the end on this thread (a blocking connect).
+    fn run_blocking(&mut self) -> Result<SdpStream, Fail> {
+        loop {
+            match self.step(Instant::now()) {
+                Step::Done(r) => return r,
+                Step::Wait {
+                    fd,
+                    events,
+                    deadline,
+                } => poll_one(fd, events, deadline),
+            }
+        }
+    }
+
+    /// Puts a fresh kernel socket on the program's fd number: same family,
+    /// the options the program set, `FD_CLOEXEC` as it was, `O_NONBLOCK`
+    /// as `nonblock`. The old socket (connected to the SDP address, or
+    /// reset) closes with our last reference to it.
+    fn replace_socket(&self, nonblock: bool) -> Result<(), Errno> {
+        let opts = fdtable::get(self.fd).map(|e| e.opts).unwrap_or_default();
+        let domain = if self.v6 {
+            libc::AF_INET6
+        } else {
+            libc::AF_INET
+        };
+        let mut ty = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
+        if nonblock {
+            ty |= libc::SOCK_NONBLOCK;
+        }
+        // SAFETY: plain socket creation.
+        let new = unsafe { real::socket(domain, ty, libc::IPPROTO_TCP) };
+        if new < 0 {
+            return Err(real::errno());
+        }
+        for o in &opts {
+            // SAFETY: the option bytes the kernel accepted before.
+            unsafe {
+                real::setsockopt(
+                    new,
+                    o.level,
+                    o.name,
+                    o.value.as_ptr().cast(),
+                    o.value.len() as libc::socklen_t,
+                )
+            };
+        }
+        // SAFETY: F_GETFD takes no argument.
+        let cloexec = unsafe { real::fcntl(self.fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: our new socket onto the program's fd number (checked to
+        // be still the program's socket by the caller).
+        let r = unsafe { real::dup3(new, self.fd, flags) };
+        let e = real::errno();
+        // SAFETY: our temporary number.
+        unsafe { real::close(new) };
+        if r < 0 {
+            return Err(e);
+        }
+        if let Some(a) = self.app_local {
+            if let Err(e) = bind_raw(self.fd, a) {
+                crate::log!(
+                    Level::Warn,
+                    "fd {}: fallback socket cannot bind {a} again: errno {e}",
+                    self.fd
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A blocking connect that failed after the socket was connected to
+    /// the SDP address: a fresh socket for the TCP connect (or a retry).
+    fn replace_after_failure(&self, nonblock: bool) {
+        if let Err(e) = self.replace_socket(nonblock) {
+            crate::log!(
+                Level::Error,
+                "fd {}: cannot replace the socket for the TCP fallback: errno {e}",
+                self.fd
+            );
+        }
+    }
+
+    /// The end of a nonblocking connect (on the service thread, inside the
+    /// fork gate).
+    pub fn finish(mut self, result: Result<SdpStream, Fail>) {
+        let Some(ep) = self.ep.take() else { return };
+        let mut st = ep.lock();
+        let levels = match &mut *st {
+            State::Connecting { levels } => levels.take(),
+            // Closed by the program meanwhile: nothing to report.
+            _ => return,
+        };
+        let fd = self.fd;
+        let mut levels = levels;
+        let fail = match result {
+            Ok(stream) => {
+                let adopted = match levels.take() {
+                    Some(l) => stream.adopt_readiness(l),
+                    None => Ok(()),
+                };
+                if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
+                    let local = socket_name(fd, false);
+                    let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+                    fdtable::update(fd, |e| {
+                        if matches!(&e.sdp, fdtable::SdpSide::Stream(h)
+                            if std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&dyn_ep)))
+                        {
+                            e.local = local;
+                        }
+                    });
+                    crate::log!(
+                        Level::Info,
+                        "fd {fd}: connect {} (nonblocking) -> SDP",
+                        self.dest
+                    );
+                    *st = State::Connected(stream);
+                    return;
+                }
+                drop(stream);
+                Fail {
+                    reason: TcpReason::Internal,
+                    connected: true,
+                }
+            }
+            Err(f) => f,
+        };
+        // Pollers of the wake fd wake up and look again.
+        if let Some(l) = levels.as_mut() {
+            let _ = l.set(true, true);
+        }
+        let handle = fdtable::stream(fd)
+            .filter(|h| std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&ep)));
+        let Some(handle) = handle else {
+            // The fd number is no longer this connection's: leave it alone.
+            *st = State::Failed {
+                errno: libc::ECONNABORTED,
+                reported: false,
+                _levels: levels,
+            };
+            return;
+        };
+        let view = handle.nonblock.load(std::sync::atomic::Ordering::Relaxed);
+        if fail.connected {
+            if let Err(e) = self.replace_socket(true) {
+                *st = State::Failed {
+                    errno: e,
+                    reported: false,
+                    _levels: levels,
+                };
+                return;
+            }
+        }
+        if self.sdp_only {
+            crate::log!(
+                Level::Info,
+                "fd {fd}: connect {}: SDP only, and SDP failed ({}): ECONNREFUSED",
+                self.dest,
+                fail.reason.name()
+            );
+            *st = State::Failed {
+                errno: libc::ECONNREFUSED,
+                reported: false,
+                _levels: levels,
+            };
+            return;
+        }
+        // The TCP fallback: connect the same fd number to S:P.
+        set_nonblock(fd, true);
+        match connect_raw(fd, self.dest) {
+            Ok(()) | Err(libc::EINPROGRESS) => {
+                crate::log!(
+                    Level::Info,
+                    "fd {fd}: connect {} (nonblocking) -> TCP ({})",
+                    self.dest,
+                    fail.reason.name()
+                );
+                ep.set_fell(fail.reason);
+                *st = State::FellBack;
+                drop(st);
+                set_nonblock(fd, view);
+                drop(levels);
+                drop(handle);
+                let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+                fdtable::fall_back_if(fd, &dyn_ep, fail.reason);
+            }
+            Err(e) => {
+                *st = State::Failed {
+                    errno: e,
+                    reported: false,
+                    _levels: levels,
+                };
+            }
+        }
+    }
+}

@@ -1,0 +1,630 @@
+//! [`Ep`]: one SDP connection behind an application fd, over
+//! `sdp_core::stream::SdpStream` ([`SdpEndpoint`] for the hooks).
+//!
+//! The stream is used in its nonblocking mode: the hooks do the blocking,
+//! timeouts and signals, and sleep on the wake fd, the stream's readiness
+//! descriptor (a socket pair end whose `POLLIN`/`POLLOUT` are exact). A
+//! nonblocking connect hands the wake fd out before the stream exists; the
+//! stream adopts it once its setup succeeded.
+//!
+//! Every call that touches the stream runs inside the fd table's fork gate
+//! (a fork waits until it is out, so a child never inherits one of the
+//! stream's locks held) and first claims the connection for this process
+//! ([`super::owner`]).
+
+use super::owner::{Claim, Ownership};
+use crate::fdtable::{self, TcpReason};
+use crate::log::Level;
+use crate::real;
+use crate::sdp::{
+    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
+};
+use libc::c_int;
+use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
+use sdp_core::stream::readiness::Readiness as Levels;
+use sdp_core::stream::SdpStream;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Where the connection stands.
+pub enum State {
+    /// A nonblocking connect under way (the service thread carries it);
+    /// `levels` is the wake fd's pair, neither readable nor writable.
+    Connecting {
+        levels: Option<Levels>,
+    },
+    Connected(SdpStream),
+    /// The connect failed (SDP only, or the TCP fallback's own connect):
+    /// `errno` is reported once (`SO_ERROR` or the next call).
+    Failed {
+        errno: Errno,
+        reported: bool,
+        _levels: Option<Levels>,
+    },
+    /// The nonblocking connect fell back to TCP: the fd is a kernel
+    /// socket again (calls that still arrive here go to it).
+    FellBack,
+    Closed,
+}
+
+/// See the module documentation.
+pub struct Ep {
+    state: Mutex<State>,
+    own: Ownership,
+    /// The readiness descriptor (our duplicate), stable for the Ep's life.
+    wake: OwnedFd,
+    /// The application's fd number (for a fallback to TCP).
+    fd: RawFd,
+    /// The reason of a fallback, once there was one.
+    fell: AtomicU8,
+    warned: AtomicBool,
+}
+
+fn errno_of(e: &io::Error) -> Errno {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn mode(m: FlowControlMode) -> Mode {
+    match m {
+        FlowControlMode::Buffered => Mode::Buffered,
+        FlowControlMode::Combined => Mode::Combined,
+        FlowControlMode::Pipelined => Mode::Pipelined,
+    }
+}
+
+fn clamp_u32(v: i64) -> u32 {
+    v.clamp(0, i64::from(u32::MAX)) as u32
+}
+
+/// What a call finds.
+enum Access {
+    Stream(SdpStream),
+    Connecting,
+    Failed,
+    FellBack,
+    Closed,
+    Lost,
+}
+
+impl Ep {
+    /// An established stream (blocking connect, accept).
+    pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
+        stream.set_nonblocking(true)?;
+        let wake = stream.readiness_fd()?.try_clone_to_owned()?;
+        Ok(Ep::with(State::Connected(stream), wake, fd))
+    }
+
+    /// A nonblocking connect just started: the wake fd is neither readable
+    /// nor writable until it ends.
+    pub fn connecting(fd: RawFd) -> io::Result<Ep> {
+        let levels = Levels::new()?;
+        let wake = levels.user_fd().try_clone_to_owned()?;
+        Ok(Ep::with(
+            State::Connecting {
+                levels: Some(levels),
+            },
+            wake,
+            fd,
+        ))
+    }
+
+    fn with(state: State, wake: OwnedFd, fd: RawFd) -> Ep {
+        Ep {
+            state: Mutex::new(state),
+            own: Ownership::new(),
+            wake,
+            fd,
+            fell: AtomicU8::new(0),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// The state, locked (never across a blocking call).
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The application's fd number.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Records a fallback to TCP (for [`SdpEndpoint::fallen_back`]).
+    pub fn set_fell(&self, reason: TcpReason) {
+        self.fell.store(reason as u8, Ordering::Release);
+    }
+
+    /// The stream to call, after claiming the connection.
+    fn access(&self) -> Access {
+        let stream = match &*self.lock() {
+            State::Connected(s) => s.clone(),
+            State::Connecting { .. } => return Access::Connecting,
+            State::Failed { .. } => return Access::Failed,
+            State::FellBack => return Access::FellBack,
+            State::Closed => return Access::Closed,
+        };
+        if self.own.owned() {
+            return Access::Stream(stream);
+        }
+        match self.own.claim() {
+            Claim::Owned => Access::Stream(stream),
+            Claim::Taken => {
+                if let Err(e) = stream.resume_progress() {
+                    crate::log!(
+                        Level::Error,
+                        "fd {}: cannot resume SDP progress after fork: {e}",
+                        self.fd
+                    );
+                }
+                crate::log!(
+                    Level::Debug,
+                    "fd {}: this process goes on with the SDP connection after fork",
+                    self.fd
+                );
+                Access::Stream(stream)
+            }
+            Claim::Lost(pid) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    crate::log!(
+                        Level::Warn,
+                        "fd {}: the SDP connection is used by process {pid}; an SDP socket \
+                         serves one process after fork (socket duplication is not supported)",
+                        self.fd
+                    );
+                }
+                Access::Lost
+            }
+        }
+    }
+
+    /// `Failed`: the error once, then what TCP gives on an unconnected
+    /// socket (`otherwise`).
+    fn failed(&self, otherwise: Errno) -> Errno {
+        if let State::Failed {
+            errno, reported, ..
+        } = &mut *self.lock()
+        {
+            if !*reported {
+                *reported = true;
+                return *errno;
+            }
+        }
+        otherwise
+    }
+}
+
+/// Scatters one receive over `bufs`.
+fn recv_into(s: &SdpStream, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> io::Result<usize> {
+    if flags.oob {
+        let Some(b) = bufs.iter_mut().find(|b| !b.is_empty()) else {
+            return s.recv_flags(&mut [], SdpRecv::OOB);
+        };
+        let f = if flags.peek {
+            SdpRecv::OOB | SdpRecv::PEEK
+        } else {
+            SdpRecv::OOB
+        };
+        return s.recv_flags(&mut b[..1], f);
+    }
+    if flags.peek {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if bufs.len() == 1 {
+            return s.recv_flags(&mut bufs[0], SdpRecv::PEEK);
+        }
+        let mut tmp = vec![0u8; total];
+        let n = s.recv_flags(&mut tmp, SdpRecv::PEEK)?;
+        let mut at = 0;
+        for b in bufs.iter_mut() {
+            let k = (n - at).min(b.len());
+            b[..k].copy_from_slice(&tmp[at..at + k]);
+            at += k;
+            if at == n {
+                break;
+            }
+        }
+        return Ok(n);
+    }
+    let mut done = 0;
+    for b in bufs.iter_mut() {
+        if b.is_empty() {
+            continue;
+        }
+        match s.recv_flags(b, SdpRecv::EMPTY) {
+            Ok(n) => {
+                done += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(e) if done > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Gathers one send from `bufs`; with OOB the last byte taken is urgent.
+fn send_from(s: &SdpStream, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
+    let last = bufs.iter().rposition(|b| !b.is_empty());
+    let mut done = 0;
+    for (i, b) in bufs.iter().enumerate() {
+        if b.is_empty() {
+            continue;
+        }
+        let f = if flags.oob && Some(i) == last {
+            SdpSend::OOB
+        } else {
+            SdpSend::EMPTY
+        };
+        match s.send_flags(b, f) {
+            Ok(n) => {
+                done += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if last.is_none() {
+        // Zero bytes: still reports a broken connection.
+        return s.send_flags(&[], SdpSend::EMPTY);
+    }
+    Ok(done)
+}
+
+/// `SO_LINGER` of the kernel socket `fd`: `Some(timeout)` when on.
+fn linger(fd: RawFd) -> Option<Duration> {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: a local linger struct and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64))
+}
+
+fn kernel_readiness(fd: RawFd) -> Readiness {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: one local pollfd, no wait.
+    unsafe { real::poll(&mut p, 1, 0) };
+    let r = p.revents;
+    Readiness {
+        readable: r & libc::POLLIN != 0,
+        writable: r & libc::POLLOUT != 0,
+        read_closed: r & libc::POLLRDHUP != 0,
+        hangup: r & libc::POLLHUP != 0,
+        error: r & libc::POLLERR != 0,
+        urgent: r & libc::POLLPRI != 0,
+    }
+}
+
+fn all_ready() -> Readiness {
+    Readiness {
+        readable: true,
+        writable: true,
+        read_closed: true,
+        hangup: true,
+        error: true,
+        urgent: false,
+    }
+}
+
+impl SdpEndpoint for Ep {
+    fn readiness(&self) -> Readiness {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => {
+                let st = s.poll_state();
+                Readiness {
+                    readable: st.readable,
+                    writable: st.writable,
+                    read_closed: st.read_closed,
+                    hangup: st.hangup,
+                    error: st.error,
+                    urgent: st.urgent,
+                }
+            }
+            Access::Connecting => Readiness::default(),
+            Access::Failed | Access::Lost => all_ready(),
+            Access::FellBack => kernel_readiness(self.fd),
+            Access::Closed => Readiness {
+                hangup: true,
+                ..Readiness::default()
+            },
+        }
+    }
+
+    fn wake_fd(&self) -> WakeFd {
+        let _g = fdtable::enter_gate();
+        if matches!(*self.lock(), State::FellBack) {
+            return self.fd;
+        }
+        self.wake.as_raw_fd()
+    }
+
+    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => recv_into(&s, bufs, flags).map_err(|e| errno_of(&e)),
+            Access::Connecting => Err(libc::EAGAIN),
+            Access::Failed => Err(self.failed(libc::ENOTCONN)),
+            Access::Lost => Err(libc::ENOTCONN),
+            Access::Closed => Err(libc::EBADF),
+            Access::FellBack => {
+                let mut f = libc::MSG_DONTWAIT;
+                if flags.peek {
+                    f |= libc::MSG_PEEK;
+                }
+                if flags.oob {
+                    f |= libc::MSG_OOB;
+                }
+                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+                msg.msg_iov = bufs.as_mut_ptr().cast();
+                msg.msg_iovlen = bufs.len();
+                // SAFETY: the iovecs are the caller's live slices (IoSliceMut
+                // is ABI-compatible with iovec).
+                let n = unsafe { real::recvmsg(self.fd, &mut msg, f) };
+                if n < 0 {
+                    Err(real::errno())
+                } else {
+                    Ok(n as usize)
+                }
+            }
+        }
+    }
+
+    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => send_from(&s, bufs, flags).map_err(|e| errno_of(&e)),
+            Access::Connecting => Err(libc::EAGAIN),
+            Access::Failed => Err(self.failed(libc::EPIPE)),
+            Access::Lost => Err(libc::ENOTCONN),
+            Access::Closed => Err(libc::EBADF),
+            Access::FellBack => {
+                let mut f = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+                if flags.oob {
+                    f |= libc::MSG_OOB;
+                }
+                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+                msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+                msg.msg_iovlen = bufs.len();
+                // SAFETY: as in recv; sendmsg only reads the buffers.
+                let n = unsafe { real::sendmsg(self.fd, &msg, f) };
+                if n < 0 {
+                    Err(real::errno())
+                } else {
+                    Ok(n as usize)
+                }
+            }
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) -> Result<(), Errno> {
+        let _g = fdtable::enter_gate();
+        let how_net = match how {
+            Shutdown::Read => std::net::Shutdown::Read,
+            Shutdown::Write => std::net::Shutdown::Write,
+            Shutdown::Both => std::net::Shutdown::Both,
+        };
+        match self.access() {
+            Access::Stream(s) => s.shutdown(how_net).map_err(|e| errno_of(&e)),
+            Access::FellBack => {
+                let h = match how {
+                    Shutdown::Read => libc::SHUT_RD,
+                    Shutdown::Write => libc::SHUT_WR,
+                    Shutdown::Both => libc::SHUT_RDWR,
+                };
+                // SAFETY: the program's socket.
+                if unsafe { real::shutdown(self.fd, h) } == 0 {
+                    Ok(())
+                } else {
+                    Err(real::errno())
+                }
+            }
+            Access::Closed => Err(libc::EBADF),
+            _ => Err(libc::ENOTCONN),
+        }
+    }
+
+    fn close(&self, nonblocking: bool) {
+        let stream = {
+            let _g = fdtable::enter_gate();
+            let mut st = self.lock();
+            match std::mem::replace(&mut *st, State::Closed) {
+                State::Connected(s) => s,
+                // A connect under way learns it from the state and stops.
+                _ => return,
+            }
+        };
+        if self.own.release() {
+            // Not ours after a fork: let go of the descriptors only.
+            let _g = fdtable::enter_gate();
+            stream.detach();
+            return;
+        }
+        match linger(stream.socket_fd()) {
+            Some(t) if t.is_zero() => {
+                // SO_LINGER 0: abortive close (§8.2.2).
+                let _ = stream.set_linger(Some(Duration::ZERO));
+            }
+            // A blocking close waits for the close exchange, up to t.
+            Some(t) if !nonblocking => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_linger(Some(t));
+            }
+            _ => {}
+        }
+        // The last handle: a graceful close the progress thread finishes
+        // (or, lingering, this thread), outside the gate.
+        drop(stream);
+    }
+
+    fn getsockopt(
+        &self,
+        _level: c_int,
+        _name: c_int,
+        _value: &mut [u8],
+    ) -> Option<Result<usize, Errno>> {
+        None
+    }
+
+    fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
+        if (level, name) == (libc::SOL_SOCKET, libc::SO_OOBINLINE) {
+            let on = value.iter().any(|&b| b != 0);
+            let _g = fdtable::enter_gate();
+            if let Access::Stream(s) = self.access() {
+                s.set_oob_inline(on);
+            }
+        }
+        Ok(())
+    }
+
+    fn fionread(&self) -> usize {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => usize::try_from(s.bytes_readable()).unwrap_or(usize::MAX),
+            Access::FellBack => {
+                let mut v: c_int = 0;
+                // SAFETY: FIONREAD into a local int.
+                unsafe { real::ioctl(self.fd, libc::FIONREAD, (&mut v as *mut c_int) as u64) };
+                v.max(0) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    fn at_mark(&self) -> bool {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => s.at_mark(),
+            _ => false,
+        }
+    }
+
+    fn take_error(&self) -> Option<Errno> {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => s.take_error().ok().flatten().map(|e| errno_of(&e)),
+            Access::Failed => {
+                let e = self.failed(0);
+                (e != 0).then_some(e)
+            }
+            _ => None,
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let _g = fdtable::enter_gate();
+        let stream = match &*self.lock() {
+            State::Connected(s) => Some(s.clone()),
+            _ => None,
+        };
+        // Reading the statistics is not a use: no claim.
+        match stream {
+            Some(s) => {
+                let i = s.info();
+                Stats {
+                    tx_mode: mode(i.send_mode),
+                    rx_mode: mode(i.recv_mode),
+                    bytes: Counters {
+                        bcopy_tx: i.bytes_sent,
+                        bcopy_rx: i.bytes_received,
+                        ..Counters::default()
+                    },
+                    // Buffers advertised to the peer: its send credit.
+                    local_credits: clamp_u32(i.credits.remote_credit),
+                    remote_credits: clamp_u32(i.credits.send_credit),
+                }
+            }
+            None => Stats {
+                tx_mode: Mode::Combined,
+                rx_mode: Mode::Combined,
+                bytes: Counters::default(),
+                local_credits: 0,
+                remote_credits: 0,
+            },
+        }
+    }
+
+    fn fork_prepare(&self) {
+        // The fork gate is closed: no lock is held by another thread.
+        if matches!(*self.lock(), State::Connected(_)) {
+            self.own.fork_prepare();
+        }
+    }
+
+    fn fork_parent(&self) {
+        if self.own.is_pending() {
+            if let State::Connected(s) = &*self.lock() {
+                s.pause_progress();
+            }
+        }
+    }
+
+    fn fork_child(&self) {
+        self.own.fork_child();
+        // A connect under way goes on in the parent (its service thread).
+        let mut st = self.lock();
+        if matches!(*st, State::Connecting { .. }) {
+            self.own.lose();
+            *st = State::Failed {
+                errno: libc::ECONNABORTED,
+                reported: false,
+                _levels: None,
+            };
+        }
+    }
+
+    fn flush_at_exit(&self, _deadline: Instant) {
+        // Exit closes the fd: a graceful close, which the backend's
+        // `exiting` then waits for with the others.
+        if !self.own.owned() {
+            return;
+        }
+        let stream = {
+            let _g = fdtable::enter_gate();
+            let mut st = self.lock();
+            match std::mem::replace(&mut *st, State::Closed) {
+                State::Connected(s) => s,
+                other => {
+                    *st = other;
+                    return;
+                }
+            }
+        };
+        drop(stream);
+    }
+
+    fn fallen_back(&self) -> Option<TcpReason> {
+        match self.fell.load(Ordering::Acquire) {
+            0 => None,
+            r => Some(super::reason_from_u8(r)),
+        }
+    }
+}
+
+/// An all-zero `msghdr` (valid: null pointers and zero lengths).
+fn unsafe_zeroed_msghdr() -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    unsafe { std::mem::zeroed() }
+}

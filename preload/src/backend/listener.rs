@@ -1,0 +1,520 @@
+//! The hidden SDP listener beside a listening socket (DESIGN §5): a kernel
+//! TCP listener on an ephemeral port Q of the same address, registered
+//! P→Q with the local `sdp-portmapper` over its control socket.
+//!
+//! Its connections are set up (MPA Request, Hello, RTR, HelloAck) by the
+//! service thread ([`super::service`]), never by `accept`: a nonblocking
+//! `accept` must not wait for a handshake, and the listener turns readable
+//! only when a connection is ready to be handed out (at most 64 wait set
+//! up, per process, like a backlog).
+//!
+//! Which process takes connections from Q: the one that called `listen`,
+//! from then on (a program may connect to its own listener before it
+//! accepts, as with TCP). After a `fork` neither parent nor child does
+//! until it shows interest — calls `accept` on the listener or polls it:
+//! a prefork master that merely holds the listening socket must not take
+//! the connections its workers wait for.
+//!
+//! The registration lasts as long as the control connection that made it,
+//! which every process holding the listener keeps open (it is inherited by
+//! `fork`): the port mapper forgets P→Q when the last of them closes the
+//! listener or exits. When no port mapper answers at `listen`, there is no
+//! registration and no retry: SDP clients then use TCP, and the hidden
+//! listener costs nothing but a socket.
+
+use super::endpoint::Ep;
+use super::service::{self, Task};
+use crate::fdtable;
+use crate::log::Level;
+use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
+use iwarp::engine::Event as QpEvent;
+use iwarp::mem::VecMemory;
+use portmapper::control::ControlClient;
+use sdp_core::link::{connection_config, Link};
+use sdp_core::stream::readiness::Readiness as Levels;
+use sdp_core::stream::{fit_config, Endpoint, Progress, SdpStream};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Connections being set up or ready, at most, per listener and process.
+const MAX_QUEUED: usize = 64;
+
+/// How long a connection's setup may take (the MPA startup timer, 5 s,
+/// normally decides first).
+const SETUP_LIMIT: Duration = Duration::from_secs(10);
+
+struct Ready {
+    stream: SdpStream,
+    peer: SocketAddr,
+}
+
+struct Queue {
+    ready: VecDeque<Ready>,
+    /// Connections being set up.
+    setting_up: usize,
+    /// POLLIN while `ready` holds a connection.
+    levels: Levels,
+    /// Our duplicate of the levels' descriptor, handed out as the wake fd.
+    wake: OwnedFd,
+    closed: bool,
+}
+
+/// What the listener's users and the service thread share.
+pub struct Shared {
+    /// Q.
+    q: TcpListener,
+    /// P: the program's listening address.
+    p: SocketAddr,
+    queue: Mutex<Queue>,
+    /// The service thread of this process takes connections from Q.
+    watched: AtomicBool,
+    /// Bumped when watching stops (fork): an older watch task ends.
+    watch_gen: AtomicU64,
+    control: Mutex<Option<ControlClient>>,
+}
+
+/// See the module documentation.
+pub struct Lst {
+    sh: Arc<Shared>,
+}
+
+/// Opens the hidden listener for `local` (P) and registers it.
+pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
+    let q = TcpListener::bind(SocketAddr::new(local.ip(), 0))?;
+    q.set_nonblocking(true)?;
+    if backlog > 0 {
+        // The program's backlog for Q too (std's is 128).
+        // SAFETY: listen on our own socket.
+        unsafe { crate::real::listen(q.as_raw_fd(), backlog) };
+    }
+    let q_port = q.local_addr()?.port();
+    let levels = Levels::new()?;
+    let wake = levels.user_fd().try_clone_to_owned()?;
+    let control = match ControlClient::connect_default()
+        .and_then(|mut c| c.register(local.ip(), local.port(), q_port).map(|()| c))
+    {
+        Ok(c) => {
+            crate::log!(
+                Level::Info,
+                "fd {fd}: listen {local}: SDP on port {q_port}, registered with the port mapper"
+            );
+            Some(c)
+        }
+        Err(e) => {
+            crate::log!(
+                Level::Info,
+                "fd {fd}: listen {local}: SDP on port {q_port}, not registered ({e}): \
+                 SDP clients will use TCP"
+            );
+            None
+        }
+    };
+    let lst = Lst {
+        sh: Arc::new(Shared {
+            q,
+            p: local,
+            queue: Mutex::new(Queue {
+                ready: VecDeque::new(),
+                setting_up: 0,
+                levels,
+                wake,
+                closed: false,
+            }),
+            watched: AtomicBool::new(false),
+            watch_gen: AtomicU64::new(0),
+            control: Mutex::new(control),
+        }),
+    };
+    // The listening process takes connections from the start.
+    lst.sh.watch();
+    Ok(lst)
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Q's descriptor, for the service thread.
+    pub fn q_fd(&self) -> RawFd {
+        self.q.as_raw_fd()
+    }
+
+    /// The listener was closed in this process.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Takes the connections waiting on Q (service thread, inside the fork
+    /// gate) and starts their setup.
+    pub fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
+        loop {
+            {
+                let q = self.lock();
+                if q.closed || q.ready.len() + q.setting_up >= MAX_QUEUED {
+                    return;
+                }
+            }
+            let (tcp, peer) = match self.q.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ECONNABORTED, EMFILE...: try again on the next event.
+                    crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
+                    return;
+                }
+            };
+            match Handshake::new(self.clone(), tcp, peer, now) {
+                Ok(h) => {
+                    self.lock().setting_up += 1;
+                    out.push(Task::Handshake(Box::new(h)));
+                }
+                Err(e) => crate::log!(Level::Debug, "SDP setup with {peer}: {e}"),
+            }
+        }
+    }
+
+    fn done(&self, ready: Option<Ready>) {
+        let mut q = self.lock();
+        q.setting_up = q.setting_up.saturating_sub(1);
+        if let Some(r) = ready {
+            if q.closed {
+                // Nobody will accept it: close it (graceful, background).
+                drop(q);
+                drop(r);
+                return;
+            }
+            q.ready.push_back(r);
+            let _ = q.levels.set(true, false);
+        }
+    }
+
+    /// This process wants connections from Q: the service thread watches.
+    fn watch(self: &Arc<Self>) {
+        if !self.watched.swap(true, Ordering::AcqRel) {
+            let gen = self.watch_gen.load(Ordering::Acquire);
+            service::submit(Task::Listen(self.clone(), gen));
+        }
+    }
+
+    /// Whether a watch task made for `gen` goes on.
+    pub fn watching(&self, gen: u64) -> bool {
+        self.watched.load(Ordering::Acquire)
+            && self.watch_gen.load(Ordering::Acquire) == gen
+            && !self.is_closed()
+    }
+
+    /// A fork happened: this process stops taking connections from Q until
+    /// it shows interest again.
+    fn unwatch(&self) {
+        self.watch_gen.fetch_add(1, Ordering::AcqRel);
+        self.watched.store(false, Ordering::Release);
+    }
+}
+
+/// The Accepting Peer's setup of one connection (DESIGN §4).
+pub struct Handshake {
+    lst: Arc<Shared>,
+    peer: SocketAddr,
+    until: Instant,
+    phase: HsPhase,
+}
+
+enum HsPhase {
+    /// Waiting for the MPA Request and its Hello.
+    Request(Box<Endpoint>, sdp_core::conn::Config),
+    /// Accepted; waiting for the RTR, then the HelloAck goes (the progress
+    /// thread carries it).
+    Setup {
+        stream: SdpStream,
+        watch: OwnedFd,
+    },
+    Done,
+}
+
+/// What a handshake waits for next.
+pub enum HsStep {
+    Wait {
+        fd: RawFd,
+        events: i16,
+        deadline: Option<Instant>,
+    },
+    Done,
+}
+
+fn keepalive(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: an int option on our own socket.
+    unsafe {
+        crate::real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+impl Handshake {
+    fn new(
+        lst: Arc<Shared>,
+        tcp: std::net::TcpStream,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> io::Result<Handshake> {
+        // SO_KEEPALIVE, as the stream layer sets (draft §14.3).
+        keepalive(tcp.as_raw_fd());
+        let config = fit_config(&tcp, &super::sdp_config());
+        let ep = Endpoint::responder(tcp, connection_config(&config), now)?;
+        Ok(Handshake {
+            lst,
+            peer,
+            until: now + SETUP_LIMIT,
+            phase: HsPhase::Request(Box::new(ep), config),
+        })
+    }
+
+    /// The listener was closed: stop.
+    pub fn abandoned(&self) -> bool {
+        self.lst.is_closed()
+    }
+
+    /// One step (service thread, inside the fork gate).
+    pub fn step(&mut self, now: Instant) -> HsStep {
+        loop {
+            match std::mem::replace(&mut self.phase, HsPhase::Done) {
+                HsPhase::Done => {
+                    self.lst.done(None);
+                    return HsStep::Done;
+                }
+                HsPhase::Request(mut ep, config) => {
+                    if now >= self.until {
+                        return self.fail("setup timed out");
+                    }
+                    match ep.pump_recv(now, &mut VecMemory::new()) {
+                        Ok(Progress::Closed) => return self.fail("closed before the MPA Request"),
+                        Err(e) => return self.fail(&format!("socket: {e}")),
+                        Ok(_) => {}
+                    }
+                    if ep.poll_timeout().is_some_and(|t| t <= now) {
+                        ep.handle_timeout(now);
+                    }
+                    let mut hello = None;
+                    while let Some(ev) = ep.connection_mut().poll_event() {
+                        match ev {
+                            QpEvent::ConnectRequest { private_data, .. } => {
+                                hello = Some(private_data)
+                            }
+                            QpEvent::Failed(code) => {
+                                return self.fail(&format!("MPA startup failed: {code}"))
+                            }
+                            _ => {}
+                        }
+                    }
+                    let Some(hello) = hello else {
+                        let deadline = ep.poll_timeout().map_or(self.until, |t| t.min(self.until));
+                        let fd = ep.raw_fd();
+                        self.phase = HsPhase::Request(ep, config);
+                        return HsStep::Wait {
+                            fd,
+                            events: libc::POLLIN,
+                            deadline: Some(deadline),
+                        };
+                    };
+                    let link = match Link::accept(&config, &hello, ep.connection_mut(), now) {
+                        Ok(link) => link,
+                        Err(e) => {
+                            // The reject Reply goes, then the socket closes.
+                            let _ = ep.pump_send(now, &VecMemory::new());
+                            return self.fail(&format!("refused: {e}"));
+                        }
+                    };
+                    let stream = match SdpStream::from_parts(link, *ep) {
+                        Ok(s) => s,
+                        Err(e) => return self.fail(&format!("stream: {e}")),
+                    };
+                    let watch = match stream.readiness_fd().and_then(|f| f.try_clone_to_owned()) {
+                        Ok(w) => w,
+                        Err(e) => return self.fail(&format!("readiness: {e}")),
+                    };
+                    self.phase = HsPhase::Setup { stream, watch };
+                }
+                HsPhase::Setup { stream, watch } => {
+                    let st = stream.poll_state();
+                    if st.connected {
+                        let peer = self.peer;
+                        self.lst.done(Some(Ready { stream, peer }));
+                        return HsStep::Done;
+                    }
+                    if st.writable || now >= self.until {
+                        let why = stream
+                            .close_reason()
+                            .unwrap_or_else(|| "setup timed out".into());
+                        drop(stream);
+                        return self.fail(&why);
+                    }
+                    let step = HsStep::Wait {
+                        fd: watch.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        deadline: Some(self.until),
+                    };
+                    self.phase = HsPhase::Setup { stream, watch };
+                    return step;
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, why: &str) -> HsStep {
+        crate::log!(
+            Level::Debug,
+            "listener {}: SDP setup with {} failed: {why}",
+            self.lst.p,
+            self.peer
+        );
+        self.lst.done(None);
+        HsStep::Done
+    }
+
+    /// A child of `fork` inherited this handshake: the parent finishes it.
+    pub fn forget(self) {
+        if let HsPhase::Setup { stream, .. } = self.phase {
+            stream.detach();
+        }
+    }
+}
+
+fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD (no close-on-exec: accept4's flags decide).
+    let d = unsafe { crate::real::fcntl(fd, libc::F_DUPFD, 3) };
+    if d < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor of ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
+impl SdpListener for Lst {
+    fn readiness(&self) -> Readiness {
+        self.sh.watch();
+        let _g = fdtable::enter_gate();
+        Readiness {
+            readable: !self.sh.lock().ready.is_empty(),
+            ..Readiness::default()
+        }
+    }
+
+    fn wake_fd(&self) -> WakeFd {
+        self.sh.watch();
+        let _g = fdtable::enter_gate();
+        self.sh.lock().wake.as_raw_fd()
+    }
+
+    fn accept(&self) -> Result<Accepted, Errno> {
+        self.sh.watch();
+        let _g = fdtable::enter_gate();
+        loop {
+            let r = {
+                let mut q = self.sh.lock();
+                let r = q.ready.pop_front();
+                if q.ready.is_empty() {
+                    let _ = q.levels.set(false, false);
+                }
+                r
+            };
+            let Some(Ready { stream, peer }) = r else {
+                return Err(libc::EAGAIN);
+            };
+            // A connection that ended while it waited is still handed out,
+            // as TCP does (the program's first read tells).
+            let fd = match dup_for_program(stream.socket_fd()) {
+                Ok(fd) => fd,
+                Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+            };
+            match Ep::connected(stream, fd.as_raw_fd()) {
+                Ok(ep) => {
+                    crate::log!(
+                        Level::Debug,
+                        "fd {}: accepted SDP connection from {peer} on {}",
+                        fd.as_raw_fd(),
+                        self.sh.p
+                    );
+                    return Ok(Accepted {
+                        fd,
+                        peer,
+                        endpoint: Arc::new(ep),
+                    });
+                }
+                Err(e) => {
+                    crate::log!(Level::Error, "SDP endpoint for {peer}: {e}");
+                    continue;
+                }
+            }
+        }
+    }
+
+    fn close(&self) {
+        let ready: Vec<Ready> = {
+            let _g = fdtable::enter_gate();
+            let mut q = self.sh.lock();
+            q.closed = true;
+            q.ready.drain(..).collect()
+        };
+        // Connections nobody accepted: closed (graceful, in the background).
+        drop(ready);
+        // Our copy of the control connection: the registration ends when
+        // the last process holding it closes it.
+        let control = self
+            .sh
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        drop(control);
+    }
+
+    fn fork_child(&self) {
+        // The connections set up in the parent are the parent's.
+        let ready: Vec<Ready> = self.sh.lock().ready.drain(..).collect();
+        for r in ready {
+            r.stream.detach();
+        }
+        {
+            let mut q = self.sh.lock();
+            q.setting_up = 0;
+            // The levels are a socket pair shared with the parent: this
+            // process gets its own.
+            if let Ok(levels) = Levels::new() {
+                if let Ok(wake) = levels.user_fd().try_clone_to_owned() {
+                    q.levels = levels;
+                    q.wake = wake;
+                }
+            }
+        }
+        // This process's service thread watches once the child shows
+        // interest.
+        self.sh.unwatch();
+    }
+
+    fn exiting(&self) {
+        self.sh.unwatch();
+        let ready: Vec<Ready> = {
+            let _g = fdtable::enter_gate();
+            self.sh.lock().ready.drain(..).collect()
+        };
+        drop(ready);
+    }
+
+    fn fork_parent(&self) {
+        // The parent too waits for interest (a prefork master must not
+        // take its workers' connections).
+        self.sh.unwatch();
+    }
+}

@@ -1,0 +1,144 @@
+//! The SDP engine behind the hooks: [`crate::sdp`]'s traits implemented
+//! over `sdp-core`'s stream layer and the `portmapper` client, installed by
+//! `hooks::init` (unless `SDP_ENGINE=0`).
+//!
+//! * [`connect`] — the Connecting Peer: CpPort, port mapper, TCP to S':Q,
+//!   MPA/Hello, or the fallback to TCP on the same fd number.
+//! * [`listener`] — the hidden SDP listener, its registration, and the
+//!   Accepting Peer's setup of each connection.
+//! * [`endpoint`] — one SDP connection behind an application fd.
+//! * [`service`] — the thread that carries nonblocking setups on and
+//!   publishes statistics.
+//! * [`owner`] — which process drives a connection a `fork` made shared.
+//!
+//! Environment: `SDP_PM_PORT` (the port mapper's UDP port, default 3935),
+//! `SDP_PM_CONTROL` (its control socket), `SDP_STAT_INTERVAL_MS`,
+//! `SDP_ENGINE=0` (no SDP at all). The progress thread of `sdp-core` moves
+//! the bytes; one per process, restarted in a child of `fork`.
+
+pub mod connect;
+pub mod endpoint;
+pub mod listener;
+pub mod owner;
+pub mod service;
+
+use crate::fdtable::TcpReason;
+use crate::sdp::{self, ConnectOutcome, SdpBackend, SdpListener};
+use libc::c_int;
+use portmapper::client::ClientConfig;
+use portmapper::net::PmClient;
+use sdp_core::stream::progress;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// The backend (stateless: the state is in the fd table and the statics
+/// of the modules).
+pub struct Backend;
+
+static BACKEND: Backend = Backend;
+
+/// Installs the backend for the hooks.
+pub fn install() {
+    sdp::install_backend(&BACKEND);
+}
+
+/// The port mapper's UDP port: `SDP_PM_PORT`, else the draft's 3935.
+pub fn pm_port() -> u16 {
+    std::env::var("SDP_PM_PORT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(portmapper::wire::DEFAULT_PORT)
+}
+
+/// The process's PM client: its caches serve every connection.
+pub(crate) fn pm() -> &'static PmClient {
+    static PM: OnceLock<PmClient> = OnceLock::new();
+    PM.get_or_init(|| {
+        PmClient::new(ClientConfig {
+            server_port: pm_port(),
+            ..ClientConfig::default()
+        })
+    })
+}
+
+/// The SDP connection parameters.
+pub(crate) fn sdp_config() -> sdp_core::conn::Config {
+    sdp_core::conn::Config::default()
+}
+
+/// A [`TcpReason`] from its number (as stored in an atomic).
+pub(crate) fn reason_from_u8(v: u8) -> TcpReason {
+    match v {
+        1 => TcpReason::RuleTcp,
+        2 => TcpReason::NoEngine,
+        3 => TcpReason::PmDeny,
+        4 => TcpReason::PmTimeout,
+        5 => TcpReason::PmUnreachable,
+        6 => TcpReason::Refused,
+        7 => TcpReason::MpaReject,
+        8 => TcpReason::HelloReject,
+        9 => TcpReason::Timeout,
+        10 => TcpReason::Internal,
+        11 => TcpReason::PeerTcp,
+        _ => TcpReason::None,
+    }
+}
+
+impl SdpBackend for Backend {
+    fn connect(
+        &self,
+        fd: RawFd,
+        dest: SocketAddr,
+        nonblocking: bool,
+        sdp_only: bool,
+    ) -> ConnectOutcome {
+        connect::start(fd, dest, nonblocking, sdp_only)
+    }
+
+    fn listen(
+        &self,
+        fd: RawFd,
+        local: SocketAddr,
+        backlog: c_int,
+    ) -> Result<Arc<dyn SdpListener>, TcpReason> {
+        match listener::open(fd, local, backlog) {
+            Ok(l) => Ok(Arc::new(l)),
+            Err(e) => {
+                crate::log!(
+                    crate::log::Level::Warn,
+                    "fd {fd}: no hidden SDP listener for {local}: {e}"
+                );
+                Err(TcpReason::Internal)
+            }
+        }
+    }
+
+    fn fork_prepare(&self) {
+        progress::fork_prepare();
+    }
+
+    fn fork_parent(&self) {
+        progress::fork_parent();
+    }
+
+    fn fork_child(&self) {
+        progress::fork_child();
+        service::fork_child();
+    }
+
+    fn exiting(&self, deadline: Instant) {
+        let left = progress::wait_released(deadline);
+        if left > 0 {
+            crate::log!(
+                crate::log::Level::Warn,
+                "exit: {left} SDP connection(s) still closing after SDP_EXIT_FLUSH_MS"
+            );
+        }
+    }
+
+    fn pending(&self) -> usize {
+        owner::pending()
+    }
+}

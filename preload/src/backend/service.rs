@@ -1,0 +1,266 @@
+//! The backend's service thread, one per process: it carries nonblocking
+//! connects ([`super::connect::Connector`]) and the setup of connections
+//! arriving at hidden listeners ([`super::listener::Handshake`]) on, takes
+//! new connections from the hidden listeners this process watches, and
+//! publishes the SDP connections' statistics to the state export every
+//! `SDP_STAT_INTERVAL_MS` (default 200; `0`: only after the program's own
+//! calls), so `sdp-stat` sees bytes move while the program sleeps.
+//!
+//! It sleeps in `poll(2)` on the fds its tasks wait for; its work runs
+//! inside the fd table's fork gate, so a fork never finds it holding a
+//! lock. A child of `fork` starts its own thread on first use; the tasks
+//! of the parent's thread stay the parent's (their descriptors are left
+//! open in the child until it execs or exits).
+
+use super::connect::{Connector, Step};
+use super::listener::{Handshake, HsStep, Shared as ListenerShared};
+use crate::fdtable::{self, SdpSide};
+use crate::real;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Work for the service thread.
+pub enum Task {
+    Connect(Box<Connector>),
+    Handshake(Box<Handshake>),
+    /// Take connections from a hidden listener, while it is watched with
+    /// this generation.
+    Listen(Arc<ListenerShared>, u64),
+}
+
+struct Service {
+    wake: OwnedFd,
+    queue: Mutex<Vec<Task>>,
+}
+
+const GENERATIONS: usize = 256;
+static GENERATION: AtomicUsize = AtomicUsize::new(0);
+static SERVICES: [OnceLock<Option<&'static Service>>; GENERATIONS] =
+    [const { OnceLock::new() }; GENERATIONS];
+
+fn service() -> Option<&'static Service> {
+    let slot = SERVICES.get(GENERATION.load(Ordering::Acquire))?;
+    *slot.get_or_init(|| {
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return None;
+        }
+        let s: &'static Service = Box::leak(Box::new(Service {
+            // SAFETY: a fresh descriptor of ours.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            queue: Mutex::new(Vec::new()),
+        }));
+        std::thread::Builder::new()
+            .name("sdp-service".into())
+            .spawn(move || s.run())
+            .ok()?;
+        Some(s)
+    })
+}
+
+/// Starts the thread if it does not run yet (statistics publishing).
+pub fn ensure() {
+    let _ = service();
+}
+
+/// Hands `task` to the service thread.
+pub fn submit(task: Task) {
+    let Some(s) = service() else {
+        crate::log!(
+            crate::log::Level::Error,
+            "the SDP service thread cannot start; a connection setup is dropped"
+        );
+        if let Task::Connect(c) = task {
+            let _g = fdtable::enter_gate();
+            c.finish(Err(super::connect::Fail {
+                reason: fdtable::TcpReason::Internal,
+                connected: false,
+            }));
+        }
+        return;
+    };
+    {
+        let _g = fdtable::enter_gate();
+        s.queue.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+    }
+    let one: u64 = 1;
+    // SAFETY: an 8-byte eventfd write from a local.
+    unsafe { real::write(s.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// In the child after `fork`: the next use starts this process's thread.
+pub fn fork_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+fn stat_interval() -> Option<Duration> {
+    static I: OnceLock<Option<Duration>> = OnceLock::new();
+    *I.get_or_init(|| {
+        let ms = std::env::var("SDP_STAT_INTERVAL_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200u64);
+        (ms > 0).then(|| Duration::from_millis(ms))
+    })
+}
+
+/// Publishes every SDP connection's statistics.
+fn publish_all() {
+    if fdtable::no_sdp() {
+        return;
+    }
+    fdtable::for_each(|fd, e| {
+        if let SdpSide::Stream(h) = &e.sdp {
+            fdtable::publish_stats(fd, &h.endpoint.stats());
+        }
+    });
+}
+
+struct Slot {
+    task: Task,
+    /// What it waits for; `None`: step at once.
+    wait: Option<Wait>,
+}
+
+type Wait = (RawFd, i16, Option<Instant>);
+
+/// Steps `task`; `Some` to keep it, with what it waits for.
+fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait)> {
+    match task {
+        Task::Connect(mut c) => {
+            if c.abandoned() {
+                return None;
+            }
+            match c.step(now) {
+                Step::Wait {
+                    fd,
+                    events,
+                    deadline,
+                } => Some((Task::Connect(c), (fd, events, deadline))),
+                Step::Done(r) => {
+                    (*c).finish(r);
+                    None
+                }
+            }
+        }
+        Task::Handshake(mut h) => {
+            if h.abandoned() {
+                return None;
+            }
+            match h.step(now) {
+                HsStep::Wait {
+                    fd,
+                    events,
+                    deadline,
+                } => Some((Task::Handshake(h), (fd, events, deadline))),
+                HsStep::Done => None,
+            }
+        }
+        Task::Listen(l, gen) => {
+            if !l.watching(gen) {
+                return None;
+            }
+            l.take_connections(now, spawned);
+            let fd = l.q_fd();
+            Some((Task::Listen(l, gen), (fd, libc::POLLIN, None)))
+        }
+    }
+}
+
+impl Service {
+    fn run(&'static self) {
+        crate::hooks::internal_thread();
+        let mut slots: Vec<Slot> = Vec::new();
+        let interval = stat_interval();
+        let mut next_stats = interval.map(|i| Instant::now() + i);
+        loop {
+            let mut pfds = Vec::with_capacity(slots.len() + 1);
+            pfds.push(libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            let mut deadline = next_stats;
+            let mut now_please = false;
+            for s in &slots {
+                match s.wait {
+                    Some((fd, events, d)) => {
+                        pfds.push(libc::pollfd {
+                            fd,
+                            events,
+                            revents: 0,
+                        });
+                        if let Some(d) = d {
+                            deadline = Some(deadline.map_or(d, |x| x.min(d)));
+                        }
+                    }
+                    None => {
+                        now_please = true;
+                        pfds.push(libc::pollfd {
+                            fd: -1,
+                            events: 0,
+                            revents: 0,
+                        });
+                    }
+                }
+            }
+            let timeout = if now_please {
+                0
+            } else {
+                deadline.map_or(-1, |d| {
+                    let left = d.saturating_duration_since(Instant::now());
+                    (left.as_micros().div_ceil(1000)).min(60_000) as i32
+                })
+            };
+            // SAFETY: our own pollfd vector.
+            unsafe { real::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+            let now = Instant::now();
+            let _g = fdtable::enter_gate();
+            if pfds[0].revents != 0 {
+                let mut v: u64 = 0;
+                // SAFETY: an 8-byte eventfd read into a local.
+                unsafe { real::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            }
+            let due: Vec<bool> = slots
+                .iter()
+                .zip(&pfds[1..])
+                .map(|(s, p)| match s.wait {
+                    None => true,
+                    Some((_, _, d)) => p.revents != 0 || d.is_some_and(|d| now >= d),
+                })
+                .collect();
+            let mut spawned = Vec::new();
+            let mut kept = Vec::with_capacity(slots.len());
+            for (s, due) in slots.drain(..).zip(due) {
+                if !due {
+                    kept.push(s);
+                    continue;
+                }
+                if let Some((task, w)) = step(s.task, now, &mut spawned) {
+                    kept.push(Slot {
+                        task,
+                        wait: Some(w),
+                    });
+                }
+            }
+            slots = kept;
+            let fresh: Vec<Task> =
+                std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+            slots.extend(
+                fresh
+                    .into_iter()
+                    .chain(spawned)
+                    .map(|task| Slot { task, wait: None }),
+            );
+            if let (Some(at), Some(i)) = (next_stats, interval) {
+                if now >= at {
+                    publish_all();
+                    next_stats = Some(now + i);
+                }
+            }
+        }
+    }
+}

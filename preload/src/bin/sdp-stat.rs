@@ -1,0 +1,431 @@
+//! `sdp-stat [--dir DIR] [--json] [--pid PID]...`
+//!
+//! Lists, for every preloaded process on the host (the state export files
+//! of `docs/preload.md`, "State export"), each socket the preload manages:
+//! local and peer address, role, SDP or TCP and why (the rule, PMDeny, a
+//! port mapper timeout, an MPA reject...), the flow-control mode of each
+//! direction, bytes moved by Bcopy, Read Zcopy and Write Zcopy, and the
+//! credits. `--json` prints the same as one JSON document.
+//!
+//! Files of processes that are gone (or whose pid now runs another
+//! process) are skipped. The directory is `--dir`, else `SDP_STAT_DIR`,
+//! else `$XDG_RUNTIME_DIR/sdp`, else `/tmp/sdp-<uid>` — where the library
+//! writes them.
+//!
+//! This binary reads the format with the library's own reader (the file is
+//! included, the library is not linked: its interposed functions would
+//! otherwise be this program's).
+
+#[allow(dead_code)]
+#[path = "../stat_format.rs"]
+mod stat_format;
+
+use stat_format::{ParseError, ProcessState, Record};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: sdp-stat [--dir DIR] [--json] [--pid PID]...
+
+Lists the sockets of every process running under the SDP preload: role,
+addresses, SDP or TCP and why, modes, bytes by mechanism, credits.
+
+  --dir DIR   the state export directory (default: SDP_STAT_DIR, else
+              $XDG_RUNTIME_DIR/sdp, else /tmp/sdp-<uid>)
+  --json      one JSON document instead of the table
+  --pid PID   only this process (repeatable)
+  --help      this text
+";
+
+struct Options {
+    dir: PathBuf,
+    json: bool,
+    pids: Vec<u32>,
+}
+
+fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SDP_STAT_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&d).join("sdp");
+    }
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0);
+    PathBuf::from(format!("/tmp/sdp-{uid}"))
+}
+
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
+    let mut o = Options {
+        dir: default_dir(),
+        json: false,
+        pids: Vec::new(),
+    };
+    let mut args = args;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--help" | "-h" => return Ok(None),
+            "--json" => o.json = true,
+            "--dir" => o.dir = args.next().ok_or("--dir needs a directory")?.into(),
+            "--pid" | "-p" => {
+                let p = args.next().ok_or("--pid needs a number")?;
+                o.pids
+                    .push(p.parse().map_err(|_| format!("bad pid {p:?}"))?);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// The start time (clock ticks since boot) of process `pid`, if it runs.
+fn start_time(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Reads one file consistently (a record caught mid-update is read again).
+fn read_state(path: &Path) -> Option<ProcessState> {
+    for _ in 0..100 {
+        let bytes = std::fs::read(path).ok()?;
+        match stat_format::parse(&bytes) {
+            Ok(s) => return Some(s),
+            Err(ParseError::Torn(_)) => std::thread::yield_now(),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// The live processes' states, by pid.
+fn states(o: &Options) -> std::io::Result<Vec<ProcessState>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&o.dir)? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_suffix(".stat"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !o.pids.is_empty() && !o.pids.contains(&pid) {
+            continue;
+        }
+        let Some(state) = read_state(&entry.path()) else {
+            continue;
+        };
+        // Gone, or the pid is another process now.
+        if state.pid != pid || start_time(pid).is_none_or(|t| t != state.start_time) {
+            continue;
+        }
+        out.push(state);
+    }
+    out.sort_by_key(|s| s.pid);
+    Ok(out)
+}
+
+fn role(r: u8) -> &'static str {
+    match r {
+        1 => "client",
+        2 => "listener",
+        3 => "accepted",
+        _ => "-",
+    }
+}
+
+fn transport(t: u8) -> &'static str {
+    match t {
+        1 => "tcp",
+        2 => "sdp",
+        _ => "-",
+    }
+}
+
+fn want(w: u8) -> &'static str {
+    match w {
+        1 => "sdp",
+        2 => "tcp",
+        3 => "both",
+        _ => "-",
+    }
+}
+
+/// The names of `TcpReason` (`fdtable::TcpReason::name`).
+fn reason(r: u8) -> &'static str {
+    match r {
+        1 => "rule-tcp",
+        2 => "no-sdp-engine",
+        3 => "pm-deny",
+        4 => "pm-timeout",
+        5 => "pm-unreachable",
+        6 => "refused",
+        7 => "mpa-reject",
+        8 => "hello-reject",
+        9 => "timeout",
+        10 => "internal-error",
+        11 => "peer-tcp",
+        _ => "-",
+    }
+}
+
+fn decided(r: &Record) -> String {
+    match r.decided_by {
+        1 => "default".into(),
+        2 => format!("rule {}", r.rule),
+        3 => "AF_INET_SDP".into(),
+        4 => "listener".into(),
+        _ => "-".into(),
+    }
+}
+
+/// Why the socket is what it is: for TCP the reason, for SDP who decided.
+fn why(r: &Record) -> String {
+    match (r.transport, r.reason) {
+        (1, 1) => format!("rule-tcp ({})", decided(r)),
+        (1, x) => reason(x).into(),
+        (2, _) => decided(r),
+        _ => "-".into(),
+    }
+}
+
+fn mode(m: u8) -> &'static str {
+    match m {
+        1 => "combined",
+        2 => "buffered",
+        3 => "pipelined",
+        _ => "-",
+    }
+}
+
+fn addr(a: &Option<std::net::SocketAddr>) -> String {
+    a.map_or("-".into(), |a| a.to_string())
+}
+
+fn table(states: &[ProcessState]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>13} {:>13} {:>11}",
+        "PID",
+        "PROGRAM",
+        "FD",
+        "ROLE",
+        "VIA",
+        "WHY",
+        "LOCAL",
+        "PEER",
+        "MODE TX/RX",
+        "BCOPY TX/RX",
+        "RZCOPY TX/RX",
+        "WZCOPY TX/RX",
+        "CREDITS L/R"
+    );
+    for s in states {
+        for r in &s.records {
+            let c = &r.counters;
+            let modes = if r.transport == 2 && r.role != 2 {
+                format!("{}/{}", mode(r.tx_mode), mode(r.rx_mode))
+            } else {
+                "-".into()
+            };
+            let credits = if r.transport == 2 && r.role != 2 {
+                format!("{}/{}", r.local_credits, r.remote_credits)
+            } else {
+                "-".into()
+            };
+            let _ = writeln!(
+                out,
+                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>13} {:>13} {:>11}",
+                s.pid,
+                s.program.chars().take(14).collect::<String>(),
+                r.fd,
+                role(r.role),
+                transport(r.transport),
+                why(r),
+                addr(&r.local),
+                addr(&r.peer),
+                modes,
+                format!("{}/{}", c[0], c[1]),
+                format!("{}/{}", c[2], c[3]),
+                format!("{}/{}", c[4], c[5]),
+                credits
+            );
+        }
+    }
+    out
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn json_addr(a: &Option<std::net::SocketAddr>) -> String {
+    a.map_or("null".into(), |a| json_str(&a.to_string()))
+}
+
+fn json(states: &[ProcessState]) -> String {
+    let mut out = String::from("[");
+    for (i, s) in states.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "\n  {{\"pid\": {}, \"program\": {}, \"sockets\": [",
+            s.pid,
+            json_str(&s.program)
+        );
+        for (j, r) in s.records.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            let c = &r.counters;
+            let _ = write!(
+                out,
+                "\n    {{\"fd\": {}, \"role\": {}, \"transport\": {}, \"want\": {}, \
+                 \"decided_by\": {}, \"rule\": {}, \"reason\": {}, \"why\": {}, \
+                 \"local\": {}, \"peer\": {}, \"tx_mode\": {}, \"rx_mode\": {}, \
+                 \"forced\": {}, \"ipv6\": {}, \"bytes\": {{\"bcopy_tx\": {}, \"bcopy_rx\": {}, \
+                 \"read_zcopy_tx\": {}, \"read_zcopy_rx\": {}, \"write_zcopy_tx\": {}, \
+                 \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}}}",
+                r.fd,
+                json_str(role(r.role)),
+                json_str(transport(r.transport)),
+                json_str(want(r.want)),
+                json_str(&decided(r)),
+                r.rule,
+                json_str(reason(r.reason)),
+                json_str(&why(r)),
+                json_addr(&r.local),
+                json_addr(&r.peer),
+                json_str(mode(r.tx_mode)),
+                json_str(mode(r.rx_mode)),
+                r.flags & stat_format::FLAG_FORCED != 0,
+                r.flags & stat_format::FLAG_IPV6 != 0,
+                c[0],
+                c[1],
+                c[2],
+                c[3],
+                c[4],
+                c[5],
+                r.local_credits,
+                r.remote_credits
+            );
+        }
+        out.push_str(if s.records.is_empty() { "]}" } else { "\n  ]}" });
+    }
+    out.push_str(if states.is_empty() { "]\n" } else { "\n]\n" });
+    out
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprint!("sdp-stat: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let states = match states(&o) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!("sdp-stat: {}: {e}", o.dir.display());
+            return ExitCode::from(1);
+        }
+    };
+    print!(
+        "{}",
+        if o.json {
+            json(&states)
+        } else {
+            table(&states)
+        }
+    );
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            fd: 7,
+            transport: 1,
+            role: 1,
+            want: 3,
+            decided_by: 1,
+            reason: 3,
+            rule: 0,
+            tx_mode: 0,
+            rx_mode: 0,
+            flags: 0,
+            local: Some("127.0.0.1:40000".parse().unwrap()),
+            peer: Some("127.0.0.1:5201".parse().unwrap()),
+            counters: [1, 2, 3, 4, 5, 6],
+            local_credits: 0,
+            remote_credits: 0,
+        }
+    }
+
+    #[test]
+    fn why_names_the_reason_or_the_decision() {
+        let mut r = record();
+        assert_eq!(why(&r), "pm-deny");
+        r.reason = 1;
+        r.decided_by = 2;
+        r.rule = 4;
+        assert_eq!(why(&r), "rule-tcp (rule 4)");
+        r.transport = 2;
+        r.reason = 0;
+        r.decided_by = 3;
+        assert_eq!(why(&r), "AF_INET_SDP");
+    }
+
+    #[test]
+    fn json_is_well_formed() {
+        let s = ProcessState {
+            pid: 42,
+            start_time: 1,
+            program: "a\"b".into(),
+            records: vec![record()],
+        };
+        let j = json(&[s]);
+        assert!(
+            j.starts_with("[\n  {\"pid\": 42, \"program\": \"a\\\"b\""),
+            "{j}"
+        );
+        assert!(j.contains("\"reason\": \"pm-deny\""), "{j}");
+        assert!(j.contains("\"bcopy_tx\": 1, \"bcopy_rx\": 2"), "{j}");
+        assert_eq!(json(&[]), "[]\n");
+        let t = table(&[]);
+        assert!(t.starts_with("    PID PROGRAM"), "{t}");
+    }
+}

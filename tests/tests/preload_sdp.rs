@@ -1,0 +1,750 @@
+//! Real programs under `libsdp_preload.so` with a port mapper of their own
+//! ([`PortMapper`]): their connections run over SDP, and must give exactly
+//! what they give over TCP. The state export must say SDP (and, for the
+//! connections that fell back, TCP and why). Readiness of servers is a line
+//! they print, never a sleep.
+
+use sdp_tests::portmapper::PortMapper;
+use sdp_tests::preload::{
+    artifacts, command, python, python_command, require, run_ok, Background, Mode, TempDir,
+};
+use sdp_tests::statfile::{self, StatFile};
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+// Values of the state export (docs/preload.md).
+const TCP: u8 = 1;
+const SDP: u8 = 2;
+const CLIENT: u8 = 1;
+const LISTENER: u8 = 2;
+const ACCEPTED: u8 = 3;
+const REASON_NONE: u8 = 0;
+const REASON_PM_DENY: u8 = 3;
+const REASON_PM_UNREACHABLE: u8 = 5;
+const REASON_REFUSED: u8 = 6;
+const REASON_MPA_REJECT: u8 = 7;
+const REASON_PEER_TCP: u8 = 11;
+
+/// Reads the program's lines up to the one containing `needle`: (the lines
+/// before, that line).
+fn lines_until(bg: &mut Background, needle: &str) -> (Vec<String>, String) {
+    let mut before = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = bg.stdout.read_line(&mut line).expect("read program output");
+        assert!(
+            n > 0,
+            "program ended before printing {needle:?}; it printed:\n{}",
+            before.join("")
+        );
+        if line.contains(needle) {
+            return (before, line);
+        }
+        before.push(line);
+    }
+}
+
+/// The numbers on a line.
+fn numbers(line: &str) -> Vec<u64> {
+    line.split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// The state of `pid` once `ok` holds for it (statistics are published
+/// after the program's calls and every 200 ms), or the last one read.
+fn state_when(dir: &Path, pid: u32, ok: impl Fn(&StatFile) -> bool) -> StatFile {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = statfile::read(dir, pid).expect("state export file");
+        if ok(&s) || Instant::now() >= until {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The STREAM program of `preload_passthrough.rs` (epoll server,
+/// nonblocking connect, MSG_PEEK, 100 MiB `sendall`, SHUT_WR, the hash
+/// echoed back), holding its connections open at the end until stdin
+/// closes, so the state export can be read.
+const STREAM: &str = r#"
+import errno, hashlib, os, selectors, socket, sys, threading
+TOTAL = 100 * 1024 * 1024
+BLOCK = 65536
+
+def block(i):
+    return hashlib.sha256(i.to_bytes(8, "little")).digest() * (BLOCK // 32)
+
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+srv.setblocking(False)
+result = {}
+
+def server():
+    sel = selectors.EpollSelector()
+    sel.register(srv, selectors.EVENT_READ)
+    conn = None
+    h = hashlib.sha256()
+    n = 0
+    peeked = None
+    while True:
+        for key, _ in sel.select(timeout=60):
+            if key.fileobj is srv:
+                conn, _ = srv.accept()
+                conn.setblocking(False)
+                sel.unregister(srv)
+                sel.register(conn, selectors.EVENT_READ)
+                continue
+            if peeked is None:
+                peeked = conn.recv(16, socket.MSG_PEEK)
+            data = conn.recv(1 << 20)
+            if not data:
+                sel.unregister(conn)
+                result.update(peek=peeked, n=n, sha=h.hexdigest(), conn=conn)
+                conn.setblocking(True)
+                conn.sendall(h.hexdigest().encode())
+                return
+            h.update(data)
+            n += len(data)
+
+t = threading.Thread(target=server)
+t.start()
+c = socket.socket()
+c.setblocking(False)
+rc = c.connect_ex(srv.getsockname())
+sel = selectors.EpollSelector()
+sel.register(c, selectors.EVENT_WRITE)
+ready = sel.select(timeout=60)
+err = c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+c.setblocking(True)
+sent = hashlib.sha256()
+for i in range(TOTAL // BLOCK):
+    b = block(i)
+    sent.update(b)
+    c.sendall(b)
+c.shutdown(socket.SHUT_WR)
+reply = b""
+while len(reply) < 64:
+    d = c.recv(100)
+    if not d:
+        break
+    reply += d
+t.join()
+print("connect", rc in (0, errno.EINPROGRESS), "writable", len(ready), "so_error", err)
+print("peek", len(result["peek"]) > 0 and block(0).startswith(result["peek"]))
+print("received", result["n"], result["sha"])
+print("sent", TOTAL, sent.hexdigest())
+print("reply", reply.decode() == sent.hexdigest())
+print("fds", os.getpid(), srv.fileno(), c.fileno(), result["conn"].fileno(), flush=True)
+sys.stdin.read()
+result["conn"].close()
+c.close()
+"#;
+
+#[test]
+fn python_stream_over_sdp_is_identical_to_tcp() {
+    let stat = TempDir::new("sdp-stream");
+    let plain = run_ok(python_command(STREAM, Mode::Plain, stat.path()));
+    let plain = String::from_utf8(plain.stdout).unwrap();
+    let plain: Vec<&str> = plain.lines().take(5).collect();
+    assert_eq!(plain[4], "reply True", "{plain:?}");
+
+    let pm = PortMapper::start();
+    let mut cmd = python_command(STREAM, Mode::Preload, stat.path());
+    pm.apply(&mut cmd)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut program = Background::start(cmd);
+    let (lines, fds) = lines_until(&mut program, "fds ");
+    assert_eq!(
+        lines.iter().map(|l| l.trim_end()).collect::<Vec<_>>(),
+        plain
+    );
+    let n = numbers(&fds);
+    let (pid, srv, client, accepted) = (n[0] as u32, n[1] as usize, n[2] as usize, n[3] as usize);
+
+    const TOTAL: u64 = 100 << 20;
+    let state = state_when(stat.path(), pid, |s| {
+        s.record(client).is_some_and(|r| r.counters[0] == TOTAL)
+            && s.record(accepted).is_some_and(|r| r.counters[1] == TOTAL)
+    });
+    let l = state.record(srv).expect("listener record");
+    assert_eq!((l.transport, l.role), (SDP, LISTENER));
+    let c = state.record(client).expect("client record");
+    assert_eq!((c.transport, c.role, c.reason), (SDP, CLIENT, REASON_NONE));
+    let a = state.record(accepted).expect("accepted record");
+    assert_eq!(
+        (a.transport, a.role, a.reason),
+        (SDP, ACCEPTED, REASON_NONE)
+    );
+    // Bcopy: 100 MiB one way, the 64-byte hash the other.
+    assert_eq!((c.counters[0], c.counters[1]), (TOTAL, 64));
+    assert_eq!((a.counters[0], a.counters[1]), (64, TOTAL));
+    // getsockname/getpeername as TCP: the listening port, not the SDP one.
+    assert_eq!(a.local, l.local);
+    assert_eq!(c.peer, l.local);
+    assert_eq!(a.peer, c.local);
+
+    // sdp-stat shows the same.
+    let out = std::process::Command::new(&artifacts().sdp_stat)
+        .arg("--dir")
+        .arg(stat.path())
+        .args(["--pid", &pid.to_string(), "--json"])
+        .output()
+        .expect("run sdp-stat");
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{json}");
+    for (fd, role) in [(client, "client"), (accepted, "accepted")] {
+        let needle = format!("{{\"fd\": {fd}, \"role\": \"{role}\", \"transport\": \"sdp\"");
+        assert!(json.contains(&needle), "{needle} not in {json}");
+    }
+    assert!(json.contains("\"tx_mode\": \"combined\""), "{json}");
+    assert!(json.contains(&format!("\"bcopy_tx\": {TOTAL}")), "{json}");
+    let out = std::process::Command::new(&artifacts().sdp_stat)
+        .arg("--dir")
+        .arg(stat.path())
+        .output()
+        .expect("run sdp-stat");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains(" client ") && l.contains(" sdp ") && l.contains("combined")),
+        "{table}"
+    );
+
+    drop(program.child.stdin.take());
+    let mut stderr = program.child.stderr.take().unwrap();
+    let (status, _) = program.finish();
+    assert!(status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    assert_eq!(err, "", "the library logged at the default level");
+}
+
+/// Connects to a listener of its own and echoes a line; prints the pid and
+/// fds, then waits until stdin closes.
+const ECHO: &str = r#"
+import os, socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+c.sendall(b"ok")
+print("echo", a.recv(2).decode(), os.getpid(), srv.fileno(), c.fileno(), a.fileno(), flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn without_a_port_mapper_connections_fall_back_to_tcp_at_once() {
+    let stat = TempDir::new("sdp-nopm");
+    let mut cmd = python_command(ECHO, Mode::Preload, stat.path());
+    cmd.stdin(Stdio::piped());
+    let start = Instant::now();
+    let mut program = Background::start(cmd);
+    let line = program.wait_for_line("echo ok");
+    let elapsed = start.elapsed();
+    let n = numbers(&line);
+    let (pid, srv, client, accepted) = (n[0] as u32, n[1] as usize, n[2] as usize, n[3] as usize);
+    let state = statfile::read(stat.path(), pid).expect("state export file");
+    // The hidden SDP listener exists (not registered anywhere).
+    let l = state.record(srv).unwrap();
+    assert_eq!((l.transport, l.role), (SDP, LISTENER));
+    // ICMP port unreachable from the port mapper's port: TCP at once.
+    let c = state.record(client).unwrap();
+    assert_eq!((c.transport, c.reason), (TCP, REASON_PM_UNREACHABLE));
+    let a = state.record(accepted).unwrap();
+    assert_eq!((a.transport, a.reason), (TCP, REASON_PEER_TCP));
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    drop(program.child.stdin.take());
+    let (status, _) = program.finish();
+    assert!(status.success());
+}
+
+/// A plain (not preloaded) TCP echo server on the loopback: prints its port.
+const PLAIN_SERVER: &str = r#"
+import socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+print("port", srv.getsockname()[1], flush=True)
+while True:
+    a, _ = srv.accept()
+    d = a.recv(100)
+    if d == b"quit":
+        break
+    a.sendall(d.upper())
+    a.close()
+"#;
+
+/// Connects to 127.0.0.1:PORT `N` times (blocking or nonblocking), checks
+/// the echo, prints the pid and the fds, waits for stdin to close.
+const ECHO_CLIENT: &str = r#"
+import os, selectors, socket, sys
+port, count, nonblocking = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "nb"
+fds = []
+for i in range(count):
+    c = socket.socket()
+    if nonblocking:
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        sel = selectors.EpollSelector()
+        sel.register(c, selectors.EVENT_WRITE)
+        assert sel.select(timeout=30)
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        c.setblocking(True)
+    else:
+        c.connect(("127.0.0.1", port))
+    c.sendall(b"hello %d" % i)
+    assert c.recv(100) == b"HELLO %d" % i
+    fds.append(c)
+print("fds", os.getpid(), *[c.fileno() for c in fds], flush=True)
+sys.stdin.read()
+"#;
+
+fn client(stat: &Path, pm: &PortMapper, port: u16, count: u32, nonblocking: bool) -> Background {
+    let mut cmd = python_command(ECHO_CLIENT, Mode::Preload, stat);
+    pm.apply(&mut cmd)
+        .args([
+            port.to_string(),
+            count.to_string(),
+            if nonblocking { "nb" } else { "b" }.into(),
+        ])
+        .stdin(Stdio::piped());
+    Background::start(cmd)
+}
+
+fn stop_plain_server(port: u16) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"quit").unwrap();
+}
+
+#[test]
+fn a_plain_server_is_reached_over_tcp_after_pmdeny() {
+    let stat = TempDir::new("sdp-deny");
+    let pm = PortMapper::start();
+    let mut server = Background::start(python_command(PLAIN_SERVER, Mode::Plain, stat.path()));
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    let mut c = client(stat.path(), &pm, port, 2, true);
+    let n = numbers(&c.wait_for_line("fds"));
+    let state = statfile::read(stat.path(), n[0] as u32).unwrap();
+    for fd in &n[1..] {
+        let r = state.record(*fd as usize).unwrap();
+        // The first from the port mapper, the second from its cache.
+        assert_eq!(
+            (r.transport, r.role, r.reason),
+            (TCP, CLIENT, REASON_PM_DENY)
+        );
+    }
+    drop(c.child.stdin.take());
+    assert!(c.finish().0.success());
+    stop_plain_server(port);
+    assert!(server.finish().0.success());
+}
+
+/// A preloaded echo server: prints its port, serves `N` connections, prints
+/// the accepted fds, waits for stdin to close.
+const SERVER: &str = r#"
+import os, socket, sys
+count = int(sys.argv[1])
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+print("port", srv.getsockname()[1], flush=True)
+conns = []
+for i in range(count):
+    a, _ = srv.accept()
+    a.sendall(a.recv(100).upper())
+    conns.append(a)
+print("served", os.getpid(), srv.fileno(), *[a.fileno() for a in conns], flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn plain_and_sdp_clients_of_a_preloaded_server() {
+    let stat = TempDir::new("sdp-mixed");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(SERVER, Mode::Preload, stat.path());
+    pm.apply(&mut cmd).arg("2").stdin(Stdio::piped());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+
+    // A plain client: TCP to P, as without the preload.
+    let mut plain = python_command(ECHO_CLIENT, Mode::Plain, stat.path());
+    plain.args([port.to_string(), "1".into(), "b".into()]);
+    let plain = run_ok(plain);
+    assert!(String::from_utf8_lossy(&plain.stdout).starts_with("fds "));
+    // A preloaded client: SDP.
+    let mut sdp = client(stat.path(), &pm, port, 1, false);
+    let n = numbers(&sdp.wait_for_line("fds"));
+    let cs = statfile::read(stat.path(), n[0] as u32).unwrap();
+    let c = cs.record(n[1] as usize).unwrap();
+    assert_eq!((c.transport, c.reason), (SDP, REASON_NONE));
+
+    let s = numbers(&server.wait_for_line("served"));
+    let ss = statfile::read(stat.path(), s[0] as u32).unwrap();
+    let l = ss.record(s[1] as usize).unwrap();
+    assert_eq!((l.transport, l.role), (SDP, LISTENER));
+    let mut seen: Vec<(u8, u8)> = s[2..]
+        .iter()
+        .map(|fd| {
+            let a = ss.record(*fd as usize).unwrap();
+            assert_eq!(a.local, l.local);
+            (a.transport, a.reason)
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(TCP, REASON_PEER_TCP), (SDP, REASON_NONE)]);
+    drop(sdp.child.stdin.take());
+    assert!(sdp.finish().0.success());
+    drop(server.child.stdin.take());
+    assert!(server.finish().0.success());
+}
+
+/// Not a preloaded program: listens on P (an echo server) and on Q, and
+/// registers P→Q with the port mapper itself, so clients are sent to Q.
+/// `close`: Q closes after the registration (a connection to it gets a
+/// reset); `reject`: Q answers every MPA Request with an MPA reject.
+const FAKE_SDP_SERVER: &str = r#"
+import os, socket, sys, threading
+mode, control = sys.argv[1], sys.argv[2]
+p = socket.socket(); p.bind(("127.0.0.1", 0)); p.listen(8)
+q = socket.socket(); q.bind(("127.0.0.1", 0)); q.listen(8)
+ctl = socket.socket(socket.AF_UNIX)
+ctl.connect(control)
+ctl.sendall(b"REGISTER 127.0.0.1 %d %d\n" % (p.getsockname()[1], q.getsockname()[1]))
+assert ctl.recv(100) == b"OK\n"
+def rejecter():
+    while True:
+        a, _ = q.accept()
+        req = a.recv(1000)
+        assert req.startswith(b"MPA ID Req Frame")
+        # MPA Reply: key, R (reject) set, revision 2, no private data.
+        a.sendall(b"MPA ID Rep Frame" + bytes([0x20, 2, 0, 0]))
+        threading.Thread(target=lambda a=a: a.recv(100), daemon=True).start()
+if mode == "close":
+    q.close()
+else:
+    threading.Thread(target=rejecter, daemon=True).start()
+print("port", p.getsockname()[1], flush=True)
+while True:
+    a, _ = p.accept()
+    d = a.recv(100)
+    if d == b"quit":
+        break
+    a.sendall(d.upper())
+    a.close()
+"#;
+
+fn fallback_after_pmaccept(mode: &str, nonblocking: bool, first: u8) {
+    let stat = TempDir::new("sdp-fallback");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(FAKE_SDP_SERVER, Mode::Plain, stat.path());
+    cmd.arg(mode).arg(pm.control());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    let mut c = client(stat.path(), &pm, port, 2, nonblocking);
+    let n = numbers(&c.wait_for_line("fds"));
+    let state = statfile::read(stat.path(), n[0] as u32).unwrap();
+    let r1 = state.record(n[1] as usize).unwrap();
+    let r2 = state.record(n[2] as usize).unwrap();
+    // The same fd number, now plain TCP to P; the reason recorded. The
+    // failure turned the cached PMAccept into a denial for the second.
+    assert_eq!((r1.transport, r1.reason), (TCP, first), "{mode}");
+    assert_eq!((r2.transport, r2.reason), (TCP, REASON_PM_DENY), "{mode}");
+    assert_eq!(r1.peer, Some(SocketAddr::from(([127, 0, 0, 1], port))));
+    drop(c.child.stdin.take());
+    assert!(c.finish().0.success());
+    stop_plain_server(port);
+    assert!(server.finish().0.success());
+}
+
+#[test]
+fn a_reset_on_the_sdp_port_falls_back_to_tcp_on_the_same_fd() {
+    fallback_after_pmaccept("close", false, REASON_REFUSED);
+    fallback_after_pmaccept("close", true, REASON_REFUSED);
+}
+
+#[test]
+fn an_mpa_reject_falls_back_to_tcp_on_the_same_fd() {
+    fallback_after_pmaccept("reject", false, REASON_MPA_REJECT);
+    fallback_after_pmaccept("reject", true, REASON_MPA_REJECT);
+}
+
+/// Accept-then-fork server, and a forked client, over SDP (the program of
+/// `preload_passthrough.rs`).
+const FORKING_SERVER: &str = r#"
+import os, socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+addr = srv.getsockname()
+client = os.fork()
+if client == 0:
+    srv.close()
+    for i in range(3):
+        c = socket.create_connection(addr)
+        c.sendall(b"hello %d\n" % i)
+        c.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            d = c.recv(100)
+            if not d:
+                break
+            data += d
+        print(data.decode().strip(), flush=True)
+        c.close()
+    os._exit(0)
+children = []
+for i in range(3):
+    conn, _ = srv.accept()
+    child = os.fork()
+    if child == 0:
+        srv.close()
+        line = b""
+        while True:
+            d = conn.recv(100)
+            if not d:
+                break
+            line += d
+        conn.sendall(line.upper()[::-1] * 1000)
+        conn.close()
+        os._exit(0)
+    conn.close()
+    children.append(child)
+for c in children:
+    _, status = os.waitpid(c, 0)
+    assert status == 0
+_, status = os.waitpid(client, 0)
+print("server done", status)
+"#;
+
+/// Prefork server over SDP: three workers inherit the listener and accept
+/// two connections each; the parent closes its copy and is the client.
+const PREFORK_SERVER: &str = r#"
+import os, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+addr = srv.getsockname()
+workers = []
+for w in range(3):
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(2):
+            conn, _ = srv.accept()
+            data = conn.recv(100)
+            conn.sendall(b"reply:" + data)
+            conn.close()
+        os._exit(0)
+    workers.append(pid)
+srv.close()
+replies = []
+for i in range(6):
+    c = socket.create_connection(addr)
+    c.sendall(b"req%d" % i)
+    replies.append(c.recv(100).decode())
+    c.close()
+codes = [os.waitpid(p, 0)[1] for p in workers]
+print(" ".join(replies), codes)
+"#;
+
+/// Runs `source` with and without SDP: same output, and `sdp` connections
+/// made over SDP (the library's log says so).
+fn same_over_sdp(tag: &str, source: &str, sdp: usize) {
+    let stat = TempDir::new(tag);
+    let plain = run_ok(python_command(source, Mode::Plain, stat.path()));
+    let pm = PortMapper::start();
+    let log = stat.path().join("sdp.log");
+    let mut cmd = python_command(source, Mode::Preload, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let start = Instant::now();
+    let preloaded = run_ok(cmd);
+    let elapsed = start.elapsed();
+    assert_eq!(
+        String::from_utf8_lossy(&preloaded.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    let over_sdp = log.lines().filter(|l| l.ends_with("-> SDP")).count();
+    assert_eq!(over_sdp, sdp, "{log}");
+    assert!(!log.contains("warn"), "{log}");
+    // No close waited for its exit-flush deadline.
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn accept_then_fork_server_over_sdp() {
+    same_over_sdp("sdp-fork", FORKING_SERVER, 3);
+}
+
+#[test]
+fn prefork_server_over_sdp() {
+    same_over_sdp("sdp-prefork", PREFORK_SERVER, 6);
+}
+
+/// A sender writes 10 MiB and then sleeps without any call to the library:
+/// the receiver (another process) must get every byte meanwhile.
+const SLEEPY_SENDER: &str = r#"
+import socket, sys, time
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+data = bytes(range(256)) * (10 * 4096)
+c.sendall(data)
+print("sent", len(data), flush=True)
+time.sleep(30)
+"#;
+
+const COUNTING_RECEIVER: &str = r#"
+import socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print("port", srv.getsockname()[1], flush=True)
+a, _ = srv.accept()
+n = 0
+ok = True
+while n < 10 * 1024 * 1024:
+    d = a.recv(1 << 20)
+    if not d:
+        break
+    ok = ok and all(d[i] == (n + i) % 256 for i in range(0, len(d), 4099))
+    n += len(d)
+print("received", n, ok, flush=True)
+"#;
+
+#[test]
+fn bytes_reach_the_peer_while_the_sender_sleeps() {
+    let stat = TempDir::new("sdp-sleepy");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(COUNTING_RECEIVER, Mode::Preload, stat.path());
+    pm.apply(&mut cmd);
+    let mut receiver = Background::start(cmd);
+    let port = numbers(&receiver.wait_for_line("port"))[0];
+    let log = stat.path().join("sender.log");
+    let mut cmd = python_command(SLEEPY_SENDER, Mode::Preload, stat.path());
+    pm.apply(&mut cmd)
+        .arg(port.to_string())
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let mut sender = Background::start(cmd);
+    sender.wait_for_line("sent 10485760");
+    let start = Instant::now();
+    let line = receiver.wait_for_line("received");
+    assert_eq!(line.trim(), "received 10485760 True");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert!(std::fs::read_to_string(&log).unwrap().contains("-> SDP"));
+    assert!(receiver.finish().0.success());
+}
+
+fn json_number_after(json: &str, section: &str, key: &str) -> f64 {
+    let at = json
+        .find(section)
+        .unwrap_or_else(|| panic!("no {section} in iperf3 output"));
+    let rest = &json[at..];
+    let k = rest.find(key).expect("key in section");
+    rest[k + key.len()..]
+        .trim_start_matches([':', ' ', '\t'])
+        .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '+'))
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a number")
+}
+
+/// iperf3 moving 256 MiB over SDP, then over TCP (preloaded, no port
+/// mapper), in one run: the figures are printed (`--nocapture`); the byte
+/// counts are checked.
+#[test]
+fn iperf3_over_sdp_and_over_tcp() {
+    require("iperf3");
+    let stat = TempDir::new("sdp-iperf");
+    let pm = PortMapper::start();
+    let mut rates = Vec::new();
+    for sdp in [true, false] {
+        let port = sdp_tests::preload::free_port().to_string();
+        let log = stat.path().join(format!("iperf-{sdp}.log"));
+        let mut server = command("iperf3", Mode::Preload, stat.path());
+        server.args(["-s", "-1", "-p", &port, "--forceflush"]);
+        let mut client = command("iperf3", Mode::Preload, stat.path());
+        client.args(["-c", "127.0.0.1", "-p", &port, "-n", "256M", "-J"]);
+        for cmd in [&mut server, &mut client] {
+            if sdp {
+                pm.apply(cmd);
+            }
+            cmd.env("SDP_LOG", "info").env("SDP_LOG_FILE", &log);
+        }
+        let mut server = Background::start(server);
+        server.wait_for_line("Server listening on");
+        let out = run_ok(client);
+        let json = String::from_utf8_lossy(&out.stdout);
+        let sent = json_number_after(&json, "\"sum_sent\"", "\"bytes\"");
+        assert_eq!(sent as u64, 256 << 20);
+        let rate = json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"");
+        rates.push(rate);
+        assert!(server.finish().0.success());
+        let log = std::fs::read_to_string(&log).unwrap();
+        let over_sdp = log.lines().filter(|l| l.ends_with("-> SDP")).count();
+        assert_eq!(over_sdp, if sdp { 2 } else { 0 }, "{log}");
+    }
+    eprintln!(
+        "iperf3 256 MiB on loopback: SDP {:.2} Gbit/s, TCP {:.2} Gbit/s (ratio {:.2})",
+        rates[0] / 1e9,
+        rates[1] / 1e9,
+        rates[0] / rates[1]
+    );
+}
+
+/// `python3 -m http.server` over SDP to a preloaded curl.
+#[test]
+fn http_server_and_curl_over_sdp() {
+    require("curl");
+    let stat = TempDir::new("sdp-http");
+    let www = TempDir::new("sdp-www");
+    let blob: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    www.file("blob.bin", &blob);
+    let pm = PortMapper::start();
+    let log = stat.path().join("sdp.log");
+    let mut server = command(python(), Mode::Preload, stat.path());
+    pm.apply(&mut server)
+        .args([
+            "-u",
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ])
+        .arg(www.path())
+        .arg("0")
+        .stderr(Stdio::null());
+    let mut server = Background::start(server);
+    let line = server.wait_for_line("Serving HTTP on");
+    let port: u16 = line
+        .split_whitespace()
+        .skip_while(|w| *w != "port")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let mut curl = command("curl", Mode::Preload, stat.path());
+    pm.apply(&mut curl)
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log)
+        .args([
+            "-sS",
+            "--fail",
+            &format!("http://127.0.0.1:{port}/blob.bin"),
+        ]);
+    assert!(run_ok(curl).stdout == blob, "curl got other bytes");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.lines().any(|l| l.ends_with("-> SDP")), "{log}");
+}
