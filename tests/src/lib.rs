@@ -1,5 +1,6 @@
 //! Shared harness for the end-to-end tests in `tests/tests/`.
 
+pub mod e2e;
 pub mod pcap;
 pub mod preload;
 pub mod statfile;
