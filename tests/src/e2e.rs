@@ -286,6 +286,11 @@ impl Proc {
         }
     }
 
+    /// The next line the program prints (standard output or error).
+    pub fn line(&mut self) -> String {
+        self.wait_line(|_| true)
+    }
+
     /// Writes to the program's standard input.
     pub fn send(&mut self, text: &str) {
         let stdin = self.stdin.as_mut().expect("started with stdin piped");
@@ -570,6 +575,23 @@ pub fn dump(files: &[StatFile]) -> String {
         }
     }
     s
+}
+
+/// `len` pseudo-random printable characters (letters and digits) from
+/// `seed`: distinct, reproducible payloads without a random crate.
+pub fn text(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            ALPHABET[(v >> 58) as usize % ALPHABET.len()] as char
+        })
+        .collect()
 }
 
 /// The median of some durations.
