@@ -492,15 +492,46 @@ impl Env {
         n: usize,
         pred: impl Fn(&Record) -> bool,
     ) -> Vec<Record> {
+        // Checked before the export is read: a process that ended after
+        // the read could not have been seen in it.
+        let mut alive = running(pid);
         self.wait_for(what, |files| {
-            let f = files.iter().find(|f| f.pid == pid)?;
-            let found: Vec<Record> = f
-                .records
+            let found: Vec<Record> = files
                 .iter()
+                .filter(|f| f.pid == pid)
+                .flat_map(|f| &f.records)
                 .filter(|r| pred(r) && r.transport != UNDECIDED)
                 .cloned()
                 .collect();
-            (found.len() >= n).then_some(found)
+            if found.len() >= n {
+                return Some(found);
+            }
+            assert!(
+                alive,
+                "{what}: process {pid} ended first; the export held:\n{}",
+                dump(files)
+            );
+            alive = running(pid);
+            None
+        })
+    }
+
+    /// Waits until process `pid` listens on TCP port `port` (its listener
+    /// record is in the export: the readiness of a server that prints
+    /// nothing when it is ready).
+    pub fn wait_listener(&self, pid: u32, port: u16) -> Record {
+        let mut alive = running(pid);
+        self.wait_for(&format!("pid {pid} listening on {port}"), |files| {
+            let found = files
+                .iter()
+                .filter(|f| f.pid == pid)
+                .flat_map(|f| &f.records)
+                .find(|r| r.role == LISTENER && r.local.is_some_and(|a| a.port() == port));
+            if found.is_none() {
+                assert!(alive, "process {pid} ended before listening on {port}");
+                alive = running(pid);
+            }
+            found.cloned()
         })
     }
 
@@ -550,6 +581,17 @@ impl Drop for Env {
             }
         }
     }
+}
+
+/// Whether process `pid` exists and has not ended (a zombie has ended).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| {
+            let state = t.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
 }
 
 /// Equal addresses, an IPv4-mapped IPv6 address counting as its IPv4 one

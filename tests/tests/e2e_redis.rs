@@ -94,13 +94,23 @@ fn run(tag: &str, options: &[&str]) {
     }
 
     for i in 0..KEYS {
-        assert_eq!(ask(&mut cli, &format!("GET e2e:{i}")), value(i), "key e2e:{i}");
+        assert_eq!(
+            ask(&mut cli, &format!("GET e2e:{i}")),
+            value(i),
+            "key e2e:{i}"
+        );
     }
-    assert!(ask(&mut cli, "GET e2e:big") == big, "the 1 MiB value changed");
+    assert!(
+        ask(&mut cli, "GET e2e:big") == big,
+        "the 1 MiB value changed"
+    );
     // The benchmark's SETs landed: at most 100000 random keys, and its
     // GETs read them (the GET test ran after the SET test).
     let keys: u64 = ask(&mut cli, "DBSIZE").parse().expect("DBSIZE");
-    assert!(keys > KEYS + 1 && keys <= KEYS + 1 + 100_000, "DBSIZE {keys}");
+    assert!(
+        keys > KEYS + 1 && keys <= KEYS + 1 + 100_000,
+        "DBSIZE {keys}"
+    );
     cli.finish_ok();
     server.signal(libc::SIGTERM);
     server.finish_ok();
