@@ -54,6 +54,11 @@ use field::*;
 /// record to appear) may take before the test fails instead of hanging.
 pub const STEP: Duration = Duration::from_secs(60);
 
+/// How long a record may take to appear in the state export, or to be
+/// decided (the SDP setup, the port mapper's retries and the fallback all
+/// end well within it).
+pub const EXPORT_WAIT: Duration = Duration::from_secs(20);
+
 /// What the suite expects of connections between preloaded programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
@@ -465,10 +470,10 @@ impl Env {
     }
 
     /// Polls the export of the running processes until `find` returns
-    /// something (at most `STEP`): records appear when a program makes a
+    /// something (at most `EXPORT_WAIT`): records appear when a program makes a
     /// connection, and are decided when its setup ends.
     pub fn wait_for<T>(&self, what: &str, mut find: impl FnMut(&[StatFile]) -> Option<T>) -> T {
-        let deadline = Instant::now() + STEP;
+        let deadline = Instant::now() + EXPORT_WAIT;
         loop {
             let files = statfile::live(self.stat_dir());
             if let Some(t) = find(&files) {
@@ -476,7 +481,7 @@ impl Env {
             }
             assert!(
                 Instant::now() < deadline,
-                "{what}: not in the state export after {STEP:?}; it holds:\n{}",
+                "{what}: not in the state export after {EXPORT_WAIT:?}; it holds:\n{}",
                 dump(&files)
             );
             std::thread::sleep(Duration::from_millis(5));
@@ -618,6 +623,47 @@ pub fn dump(files: &[StatFile]) -> String {
     }
     s
 }
+
+/// A threaded echo server on 127.0.0.1 (any port): prints
+/// `listening PORT PID`, then echoes every connection until its EOF.
+pub const ECHO_SERVER: &str = r#"
+import os, socket, threading
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(64)
+print("listening", srv.getsockname()[1], os.getpid())
+def serve(c):
+    while True:
+        d = c.recv(1 << 16)
+        if not d:
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Echo client: `HOST PORT SEED SIZE`. Sends SIZE bytes made from SEED,
+/// reads the echo, prints `echo True|False PID FD LOCALPORT`, and holds the
+/// connection open until a line arrives on its standard input.
+pub const ECHO_CLIENT: &str = r#"
+import hashlib, os, socket, sys
+host, port, seed, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+block = hashlib.sha256(b"%d" % seed).digest()
+payload = (block * (size // 32 + 1))[:size]
+c = socket.create_connection((host, port))
+c.sendall(payload)
+got = b""
+while len(got) < size:
+    d = c.recv(1 << 16)
+    if not d:
+        break
+    got += d
+print("echo", got == payload, os.getpid(), c.fileno(), c.getsockname()[1])
+sys.stdin.readline()
+c.close()
+"#;
 
 /// `len` pseudo-random printable characters (letters and digits) from
 /// `seed`: distinct, reproducible payloads without a random crate.
