@@ -148,6 +148,17 @@ fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
             prev = next;
             continue;
         }
+        if &prev[0..8] != b"SDPSTAT1"
+            || u32_at(&prev, 8) != 1
+            || u32_at(&prev, 12) as usize != HEADER
+            || u32_at(&prev, 16) as usize != RECORD
+            || !(prev.len() - HEADER).is_multiple_of(RECORD)
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not a version 1 state export file", path.display()),
+            ));
+        }
         let records = (prev.len() - HEADER) / RECORD;
         taken.resize(records, None);
         for (i, slot) in taken.iter_mut().enumerate() {
