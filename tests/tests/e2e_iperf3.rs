@@ -1,10 +1,11 @@
 //! Issue 6, item 1: `iperf3 -s` and `iperf3 -c` both preloaded, plain, with
-//! `-R`, `-P 4` and `--bidir`. Each run moves 256 MiB (`-n`); iperf3's JSON
-//! must count exactly that on the sending side, and never more on the
-//! receiving side (where the sender stops the count, iperf3 cannot tell
-//! the bytes still in flight; in `-R` the client receives and counts to
-//! the end, so there received == sent). Every connection, the control
-//! connection and each data stream, must be SDP on both sides.
+//! `-R`, `-P 4` and `--bidir`. Each run moves 256 MiB (`-n`). Where the
+//! client sends, it stops at exactly that count, and the server's count
+//! can only be lower (iperf3 snapshots it when the sender reports the end,
+//! with data in flight). In `-R` the client receives and ends the test when
+//! it has counted all of it, so there the received count is exact. Every
+//! connection, the control connection and each data stream, must be SDP on
+//! both sides.
 //!
 //! The test watches both processes' state export until all the
 //! connections are there and decided. The sending rate is capped (`-b`) so
@@ -78,9 +79,11 @@ fn iperf3_one_stream() {
 #[test]
 fn iperf3_reverse() {
     let json = run("iperf3-R", &["-R"], 1, 1);
-    // The client receives, and counts until it has all of it.
-    assert_eq!(bytes(&json, "sum_sent"), BYTES);
+    // The client receives and ends the test once it has counted the `-n`
+    // bytes; the server may have sent a block more by then.
     assert_eq!(bytes(&json, "sum_received"), BYTES);
+    let sent = bytes(&json, "sum_sent");
+    assert!(sent >= BYTES, "sent {sent}");
 }
 
 #[test]
