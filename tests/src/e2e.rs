@@ -50,8 +50,8 @@ pub mod field {
 }
 use field::*;
 
-/// How long one step of a test (a program's run, a readiness line, a
-/// record to appear) may take before the test fails instead of hanging.
+/// How long one step of a test (a program's run, a line it prints) may
+/// take before the test fails instead of hanging.
 pub const STEP: Duration = Duration::from_secs(60);
 
 /// How long a record may take to appear in the state export, or to be
