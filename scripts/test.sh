@@ -18,10 +18,16 @@ as_root() {
 
 # Debian packages the tests drive. tshark checks our wire format; the
 # preload tests run iperf3, curl, wget, python3 and a C program (built
-# with cc, its imports checked with nm) under the library.
+# with cc, its imports checked with nm) under the library; the end-to-end
+# suite (tests/tests/e2e_*.rs) adds redis, qperf, sockperf and socat.
 need_pkgs=()
 command -v tshark >/dev/null || need_pkgs+=(tshark)
 command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)
+{ command -v redis-cli && command -v redis-benchmark; } >/dev/null || need_pkgs+=(redis-tools)
+command -v qperf >/dev/null || need_pkgs+=(qperf)
+command -v sockperf >/dev/null || need_pkgs+=(sockperf)
+command -v socat >/dev/null || need_pkgs+=(socat)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v wget >/dev/null || need_pkgs+=(wget)
 command -v python3 >/dev/null || need_pkgs+=(python3)

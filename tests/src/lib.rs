@@ -2,6 +2,7 @@
 
 pub mod bins;
 pub mod capture;
+pub mod e2e;
 pub mod pcap;
 pub mod portmapper;
 pub mod preload;

@@ -15,16 +15,25 @@ pub struct Record {
     pub decided_by: u8,
     pub reason: u8,
     pub rule: u16,
+    /// Transmit and receive mode: 0 n/a (TCP), 1 Combined, 2 Buffered,
+    /// 3 Pipelined.
+    pub tx_mode: u8,
+    pub rx_mode: u8,
     pub flags: u8,
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub counters: [u64; 6],
+    /// Receive buffers advertised to the peer, and send credits from it.
+    pub local_credits: u32,
+    pub remote_credits: u32,
 }
 
 /// A decoded file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatFile {
     pub pid: u32,
+    /// Start time of the process (clock ticks since boot).
+    pub start_time: u64,
     pub program: String,
     pub records: Vec<Record>,
 }
@@ -41,6 +50,12 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
 }
 
 fn addr(b: &[u8]) -> Option<SocketAddr> {
@@ -95,6 +110,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
     let end = name.iter().position(|&c| c == 0).unwrap_or(64);
     let mut file = StatFile {
         pid: u32_at(bytes, 20),
+        start_time: u64_at(bytes, 24),
         program: String::from_utf8_lossy(&name[..end]).into_owned(),
         records: Vec::new(),
     };
@@ -106,9 +122,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
         }
         let mut counters = [0u64; 6];
         for (i, c) in counters.iter_mut().enumerate() {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(&r[56 + 8 * i..64 + 8 * i]);
-            *c = u64::from_le_bytes(v);
+            *c = u64_at(r, 56 + 8 * i);
         }
         file.records.push(Record {
             fd,
@@ -118,11 +132,114 @@ pub fn parse(bytes: &[u8]) -> StatFile {
             decided_by: r[8],
             reason: r[9],
             rule: u16_at(r, 10),
+            tx_mode: r[12],
+            rx_mode: r[13],
             flags: r[14],
             local: addr(&r[16..36]),
             peer: addr(&r[36..56]),
             counters,
+            local_credits: u32_at(r, 104),
+            remote_credits: u32_at(r, 108),
         });
     }
     file
+}
+
+/// Reads `<dir>/<pid>.stat` from a running process the way the document
+/// says: a record is taken only when its sequence word is even and the
+/// same on a second read, so a snapshot never holds a half-written record
+/// (records are taken one by one; the snapshot is not atomic as a whole).
+pub fn snapshot(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
+    snapshot_path(&dir.join(format!("{pid}.stat")))
+}
+
+fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
+    const RECORD: usize = 128;
+    const HEADER: usize = 4096;
+    let mut prev = std::fs::read(path)?;
+    let mut taken: Vec<Option<Vec<u8>>> = Vec::new();
+    for _ in 0..10_000 {
+        let next = std::fs::read(path)?;
+        if prev.len() < HEADER || prev.len() != next.len() {
+            // Not yet written, or grown between the reads: start again.
+            taken.clear();
+            prev = next;
+            continue;
+        }
+        if &prev[0..8] != b"SDPSTAT1"
+            || u32_at(&prev, 8) != 1
+            || u32_at(&prev, 12) as usize != HEADER
+            || u32_at(&prev, 16) as usize != RECORD
+            || !(prev.len() - HEADER).is_multiple_of(RECORD)
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not a version 1 state export file", path.display()),
+            ));
+        }
+        let records = (prev.len() - HEADER) / RECORD;
+        taken.resize(records, None);
+        for (i, slot) in taken.iter_mut().enumerate() {
+            let at = HEADER + i * RECORD;
+            let (a, b) = (u32_at(&prev, at), u32_at(&next, at));
+            if slot.is_none() && a % 2 == 0 && a == b {
+                *slot = Some(prev[at..at + RECORD].to_vec());
+            }
+        }
+        if taken.iter().all(Option::is_some) {
+            let mut bytes = prev[..HEADER].to_vec();
+            for r in &taken {
+                bytes.extend_from_slice(r.as_deref().unwrap_or_default());
+            }
+            return Ok(parse(&bytes));
+        }
+        prev = next;
+    }
+    Err(std::io::Error::other(format!(
+        "{}: records never stable",
+        path.display()
+    )))
+}
+
+/// Whether `pid` is still the process that started at `start_time`
+/// (`/proc/<pid>/stat` field 22), as the document tells readers to check.
+pub fn is_live(pid: u32, start_time: u64) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (field 2) may hold spaces and parentheses: count
+    // fields from the last ')'.
+    let Some(rest) = text.rsplit_once(')').map(|(_, r)| r) else {
+        return false;
+    };
+    rest.split_whitespace()
+        .nth(22 - 3)
+        .and_then(|f| f.parse::<u64>().ok())
+        == Some(start_time)
+}
+
+/// Snapshots of every file in `dir` whose process still runs (files of
+/// ended processes, and files that vanish while being read, are skipped).
+pub fn live(dir: &Path) -> Vec<StatFile> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".stat"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(f) = snapshot(dir, pid) {
+            if is_live(f.pid, f.start_time) {
+                files.push(f);
+            }
+        }
+    }
+    files.sort_by_key(|f| f.pid);
+    files
 }

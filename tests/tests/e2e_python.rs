@@ -1,0 +1,135 @@
+//! Issue 6, item 6: a Python program using selectors (epoll), a
+//! nonblocking connect, `MSG_PEEK`, `sendall` of 100 MiB and
+//! `shutdown(SHUT_WR)` gives identical results with and without the
+//! preload, and under the preload both ends of its connection are SDP.
+//!
+//! The program is the pass-through test's (preload_passthrough.rs), changed
+//! only so that it holds its connection open after the exchange and prints
+//! its pid and fds, for the test to read the state export.
+
+use sdp_tests::e2e::{expect_sdp, field, Env, Proc};
+use sdp_tests::preload::Mode;
+
+const STREAM: &str = r#"
+import errno, hashlib, os, selectors, socket, sys, threading
+TOTAL = 100 * 1024 * 1024
+BLOCK = 65536
+
+def block(i):
+    return hashlib.sha256(i.to_bytes(8, "little")).digest() * (BLOCK // 32)
+
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+srv.setblocking(False)
+result = {}
+release = threading.Event()
+
+def server():
+    sel = selectors.EpollSelector()
+    sel.register(srv, selectors.EVENT_READ)
+    conn = None
+    h = hashlib.sha256()
+    n = 0
+    peeked = None
+    while True:
+        for key, _ in sel.select(timeout=60):
+            if key.fileobj is srv:
+                conn, _ = srv.accept()
+                conn.setblocking(False)
+                sel.unregister(srv)
+                sel.register(conn, selectors.EVENT_READ)
+                continue
+            if peeked is None:
+                peeked = conn.recv(16, socket.MSG_PEEK)
+            data = conn.recv(1 << 20)
+            if not data:
+                sel.unregister(conn)
+                result.update(peek=peeked, n=n, sha=h.hexdigest(), fd=conn.fileno())
+                conn.setblocking(True)
+                conn.sendall(h.hexdigest().encode())
+                conn.shutdown(socket.SHUT_WR)
+                release.wait()
+                conn.close()
+                return
+            h.update(data)
+            n += len(data)
+
+t = threading.Thread(target=server)
+t.start()
+c = socket.socket()
+c.setblocking(False)
+rc = c.connect_ex(srv.getsockname())
+sel = selectors.EpollSelector()
+sel.register(c, selectors.EVENT_WRITE)
+ready = sel.select(timeout=60)
+err = c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+c.setblocking(True)
+sent = hashlib.sha256()
+for i in range(TOTAL // BLOCK):
+    b = block(i)
+    sent.update(b)
+    c.sendall(b)
+c.shutdown(socket.SHUT_WR)
+reply = b""
+while True:
+    d = c.recv(100)
+    if not d:
+        break
+    reply += d
+print("connect", rc in (0, errno.EINPROGRESS), "writable", len(ready), "so_error", err)
+print("peek", len(result["peek"]) > 0 and block(0).startswith(result["peek"]))
+print("received", result["n"], result["sha"])
+print("sent", TOTAL, sent.hexdigest())
+print("reply", reply.decode() == sent.hexdigest())
+print("hold", os.getpid(), c.fileno(), result["fd"])
+sys.stdin.readline()
+release.set()
+t.join()
+"#;
+
+/// Runs the program; returns its result lines, and the records of its
+/// client and accepted sockets while it holds them.
+fn run(env: &Env, mode: Mode) -> (Vec<String>, Option<(u8, u8)>) {
+    let mut p = Proc::spawn("python stream", env.python(STREAM, mode), true);
+    let hold = p.wait_line(|l| l.starts_with("hold "));
+    let n: Vec<u32> = hold
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (pid, client, accepted) = (n[0], n[1] as usize, n[2] as usize);
+    let roles = (mode == Mode::Preload).then(|| {
+        let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
+        let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
+        expect_sdp("python client socket (nonblocking connect)", &c[0]);
+        expect_sdp("python accepted socket (epoll server)", &a[0]);
+        (c[0].role, a[0].role)
+    });
+    p.send("\n");
+    let out = p.finish_ok();
+    let lines = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("hold "))
+        .map(str::to_owned)
+        .collect();
+    (lines, roles)
+}
+
+#[test]
+fn python_stream_is_identical_and_sdp_under_the_preload() {
+    let env = Env::new("python-stream");
+    let (plain, _) = run(&env, Mode::Plain);
+    let (preloaded, roles) = run(&env, Mode::Preload);
+    assert_eq!(roles, Some((field::CLIENT, field::ACCEPTED)));
+    assert_eq!(preloaded.len(), 5, "{preloaded:?}");
+    assert_eq!(preloaded[0], "connect True writable 1 so_error 0");
+    assert_eq!(preloaded[1], "peek True");
+    let received = preloaded[2].strip_prefix("received ").unwrap();
+    let sent = preloaded[3].strip_prefix("sent ").unwrap();
+    assert_eq!(received, sent);
+    assert!(sent.starts_with("104857600 "));
+    assert_eq!(preloaded[4], "reply True");
+    assert_eq!(preloaded, plain);
+}

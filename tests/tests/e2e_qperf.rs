@@ -1,0 +1,105 @@
+//! Issue 6, item 3: `qperf` with `sdp_bw`, `sdp_lat` and `tcp_bw`, server
+//! and client preloaded. qperf's `sdp_*` tests make their data sockets with
+//! `socket(AF_INET_SDP = 27, ...)`, which only the preload turns into
+//! something that works; `tcp_bw` uses ordinary sockets, which the preload
+//! carries over SDP too.
+//!
+//! The qperf server forks a child per client. Its synchronisation
+//! connection goes to the listen port (`-lp`), the test's data connection
+//! to the socket test port (`-ip`); both must be SDP, on the client and in
+//! whichever server process accepted them. Each test runs one second
+//! (`-t 1`), long enough for the test to read the state export mid-run.
+
+use sdp_tests::e2e::{expect_sdp, field, Env, Proc};
+use sdp_tests::preload::{free_port, require};
+
+/// The value qperf prints for `name` ("    bw  =  2.71 GB/sec"), in the
+/// unit it prints.
+fn value(output: &str, name: &str) -> (f64, String) {
+    output
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            if k.trim() != name {
+                return None;
+            }
+            let mut w = v.split_whitespace();
+            let n = w.next()?.replace(',', "").parse().ok()?;
+            Some((n, w.next().unwrap_or("").to_owned()))
+        })
+        .unwrap_or_else(|| panic!("qperf printed no {name}:\n{output}"))
+}
+
+fn run(test: &str) -> String {
+    require("qperf");
+    let env = Env::new(test);
+    let (sync_port, data_port) = (free_port(), free_port());
+    let mut server = env.preloaded("qperf");
+    server.args(["-lp", &sync_port.to_string()]);
+    let server = Proc::spawn("qperf server", server, false);
+    env.wait_listener(server.pid(), sync_port);
+
+    let mut client = env.preloaded("qperf");
+    client
+        .args(["-lp", &sync_port.to_string(), "-ip", &data_port.to_string()])
+        .args(["-t", "1", "-vv", "127.0.0.1", test]);
+    let client = Proc::spawn(&format!("qperf {test}"), client, false);
+    for (what, port) in [("synchronisation", sync_port), ("data", data_port)] {
+        let c = env
+            .wait_records(what, client.pid(), 1, |r| {
+                r.role == field::CLIENT && r.peer.is_some_and(|a| a.port() == port)
+            })
+            .remove(0);
+        expect_sdp(&format!("qperf {test}: client's {what} connection"), &c);
+        let local = c.local.expect("the client's local address");
+        let (_, s) = env.accepted_from(local);
+        expect_sdp(&format!("qperf {test}: server's {what} connection"), &s);
+    }
+    let out = client.finish_ok();
+    assert!(
+        out.stdout.starts_with(&format!("{test}:")),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    drop(server);
+    out.stdout
+}
+
+fn check_bandwidth(out: &str) {
+    let (bw, unit) = value(out, "bw");
+    assert!(bw > 0.0 && unit.ends_with("/sec"), "bw {bw} {unit}");
+    // Both sides count the bytes they moved; the receiver stops counting
+    // when the sender reports the end, so it has at most what was sent.
+    let (sent, su) = value(out, "send_bytes");
+    let (received, ru) = value(out, "recv_bytes");
+    assert!(sent > 0.0 && received > 0.0, "{out}");
+    let scale = |u: &str| match u {
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        _ => 1.0,
+    };
+    assert!(received * scale(&ru) <= sent * scale(&su) * 1.001, "{out}");
+}
+
+#[test]
+fn qperf_sdp_bw() {
+    check_bandwidth(&run("sdp_bw"));
+}
+
+#[test]
+fn qperf_sdp_lat() {
+    let out = run("sdp_lat");
+    let (lat, unit) = value(&out, "latency");
+    assert!(
+        lat > 0.0 && ["ns", "us", "ms"].contains(&unit.as_str()),
+        "{out}"
+    );
+}
+
+#[test]
+fn qperf_tcp_bw() {
+    check_bandwidth(&run("tcp_bw"));
+}
