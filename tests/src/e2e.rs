@@ -439,7 +439,7 @@ impl Env {
     /// `program` under the preload, pointed at this test's port mapper
     /// (`SDP_PM_PORT`, `SDP_PM_CONTROL`), export directory and log.
     pub fn preloaded(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        self.command(program, Mode::Preload)
+        self.command(program, Mode::Sdp)
     }
 
     /// `program` without the preload (same environment otherwise).

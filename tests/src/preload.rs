@@ -124,6 +124,8 @@ pub enum Mode {
     Plain,
     /// `LD_PRELOAD=libsdp_preload.so`.
     Preload,
+    /// The preload with its SDP engine on (`SDP_ENGINE=1`).
+    Sdp,
 }
 
 /// A command for `program`, preloaded or not, with the environment cleared
@@ -137,6 +139,7 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
         "SDP_LOG",
         "SDP_LOG_FILE",
         "SDP_STAT",
+        "SDP_ENGINE",
     ] {
         cmd.env_remove(var);
     }
@@ -149,8 +152,11 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
     cmd.env("SDP_NO_PORTMAPPER", "1");
     cmd.env("SDP_PM_PORT", crate::portmapper::dead_port().to_string());
     cmd.env("SDP_PM_CONTROL", "/nonexistent/sdp-portmapper.sock");
-    if mode == Mode::Preload {
+    if mode != Mode::Plain {
         cmd.env("LD_PRELOAD", &artifacts().library);
+    }
+    if mode == Mode::Sdp {
+        cmd.env("SDP_ENGINE", "1");
     }
     cmd.stdin(Stdio::null());
     cmd

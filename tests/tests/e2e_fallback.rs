@@ -43,7 +43,7 @@ fn echo_client(env: &Env, mode: Mode, port: u16, seed: u32) -> (Proc, u32, usize
 fn preloaded_client_to_plain_server_is_tcp_by_pmdeny() {
     let env = Env::new("fallback-pmdeny");
     let (_server, port) = echo_server(&env, Mode::Plain);
-    let (client, pid, fd, _) = echo_client(&env, Mode::Preload, port, 1);
+    let (client, pid, fd, _) = echo_client(&env, Mode::Sdp, port, 1);
     let r = env.wait_records("the client's connection", pid, 1, |r| r.fd == fd);
     expect_tcp(
         "preloaded client, plain server",
@@ -57,7 +57,7 @@ fn preloaded_client_to_plain_server_is_tcp_by_pmdeny() {
 #[test]
 fn plain_client_to_preloaded_server_is_tcp_by_peer() {
     let env = Env::new("fallback-peer");
-    let (_server, port) = echo_server(&env, Mode::Preload);
+    let (_server, port) = echo_server(&env, Mode::Sdp);
     let (client, _, _, local) = echo_client(&env, Mode::Plain, port, 2);
     let (_, r) = env.accepted_from(local);
     expect_tcp("plain client, preloaded server", &r, field::REASON_PEER_TCP);
@@ -120,7 +120,7 @@ fn no_port_mapper_is_tcp_and_costs_under_50_ms() {
         plain.0.push(first);
         plain.1.push(second);
         p.finish_ok();
-        let (first, second, p, pid, fd) = connects(&env, Mode::Preload, port, pm_port);
+        let (first, second, p, pid, fd) = connects(&env, Mode::Sdp, port, pm_port);
         preloaded.0.push(first);
         preloaded.1.push(second);
         if round == 0 {

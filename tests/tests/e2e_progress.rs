@@ -57,13 +57,13 @@ sys.stdin.readline()
 #[test]
 fn sent_data_reaches_the_peer_while_the_writer_sleeps() {
     let env = Env::new("progress");
-    let mut cmd = env.python(READER, Mode::Preload);
+    let mut cmd = env.python(READER, Mode::Sdp);
     cmd.arg(SIZE.to_string());
     let mut reader = Proc::spawn("reader", cmd, true);
     let line = reader.wait_line(|l| l.starts_with("listening "));
     let port = line.split_whitespace().nth(1).unwrap().to_owned();
 
-    let mut cmd = env.python(WRITER, Mode::Preload);
+    let mut cmd = env.python(WRITER, Mode::Sdp);
     cmd.args([port, SIZE.to_string()]);
     let mut writer = Proc::spawn("writer", cmd, false);
     let line = writer.wait_line(|l| l.starts_with("connected "));

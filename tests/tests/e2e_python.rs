@@ -99,7 +99,7 @@ fn run(env: &Env, mode: Mode) -> (Vec<String>, Option<(u8, u8)>) {
         .map(|w| w.parse().unwrap())
         .collect();
     let (pid, client, accepted) = (n[0], n[1] as usize, n[2] as usize);
-    let roles = (mode == Mode::Preload).then(|| {
+    let roles = (mode == Mode::Sdp).then(|| {
         let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
         let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
         expect_sdp("python client socket (nonblocking connect)", &c[0]);
@@ -121,7 +121,7 @@ fn run(env: &Env, mode: Mode) -> (Vec<String>, Option<(u8, u8)>) {
 fn python_stream_is_identical_and_sdp_under_the_preload() {
     let env = Env::new("python-stream");
     let (plain, _) = run(&env, Mode::Plain);
-    let (preloaded, roles) = run(&env, Mode::Preload);
+    let (preloaded, roles) = run(&env, Mode::Sdp);
     assert_eq!(roles, Some((field::CLIENT, field::ACCEPTED)));
     assert_eq!(preloaded.len(), 5, "{preloaded:?}");
     assert_eq!(preloaded[0], "connect True writable 1 so_error 0");

@@ -155,7 +155,7 @@ fn python_stream_over_sdp_is_identical_to_tcp() {
     assert_eq!(plain[4], "reply True", "{plain:?}");
 
     let pm = PortMapper::start();
-    let mut cmd = python_command(STREAM, Mode::Preload, stat.path());
+    let mut cmd = python_command(STREAM, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
         .stdin(Stdio::piped())
         .stderr(Stdio::piped());
@@ -244,7 +244,7 @@ sys.stdin.read()
 #[test]
 fn without_a_port_mapper_connections_fall_back_to_tcp_at_once() {
     let stat = TempDir::new("sdp-nopm");
-    let mut cmd = python_command(ECHO, Mode::Preload, stat.path());
+    let mut cmd = python_command(ECHO, Mode::Sdp, stat.path());
     cmd.stdin(Stdio::piped());
     let start = Instant::now();
     let mut program = Background::start(cmd);
@@ -309,7 +309,7 @@ sys.stdin.read()
 "#;
 
 fn client(stat: &Path, pm: &PortMapper, port: u16, count: u32, nonblocking: bool) -> Background {
-    let mut cmd = python_command(ECHO_CLIENT, Mode::Preload, stat);
+    let mut cmd = python_command(ECHO_CLIENT, Mode::Sdp, stat);
     pm.apply(&mut cmd)
         .args([
             port.to_string(),
@@ -371,7 +371,7 @@ sys.stdin.read()
 fn plain_and_sdp_clients_of_a_preloaded_server() {
     let stat = TempDir::new("sdp-mixed");
     let pm = PortMapper::start();
-    let mut cmd = python_command(SERVER, Mode::Preload, stat.path());
+    let mut cmd = python_command(SERVER, Mode::Sdp, stat.path());
     pm.apply(&mut cmd).arg("2").stdin(Stdio::piped());
     let mut server = Background::start(cmd);
     let port = numbers(&server.wait_for_line("port"))[0] as u16;
@@ -563,7 +563,7 @@ fn same_over_sdp(tag: &str, source: &str, sdp: usize) {
     let plain = run_ok(python_command(source, Mode::Plain, stat.path()));
     let pm = PortMapper::start();
     let log = stat.path().join("sdp.log");
-    let mut cmd = python_command(source, Mode::Preload, stat.path());
+    let mut cmd = python_command(source, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
         .env("SDP_LOG", "info")
         .env("SDP_LOG_FILE", &log);
@@ -625,12 +625,12 @@ print("received", n, ok, flush=True)
 fn bytes_reach_the_peer_while_the_sender_sleeps() {
     let stat = TempDir::new("sdp-sleepy");
     let pm = PortMapper::start();
-    let mut cmd = python_command(COUNTING_RECEIVER, Mode::Preload, stat.path());
+    let mut cmd = python_command(COUNTING_RECEIVER, Mode::Sdp, stat.path());
     pm.apply(&mut cmd);
     let mut receiver = Background::start(cmd);
     let port = numbers(&receiver.wait_for_line("port"))[0];
     let log = stat.path().join("sender.log");
-    let mut cmd = python_command(SLEEPY_SENDER, Mode::Preload, stat.path());
+    let mut cmd = python_command(SLEEPY_SENDER, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
         .arg(port.to_string())
         .env("SDP_LOG", "info")
@@ -671,9 +671,9 @@ fn iperf3_over_sdp_and_over_tcp() {
     for sdp in [true, false] {
         let port = sdp_tests::preload::free_port().to_string();
         let log = stat.path().join(format!("iperf-{sdp}.log"));
-        let mut server = command("iperf3", Mode::Preload, stat.path());
+        let mut server = command("iperf3", Mode::Sdp, stat.path());
         server.args(["-s", "-1", "-p", &port, "--forceflush"]);
-        let mut client = command("iperf3", Mode::Preload, stat.path());
+        let mut client = command("iperf3", Mode::Sdp, stat.path());
         client.args(["-c", "127.0.0.1", "-p", &port, "-n", "256M", "-J"]);
         for cmd in [&mut server, &mut client] {
             if sdp {
@@ -714,7 +714,7 @@ fn http_server_and_curl_over_sdp() {
     www.file("blob.bin", &blob);
     let pm = PortMapper::start();
     let log = stat.path().join("sdp.log");
-    let mut server = command(python(), Mode::Preload, stat.path());
+    let mut server = command(python(), Mode::Sdp, stat.path());
     pm.apply(&mut server)
         .args([
             "-u",
@@ -735,7 +735,7 @@ fn http_server_and_curl_over_sdp() {
         .nth(1)
         .and_then(|p| p.parse().ok())
         .unwrap();
-    let mut curl = command("curl", Mode::Preload, stat.path());
+    let mut curl = command("curl", Mode::Sdp, stat.path());
     pm.apply(&mut curl)
         .env("SDP_LOG", "info")
         .env("SDP_LOG_FILE", &log)
