@@ -450,9 +450,12 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
     }
 }
 
-/// The SDP part of a record (modes and counters) as the parent last wrote
-/// it, if the record is in use and not caught mid-update.
-fn stats_part(rec: *mut u8) -> Option<([u8; 2], [u8; 56])> {
+/// The SDP part of a record: the modes and the counters with credits.
+type StatsPart = ([u8; 2], [u8; 56]);
+
+/// The SDP part of a record as the parent last wrote it, if the record is
+/// in use and not caught mid-update.
+fn stats_part(rec: *mut u8) -> Option<StatsPart> {
     // SAFETY: the record is RECORD_LEN bytes of a live mapping; its first
     // 4 bytes are only used as this atomic (see `write_record`).
     let seq = unsafe { &*(rec as *const AtomicU32) }.load(Ordering::Acquire);
@@ -501,7 +504,7 @@ pub fn fork_child() {
     };
     let Some(old) = guard.take() else { return };
     // What the child holds, read before the windows are replaced.
-    let mut records: Vec<(i32, [u8; 52], Option<([u8; 2], [u8; 56])>)> = Vec::new();
+    let mut records: Vec<(i32, [u8; 52], Option<StatsPart>)> = Vec::new();
     crate::fdtable::for_each_unguarded(|fd, e| {
         let stats = record(fd, false).and_then(stats_part);
         records.push((fd, entry_bytes(e), stats));
