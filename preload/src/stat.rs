@@ -6,13 +6,13 @@
 //!
 //! `<dir>` is `$SDP_STAT_DIR`, else `$XDG_RUNTIME_DIR/sdp`, else
 //! `/tmp/sdp-<uid>`, created with mode 0700. `SDP_STAT=0` turns the export
-//! off. The file is created with the first managed socket, replaced by a
-//! copy for the child after `fork`, removed at `exit` and at the start of a
+//! off. The file is created with the first managed socket, replaced in a
+//! forked child by its own file, written from the child's fd table, removed at `exit` and at the start of a
 //! program that `exec`'d in the same process (a killed process leaves its
 //! file: readers skip files whose pid no longer runs that start time).
 //!
-//! Every writer holds the fd's slot lock in [`crate::fdtable`], so each
-//! record has one writer at a time.
+//! Every writer holds the fd's slot lock in [`crate::fdtable`] (or is the
+//! only thread, in a forked child), so each record has one writer at a time.
 
 use crate::fdtable::{Entry, CHUNK};
 use crate::real;
@@ -146,8 +146,11 @@ fn pwrite_all(fd: libc::c_int, bytes: &[u8], offset: usize) -> bool {
     true
 }
 
-/// Creates the directory and the file with its header.
-fn create(dir: &str) -> Option<File> {
+/// Creates the directory and the file with its header. `first`: the
+/// process's first file (a forked child inherited the parent's sweep of
+/// stale files and its `atexit` handler, and registering another one could
+/// take a lock a parent thread held at the fork).
+fn create(dir: &str, first: bool) -> Option<File> {
     let cdir = CString::new(dir).ok()?;
     // SAFETY: cdir is NUL-terminated.
     unsafe { libc::mkdir(cdir.as_ptr(), 0o700) };
@@ -166,7 +169,9 @@ fn create(dir: &str) -> Option<File> {
         );
         return None;
     }
-    remove_stale(dir);
+    if first {
+        remove_stale(dir);
+    }
     let path = own_path(dir)?;
     // SAFETY: path is NUL-terminated.
     let fd = unsafe {
@@ -189,8 +194,10 @@ fn create(dir: &str) -> Option<File> {
         unsafe { real::close(fd) };
         return None;
     }
-    // SAFETY: the callback is a plain extern "C" fn without captures.
-    unsafe { libc::atexit(remove_at_exit) };
+    if first {
+        // SAFETY: the callback is a plain extern "C" fn without captures.
+        unsafe { libc::atexit(remove_at_exit) };
+    }
     Some(File {
         fd,
         path,
@@ -292,7 +299,7 @@ fn window(chunk: usize, create_it: bool) -> *mut u8 {
             STATUS.store(Status::Off as u8, Ordering::Relaxed);
             return ptr::null_mut();
         };
-        match create(&dir) {
+        match create(&dir, true) {
             Some(f) => *guard = Some(f),
             None => {
                 STATUS.store(Status::Off as u8, Ordering::Relaxed);
@@ -443,53 +450,114 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
     }
 }
 
-/// In the child after `fork` (the only thread): the records become this
-/// process's own file, a copy of the parent's, mapped at the same
-/// addresses so nothing else changes.
+/// The SDP part of a record: the modes and the counters with credits.
+type StatsPart = ([u8; 2], [u8; 56]);
+
+/// The SDP part of a record as the parent last wrote it, if the record is
+/// in use and not caught mid-update.
+fn stats_part(rec: *mut u8) -> Option<StatsPart> {
+    // SAFETY: the record is RECORD_LEN bytes of a live mapping; its first
+    // 4 bytes are only used as this atomic (see `write_record`).
+    let seq = unsafe { &*(rec as *const AtomicU32) }.load(Ordering::Acquire);
+    // SAFETY: the offsets are the constants of `field`, inside the record.
+    let (in_use, modes, counters) = unsafe {
+        (
+            *rec.add(field::IN_USE),
+            [*rec.add(field::TX_MODE), *rec.add(field::RX_MODE)],
+            *(rec.add(field::COUNTERS.start) as *const [u8; 56]),
+        )
+    };
+    (seq & 1 == 0 && in_use != 0).then_some((modes, counters))
+}
+
+/// Unmaps every window and turns the export off (in the child, when its
+/// own file cannot be made: never write into the parent's file).
+fn disable() {
+    for m in MAPS.iter() {
+        let p = m.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: p is a window of CHUNK_BYTES we mapped.
+            unsafe { libc::munmap(p.cast(), CHUNK_BYTES) };
+        }
+    }
+    STATUS.store(Status::Off as u8, Ordering::Relaxed);
+}
+
+/// In the child after `fork` (the only thread, fork gate open, no slot
+/// lock held): the records become this process's own file, created at
+/// once and mapped at the same addresses, holding one record per fd of the
+/// child's fd table (it inherited them all).
+///
+/// The records are written from the table, not copied from the parent's
+/// file: that file is shared with the parent, which may already have
+/// closed its copy of an fd (accept-then-fork servers do so at once) and
+/// cleared its record. Only the SDP counters are taken from the parent's
+/// record, when it still holds them.
+///
+/// No lock another parent thread could have held: every user of `FILE`
+/// and of the slot locks runs inside the fork gate, which was closed
+/// across the fork; `FILE` is taken with `try_lock` all the same.
 pub fn fork_child() {
-    let Ok(mut guard) = FILE.lock() else { return };
+    let Ok(mut guard) = FILE.try_lock() else {
+        disable();
+        return;
+    };
     let Some(old) = guard.take() else { return };
+    // What the child holds, read before the windows are replaced.
+    let mut records: Vec<(i32, [u8; 52], Option<StatsPart>)> = Vec::new();
+    crate::fdtable::for_each_unguarded(|fd, e| {
+        let stats = record(fd, false).and_then(stats_part);
+        records.push((fd, entry_bytes(e), stats));
+    });
     // SAFETY: the parent's fd was inherited; we no longer use it.
     unsafe { real::close(old.fd) };
-    let disable = |guard: &mut Option<File>| {
-        for m in MAPS.iter() {
-            let p = m.swap(ptr::null_mut(), Ordering::AcqRel);
-            if !p.is_null() {
-                // SAFETY: p is a window of CHUNK_BYTES we mapped.
-                unsafe { libc::munmap(p.cast(), CHUNK_BYTES) };
+    let file = directory()
+        .and_then(|dir| create(&dir, false))
+        .and_then(|mut file| {
+            // SAFETY: file.fd is our new file.
+            if unsafe { libc::ftruncate(file.fd, old.len as libc::off_t) } != 0 {
+                // SAFETY: file.fd is ours; the path is NUL-terminated.
+                unsafe {
+                    real::close(file.fd);
+                    libc::unlink(file.path.as_ptr());
+                }
+                return None;
             }
-        }
-        *guard = None;
-        STATUS.store(Status::Off as u8, Ordering::Relaxed);
-    };
-    let Some(dir) = directory() else {
-        disable(&mut guard);
+            file.len = old.len;
+            Some(file)
+        });
+    let Some(file) = file else {
+        disable();
         return;
     };
-    let Some(mut file) = create(&dir) else {
-        disable(&mut guard);
-        return;
-    };
-    // SAFETY: file.fd is our new file.
-    if unsafe { libc::ftruncate(file.fd, old.len as libc::off_t) } != 0 {
-        disable(&mut guard);
-        return;
-    }
-    file.len = old.len;
     for (chunk, m) in MAPS.iter().enumerate() {
         let p = m.load(Ordering::Acquire);
         if p.is_null() {
             continue;
         }
-        // SAFETY: p is a live window of CHUNK_BYTES.
-        let bytes = unsafe { std::slice::from_raw_parts(p, CHUNK_BYTES) };
-        if !pwrite_all(file.fd, bytes, HEADER_LEN + chunk * CHUNK_BYTES)
-            || map_window(file.fd, chunk, p).is_null()
-        {
+        // Over the parent's window: all zero (no record in use).
+        if map_window(file.fd, chunk, p).is_null() {
+            // SAFETY: p is a window of CHUNK_BYTES we mapped; the failed
+            // MAP_FIXED may have left it mapped to the parent's file.
+            unsafe { libc::munmap(p.cast(), CHUNK_BYTES) };
             m.store(ptr::null_mut(), Ordering::Release);
         }
     }
     *guard = Some(file);
+    drop(guard);
+    for (fd, entry, stats) in &records {
+        // `true`: a window the parent lacked is made in the child's file.
+        let Some(rec) = record(*fd, true) else {
+            continue;
+        };
+        write_record(rec, &[(field::ENTRY_PART.start, entry)]);
+        if let Some((modes, counters)) = stats {
+            write_record(
+                rec,
+                &[(field::TX_MODE, modes), (field::COUNTERS.start, counters)],
+            );
+        }
+    }
 }
 
 /// The path of this process's export file, once created.

@@ -81,9 +81,95 @@ unsafe fn kernel_addr(addr: *const sockaddr, len: socklen_t) -> Option<RawAddr> 
     unsafe { read_sockaddr(addr, len) }.map(RawAddr::new)
 }
 
+/// `socket(AF_INET_SDP, ...)` makes an `AF_INET` socket, but libsdp's
+/// family also takes IPv6 addresses: qperf's `sdp_*` server binds its
+/// `AF_INET_SDP` socket to `[::]`. When such a socket, not yet bound or
+/// connected, meets an `AF_INET6` address, it is replaced on the same fd
+/// number by an `AF_INET6` socket with the same flags and the options the
+/// program set. Otherwise the kernel's answer (`EAFNOSUPPORT`) stands.
+///
+/// # Safety
+/// `addr` is null or points to `len` readable bytes.
+unsafe fn widen_forced_to_v6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
+    if addr.is_null()
+        || (len as usize) < std::mem::size_of::<libc::sa_family_t>()
+        // SAFETY: the family field is readable (checked above).
+        || c_int::from(unsafe { (*addr).sa_family }) != libc::AF_INET6
+    {
+        return;
+    }
+    let Some(entry) = fdtable::get(fd) else {
+        return;
+    };
+    if !entry.forced || entry.ipv6 || entry.role != SocketRole::None {
+        return;
+    }
+    // Unbound: the kernel reports port 0.
+    if socket_name(fd, false).is_none_or(|a| a.port() != 0) {
+        return;
+    }
+    // SAFETY: F_GETFL and F_GETFD take no argument.
+    let (fl, fdfl) = unsafe {
+        (
+            real::fcntl(fd, libc::F_GETFL, 0),
+            real::fcntl(fd, libc::F_GETFD, 0),
+        )
+    };
+    if fl < 0 || fdfl < 0 {
+        return;
+    }
+    let mut ty = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
+    if fl & libc::O_NONBLOCK != 0 {
+        ty |= libc::SOCK_NONBLOCK;
+    }
+    // SAFETY: plain socket creation.
+    let new = unsafe { real::socket(libc::AF_INET6, ty, libc::IPPROTO_TCP) };
+    if new < 0 {
+        return;
+    }
+    for o in &entry.opts {
+        // SAFETY: the option bytes the kernel accepted before.
+        unsafe {
+            real::setsockopt(
+                new,
+                o.level,
+                o.name,
+                o.value.as_ptr().cast(),
+                o.value.len() as libc::socklen_t,
+            )
+        };
+    }
+    let flags = if fdfl & libc::FD_CLOEXEC != 0 {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    // SAFETY: our new socket onto the program's fd number, which holds the
+    // managed socket checked above.
+    let r = unsafe { real::dup3(new, fd, flags) };
+    // SAFETY: our temporary number.
+    unsafe { real::close(new) };
+    if r >= 0 {
+        fdtable::update(fd, |e| e.ipv6 = true);
+        crate::log!(
+            Level::Debug,
+            "fd {fd}: AF_INET_SDP socket given an IPv6 address: now an AF_INET6 socket"
+        );
+    }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if fdtable::is_managed(fd) {
+        if let Some(_g) = Guard::enter() {
+            let _errno = SavedErrno::save();
+            // SAFETY: the program's (addr, len) pair.
+            protect(
+                "bind",
+                || unsafe { widen_forced_to_v6(fd, addr, len) },
+                || (),
+            );
+        }
         // SAFETY: the program's (addr, len) pair.
         if let Some(raw) = unsafe { kernel_addr(addr, len) } {
             // SAFETY: raw is a complete address of raw.len() bytes.
@@ -158,7 +244,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Some(dest) if adopt(fd) => protect(
             "connect",
             // SAFETY: the program's arguments.
-            || unsafe { connect_managed(fd, addr, len, dest) },
+            || unsafe {
+                widen_forced_to_v6(fd, addr, len);
+                connect_managed(fd, addr, len, dest)
+            },
             // SAFETY: the program's arguments.
             || unsafe { pass_connect(fd, addr, len) },
         ),
