@@ -85,13 +85,11 @@ fn check_bandwidth(out: &str) {
 }
 
 #[test]
-#[ignore = "a forked child's state export loses records the parent closes; docs/preload.md, Known problems"]
 fn qperf_sdp_bw() {
     check_bandwidth(&run("sdp_bw"));
 }
 
 #[test]
-#[ignore = "a forked child's state export loses records the parent closes; docs/preload.md, Known problems"]
 fn qperf_sdp_lat() {
     let out = run("sdp_lat");
     let (lat, unit) = value(&out, "latency");
@@ -102,7 +100,6 @@ fn qperf_sdp_lat() {
 }
 
 #[test]
-#[ignore = "a forked child's state export loses records the parent closes; docs/preload.md, Known problems"]
 fn qperf_tcp_bw() {
     check_bandwidth(&run("tcp_bw"));
 }

@@ -39,7 +39,6 @@ for i in range(n):
 "#;
 
 #[test]
-#[ignore = "a forked child's state export loses records the parent closes; docs/preload.md, Known problems"]
 fn socat_fork_serves_50_sequential_clients() {
     require("socat");
     let env = Env::new("socat");
@@ -98,7 +97,6 @@ os.waitpid(child, 0)
 "#;
 
 #[test]
-#[ignore = "a forked child's state export loses records the parent closes; docs/preload.md, Known problems"]
 fn forked_child_keeps_the_record_the_parent_closed() {
     let env = Env::new("fork-close");
     let mut p = Proc::spawn("fork-close", env.python(FORK_CLOSE, Mode::Sdp), true);

@@ -371,7 +371,7 @@ fn bad_rules_file_is_reported_with_line_numbers_and_the_program_works() {
         "libsdp.conf",
         b"# rules\nuse tcp client * *:22\nuse sdp sideways * *:*\nuse both connect python3* 127.0.0.1:1-65535\n",
     );
-    let mut cmd = python_command(ECHO, Mode::Preload, stat.path());
+    let mut cmd = python_command(ECHO, Mode::Sdp, stat.path());
     cmd.env("SDP_CONFIG", &conf);
     cmd.stdin(Stdio::piped()).stderr(Stdio::piped());
     let mut program = Background::start(cmd);
@@ -485,14 +485,14 @@ fn af_inet_sdp_socket_is_accepted_and_forced() {
     assert!(String::from_utf8_lossy(&plain.stdout).starts_with("socket failed"));
 
     // SDP only, and no port mapper answers: ECONNREFUSED, no fallback.
-    let refused = run_ok(python_command(AF_INET_SDP, Mode::Preload, stat.path()));
+    let refused = run_ok(python_command(AF_INET_SDP, Mode::Sdp, stat.path()));
     assert_eq!(
         String::from_utf8_lossy(&refused.stdout),
         "connect failed True\n"
     );
 
     let pm = PortMapper::start();
-    let mut cmd = python_command(AF_INET_SDP, Mode::Preload, stat.path());
+    let mut cmd = python_command(AF_INET_SDP, Mode::Sdp, stat.path());
     pm.apply(&mut cmd).stdin(Stdio::piped());
     let mut program = Background::start(cmd);
     let line = program.wait_for_line("family True echo sdp?");
@@ -633,7 +633,7 @@ fn fortified_c_program_is_identical_with_and_without_the_preload() {
     // With a port mapper: every connection of the program is SDP (the
     // AF_INET_SDP one has no fallback).
     let pm = PortMapper::start();
-    let mut preloaded = command(&exe, Mode::Preload, stat.path());
+    let mut preloaded = command(&exe, Mode::Sdp, stat.path());
     pm.apply(&mut preloaded).arg("sdp");
     let preloaded = run_ok(preloaded);
     let text = String::from_utf8(preloaded.stdout).unwrap();
