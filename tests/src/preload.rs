@@ -140,6 +140,7 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
         "SDP_LOG_FILE",
         "SDP_STAT",
         "SDP_ENGINE",
+        "SDP_EXIT_FLUSH_MS",
     ] {
         cmd.env_remove(var);
     }
@@ -157,6 +158,9 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
     }
     if mode == Mode::Sdp {
         cmd.env("SDP_ENGINE", "1");
+        // Tests run many programs at once on few cores: give closing
+        // connections longer than the default 2 s to finish at exit.
+        cmd.env("SDP_EXIT_FLUSH_MS", "10000");
     }
     cmd.stdin(Stdio::null());
     cmd
