@@ -210,12 +210,10 @@ pub trait SdpEndpoint: Send + Sync {
     /// resumes progress in this process; SDP socket duplication (draft
     /// §13, SuspComm) is its business.
     fn fork_child(&self);
-    /// A nonblocking connect that fell back to TCP on its own (the hooks
-    /// ask right after recording [`ConnectOutcome::InProgress`], in case
-    /// the fallback came before the fd table knew the endpoint).
-    fn fallen_back(&self) -> Option<TcpReason> {
-        None
-    }
+    /// The hooks recorded the endpoint of [`ConnectOutcome::InProgress`]
+    /// in the fd table: the connect may go on in the background now (and
+    /// fall back to TCP with [`crate::fdtable::fall_back_if`]).
+    fn recorded(&self) {}
     /// The process is exiting (`exit`, not `_exit`) with this connection
     /// open: block until the bytes accepted by `send` have reached the
     /// peer, or until `deadline` (DESIGN §6 "flush at exit").

@@ -17,7 +17,7 @@
 //! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
 
 use super::endpoint::{Ep, State};
-use super::service::{self, Task};
+use super::service;
 use crate::fdtable::{self, TcpReason};
 use crate::hooks::{socket_name, RawAddr};
 use crate::log::Level;
@@ -220,7 +220,9 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
             Err(_) => return fail(TcpReason::Internal),
         };
         c.ep = Some(ep.clone());
-        service::submit(Task::Connect(Box::new(c)));
+        // Started by the hooks' `recorded` call, once the fd table holds
+        // the endpoint: a fallback must find it there.
+        ep.park_connector(Box::new(c));
         return ConnectOutcome::InProgress(ep);
     }
     let result = c.run_blocking();
@@ -650,7 +652,6 @@ impl Connector {
                     self.dest,
                     fail.reason.name()
                 );
-                ep.set_fell(fail.reason);
                 *st = State::FellBack;
                 drop(st);
                 set_nonblock(fd, view);

@@ -13,7 +13,7 @@
 //! ([`super::owner`]).
 
 use super::owner::{Claim, Ownership};
-use crate::fdtable::{self, TcpReason};
+use crate::fdtable;
 use crate::log::Level;
 use crate::real;
 use crate::sdp::{
@@ -25,7 +25,7 @@ use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,8 +58,9 @@ pub struct Ep {
     wake: OwnedFd,
     /// The application's fd number (for a fallback to TCP).
     fd: RawFd,
-    /// The reason of a fallback, once there was one.
-    fell: AtomicU8,
+    /// A nonblocking connect waiting for the hooks to record the endpoint
+    /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
+    connector: Mutex<Option<Box<super::connect::Connector>>>,
     warned: AtomicBool,
 }
 
@@ -117,7 +118,7 @@ impl Ep {
             own: Ownership::new(),
             wake,
             fd,
-            fell: AtomicU8::new(0),
+            connector: Mutex::new(None),
             warned: AtomicBool::new(false),
         }
     }
@@ -132,9 +133,9 @@ impl Ep {
         self.fd
     }
 
-    /// Records a fallback to TCP (for [`SdpEndpoint::fallen_back`]).
-    pub fn set_fell(&self, reason: TcpReason) {
-        self.fell.store(reason as u8, Ordering::Release);
+    /// The nonblocking connect to start once the hooks recorded us.
+    pub fn park_connector(&self, c: Box<super::connect::Connector>) {
+        *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
     }
 
     /// The stream to call, after claiming the connection.
@@ -615,10 +616,14 @@ impl SdpEndpoint for Ep {
         drop(stream);
     }
 
-    fn fallen_back(&self) -> Option<TcpReason> {
-        match self.fell.load(Ordering::Acquire) {
-            0 => None,
-            r => Some(super::reason_from_u8(r)),
+    fn recorded(&self) {
+        let pending = self
+            .connector
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(c) = pending {
+            super::service::submit(super::service::Task::Connect(c));
         }
     }
 }

@@ -68,24 +68,6 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     sdp_core::conn::Config::default()
 }
 
-/// A [`TcpReason`] from its number (as stored in an atomic).
-pub(crate) fn reason_from_u8(v: u8) -> TcpReason {
-    match v {
-        1 => TcpReason::RuleTcp,
-        2 => TcpReason::NoEngine,
-        3 => TcpReason::PmDeny,
-        4 => TcpReason::PmTimeout,
-        5 => TcpReason::PmUnreachable,
-        6 => TcpReason::Refused,
-        7 => TcpReason::MpaReject,
-        8 => TcpReason::HelloReject,
-        9 => TcpReason::Timeout,
-        10 => TcpReason::Internal,
-        11 => TcpReason::PeerTcp,
-        _ => TcpReason::None,
-    }
-}
-
 impl SdpBackend for Backend {
     fn connect(
         &self,

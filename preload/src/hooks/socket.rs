@@ -325,10 +325,7 @@ unsafe fn connect_managed(
                     );
                     // The local address is known once connected (the
                     // backend records it then); getsockname asks the kernel.
-                    // The fallback may have come before the table knew it.
-                    if let Some(reason) = ep.fallen_back() {
-                        fdtable::fall_back_if(fd, &ep, reason);
-                    }
+                    ep.recorded();
                     return fail(libc::EINPROGRESS);
                 }
                 ConnectOutcome::Failed(errno) => {
