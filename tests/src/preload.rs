@@ -124,7 +124,8 @@ pub enum Mode {
     Plain,
     /// `LD_PRELOAD=libsdp_preload.so`.
     Preload,
-    /// The preload with its SDP engine on (`SDP_ENGINE=1`).
+    /// The preload, saying explicitly that its SDP engine is wanted
+    /// (`SDP_ENGINE=1`, the default) and giving it time to flush at exit.
     Sdp,
 }
 
