@@ -124,8 +124,7 @@ pub enum Mode {
     Plain,
     /// `LD_PRELOAD=libsdp_preload.so`.
     Preload,
-    /// The preload, saying explicitly that its SDP engine is wanted
-    /// (`SDP_ENGINE=1`, the default) and giving it time to flush at exit.
+    /// The preload with its SDP engine on (`SDP_ENGINE=1`).
     Sdp,
 }
 

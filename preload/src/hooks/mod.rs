@@ -278,10 +278,13 @@ pub fn init() {
             note_pid();
             let config = crate::config::get();
             crate::stat::init();
-            if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "0") {
-                crate::log!(Level::Debug, "SDP_ENGINE=0: every connection is TCP");
-            } else {
+            // The SDP engine is opt-in while its TCP fallback after a
+            // nonblocking connect can still stall (docs/preload.md, "Known
+            // problems"); without it every connection is plain TCP.
+            if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "1") {
                 crate::backend::install();
+            } else {
+                crate::log!(Level::Debug, "SDP_ENGINE is not 1: every connection is TCP");
             }
             for missing in real::resolve_all() {
                 crate::log!(
