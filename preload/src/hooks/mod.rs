@@ -278,9 +278,9 @@ pub fn init() {
             note_pid();
             let config = crate::config::get();
             crate::stat::init();
-            // The SDP engine is opt-in while its TCP fallback after a
-            // nonblocking connect can still stall (docs/preload.md, "Known
-            // problems"); without it every connection is plain TCP.
+            // The SDP engine is opt-in until the problems listed in
+            // docs/preload.md ("Known problems") are settled; without it
+            // every connection is plain TCP.
             if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "1") {
                 crate::backend::install();
             } else {
