@@ -6,5 +6,6 @@ pub mod e2e;
 pub mod pcap;
 pub mod portmapper;
 pub mod preload;
+pub mod programs;
 pub mod statfile;
 pub mod tshark;

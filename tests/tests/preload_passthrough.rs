@@ -11,6 +11,7 @@ use sdp_tests::preload::{
     artifacts, command, free_port, python, python_command, require, run_ok, Background, Mode,
     TempDir,
 };
+use sdp_tests::programs;
 use sdp_tests::statfile;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
@@ -271,43 +272,21 @@ fn accept_then_fork_server() {
     assert_eq!(preloaded.stderr, b"");
 }
 
-/// Prefork server: three workers inherit the listener and each accept two
-/// connections; the parent closes its copy and acts as the client.
-const PREFORK_SERVER: &str = r#"
-import os, socket
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen(16)
-addr = srv.getsockname()
-workers = []
-for w in range(3):
-    pid = os.fork()
-    if pid == 0:
-        for _ in range(2):
-            conn, _ = srv.accept()
-            data = conn.recv(100)
-            conn.sendall(b"reply:" + data)
-            conn.close()
-        os._exit(0)
-    workers.append(pid)
-srv.close()
-replies = []
-for i in range(6):
-    c = socket.create_connection(addr)
-    c.sendall(b"req%d" % i)
-    replies.append(c.recv(100).decode())
-    c.close()
-codes = [os.waitpid(p, 0)[1] for p in workers]
-print(" ".join(replies), codes)
-"#;
-
 #[test]
 fn prefork_server() {
     let stat = TempDir::new("prefork");
     let expected = "reply:req0 reply:req1 reply:req2 reply:req3 reply:req4 reply:req5 [0, 0, 0]\n";
-    let plain = run_ok(python_command(PREFORK_SERVER, Mode::Plain, stat.path()));
+    let plain = run_ok(python_command(
+        programs::PREFORK_SERVER,
+        Mode::Plain,
+        stat.path(),
+    ));
     assert_eq!(String::from_utf8_lossy(&plain.stdout), expected);
-    let preloaded = run_ok(python_command(PREFORK_SERVER, Mode::Preload, stat.path()));
+    let preloaded = run_ok(python_command(
+        programs::PREFORK_SERVER,
+        Mode::Preload,
+        stat.path(),
+    ));
     assert_eq!(String::from_utf8_lossy(&preloaded.stdout), expected);
     assert_eq!(preloaded.stderr, b"");
 }

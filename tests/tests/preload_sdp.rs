@@ -8,6 +8,7 @@ use sdp_tests::portmapper::PortMapper;
 use sdp_tests::preload::{
     artifacts, command, python, python_command, require, run_ok, Background, Mode, TempDir,
 };
+use sdp_tests::programs;
 use sdp_tests::statfile::{self, StatFile};
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -526,36 +527,6 @@ _, status = os.waitpid(client, 0)
 print("server done", status)
 "#;
 
-/// Prefork server over SDP: three workers inherit the listener and accept
-/// two connections each; the parent closes its copy and is the client.
-const PREFORK_SERVER: &str = r#"
-import os, socket
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen(16)
-addr = srv.getsockname()
-workers = []
-for w in range(3):
-    pid = os.fork()
-    if pid == 0:
-        for _ in range(2):
-            conn, _ = srv.accept()
-            data = conn.recv(100)
-            conn.sendall(b"reply:" + data)
-            conn.close()
-        os._exit(0)
-    workers.append(pid)
-srv.close()
-replies = []
-for i in range(6):
-    c = socket.create_connection(addr)
-    c.sendall(b"req%d" % i)
-    replies.append(c.recv(100).decode())
-    c.close()
-codes = [os.waitpid(p, 0)[1] for p in workers]
-print(" ".join(replies), codes)
-"#;
-
 /// Runs `source` with and without SDP: same output, and `sdp` connections
 /// made over SDP (the library's log says so).
 fn same_over_sdp(tag: &str, source: &str, sdp: usize) {
@@ -589,7 +560,7 @@ fn accept_then_fork_server_over_sdp() {
 
 #[test]
 fn prefork_server_over_sdp() {
-    same_over_sdp("sdp-prefork", PREFORK_SERVER, 6);
+    same_over_sdp("sdp-prefork", programs::PREFORK_SERVER, 6);
 }
 
 /// A sender writes 10 MiB and then sleeps without any call to the library:
