@@ -456,8 +456,40 @@ unsafe fn accept_common(
     r
 }
 
+/// A listening socket the program did not `listen` on under the preload
+/// (inherited across `exec`, or from systemd's socket activation) is
+/// managed from its first `accept` on, with its hidden SDP listener. The
+/// check costs one `getsockopt` per `accept` on sockets the preload does
+/// not manage (Unix sockets, say).
+fn adopt_inherited_listener(fd: c_int) {
+    if fdtable::is_managed(fd) || sdp::backend().is_none() {
+        return;
+    }
+    // Not from the preload's own threads (the hidden listeners' accepts).
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "accept",
+        || {
+            let _errno = SavedErrno::save();
+            let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
+            if !matches!(domain, Some(libc::AF_INET | libc::AF_INET6)) {
+                return;
+            }
+            if int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != Some(1) {
+                return;
+            }
+            if adopt(fd) {
+                crate::log!(Level::Debug, "fd {fd}: inherited listener adopted");
+                listen_managed(fd, libc::SOMAXCONN);
+            }
+        },
+        || (),
+    );
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    adopt_inherited_listener(fd);
     if fdtable::listener(fd).is_some() {
         // SAFETY: the program's arguments.
         return unsafe { super::io::sdp_accept(fd, addr, len, 0) };
@@ -477,6 +509,7 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    adopt_inherited_listener(fd);
     if fdtable::listener(fd).is_some() {
         // SAFETY: the program's arguments.
         return unsafe { super::io::sdp_accept(fd, addr, len, flags) };
