@@ -577,6 +577,7 @@ impl Connector {
                     None => Ok(()),
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
+                    ep.set_socket(stream.socket_fd());
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     fdtable::update(fd, |e| {

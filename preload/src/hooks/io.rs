@@ -144,14 +144,28 @@ fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
     ))
 }
 
-/// Sleeps until `wake` polls one of `events`. `Err(EAGAIN)` at the
-/// deadline, `Err(EINTR)` when a signal handler ran.
-pub fn wait(wake: c_int, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
-    let mut p = libc::pollfd {
-        fd: wake,
-        events,
-        revents: 0,
-    };
+/// Sleeps until `wake` polls one of `events`, or `kernel` (the
+/// endpoint's own socket, if it offers one) has input for it to read.
+/// `Err(EAGAIN)` at the deadline, `Err(EINTR)` when a signal handler ran.
+pub fn wait(
+    wake: c_int,
+    events: i16,
+    kernel: Option<c_int>,
+    deadline: Option<Instant>,
+) -> Result<(), Errno> {
+    let mut p = [
+        libc::pollfd {
+            fd: wake,
+            events,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: kernel.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let n = if kernel.is_some() { 2 } else { 1 };
     let ts = deadline.map(|d| {
         let left = d.saturating_duration_since(Instant::now());
         timespec {
@@ -162,8 +176,8 @@ pub fn wait(wake: c_int, events: i16, deadline: Option<Instant>) -> Result<(), E
     let tp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const timespec);
-    // SAFETY: one local pollfd, a local timespec or null, no signal mask.
-    let r = unsafe { real::ppoll(&mut p, 1, tp, std::ptr::null()) };
+    // SAFETY: local pollfds, a local timespec or null, no signal mask.
+    let r = unsafe { real::ppoll(p.as_mut_ptr(), n, tp, std::ptr::null()) };
     match r {
         0 => Err(libc::EAGAIN),
         r if r > 0 => Ok(()),
@@ -216,7 +230,13 @@ fn sdp_recv_inner(
             }
             // Urgent data is never waited for (TCP answers at once).
             Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, deadline) {
+                let kernel = h.endpoint.kernel_fd();
+                h.endpoint.polling(kernel.is_some());
+                let waited = wait(h.endpoint.wake_fd(), libc::POLLIN, kernel, deadline);
+                if kernel.is_some() {
+                    h.endpoint.polling(false);
+                }
+                if let Err(e) = waited {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -271,7 +291,13 @@ fn sdp_send_inner(
                 IoSlice::advance_slices(&mut bufs, n);
             }
             Err(e) if e == libc::EAGAIN && !dontwait => {
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, deadline) {
+                let kernel = h.endpoint.kernel_fd();
+                h.endpoint.polling(kernel.is_some());
+                let waited = wait(h.endpoint.wake_fd(), libc::POLLOUT, kernel, deadline);
+                if kernel.is_some() {
+                    h.endpoint.polling(false);
+                }
+                if let Err(e) = waited {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
