@@ -81,9 +81,70 @@ unsafe fn kernel_addr(addr: *const sockaddr, len: socklen_t) -> Option<RawAddr> 
     unsafe { read_sockaddr(addr, len) }.map(RawAddr::new)
 }
 
+/// `socket(AF_INET_SDP, ...)` makes an `AF_INET` socket; libsdp's family
+/// takes IPv6 addresses too (qperf binds one from `getaddrinfo`). The first
+/// `bind` or `connect` with an `AF_INET6` address puts a fresh `AF_INET6`
+/// socket on the fd number (same flags, the options set so far).
+///
+/// # Safety
+/// `addr` is null or points to `len` readable bytes.
+/// The caller holds the [`Guard`].
+unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return;
+    }
+    // SAFETY: at least the family field is readable (checked above).
+    if c_int::from(unsafe { (*addr).sa_family }) != libc::AF_INET6 {
+        return;
+    }
+    let _errno = SavedErrno::save();
+    let Some(e) = fdtable::get(fd) else { return };
+    if !e.forced || e.ipv6 || e.role != SocketRole::None {
+        return;
+    }
+    // SAFETY: F_GETFL/F_GETFD take no argument; socket creation; our new
+    // socket onto the program's fd number; options the kernel took before.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        let fdfl = real::fcntl(fd, libc::F_GETFD, 0);
+        let new = real::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fl < 0 || fdfl < 0 || new < 0 {
+            if new >= 0 {
+                real::close(new);
+            }
+            return;
+        }
+        for o in &e.opts {
+            real::setsockopt(
+                new,
+                o.level,
+                o.name,
+                o.value.as_ptr().cast(),
+                o.value.len() as socklen_t,
+            );
+        }
+        real::fcntl(new, libc::F_SETFL, fl as c_ulong);
+        let cloexec = if fdfl & libc::FD_CLOEXEC != 0 {
+            libc::O_CLOEXEC
+        } else {
+            0
+        };
+        let r = real::dup3(new, fd, cloexec);
+        real::close(new);
+        if r >= 0 {
+            fdtable::update(fd, |e| e.ipv6 = true);
+            crate::log!(Level::Debug, "fd {fd}: AF_INET_SDP socket now AF_INET6");
+        }
+    }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if fdtable::is_managed(fd) {
+        if let Some(_g) = Guard::enter() {
+            // SAFETY: the program's (addr, len) pair.
+            unsafe { forced_to_ipv6(fd, addr, len) };
+        }
         // SAFETY: the program's (addr, len) pair.
         if let Some(raw) = unsafe { kernel_addr(addr, len) } {
             // SAFETY: raw is a complete address of raw.len() bytes.
@@ -154,6 +215,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     // SAFETY: the program's (addr, len) pair.
     let dest = unsafe { read_sockaddr(addr, len) };
+    if dest.is_some() && fdtable::is_managed(fd) {
+        // SAFETY: the program's (addr, len) pair.
+        unsafe { forced_to_ipv6(fd, addr, len) };
+    }
     match dest {
         Some(dest) if adopt(fd) => protect(
             "connect",
