@@ -275,15 +275,11 @@ impl SdpStream {
         self.shared().adopt_readiness(readiness)
     }
 
-    /// A caller that waits on [`SdpStream::socket_fd`] itself, and calls
-    /// [`SdpStream::recv_flags`] or [`SdpStream::send_flags`] in
-    /// nonblocking mode when it has input (which reads it), says so while
-    /// it waits: the progress thread then keeps off the socket (parks the
-    /// link, see [`progress`]) instead of waking for every message as well.
-    /// The caller clears it when it stops waiting; a parked link comes back
-    /// to the progress thread within [`progress::PARK`] anyway.
-    pub fn set_polling(&self, on: bool) {
-        self.shared().set_polled(on);
+    /// Reads what the socket has, drives the connection and writes what is
+    /// queued, now, without blocking: for a caller that learned from its
+    /// own poll of [`SdpStream::socket_fd`] that bytes arrived.
+    pub fn pump(&self) {
+        self.shared().lock().pump(Instant::now());
     }
 
     /// Takes the stream away from this process's progress thread: nothing

@@ -409,12 +409,6 @@ impl Shared {
         self.poller.load(Ordering::SeqCst)
     }
 
-    /// A caller outside [`Locked::wait`] polls the socket itself and pumps
-    /// when it has input (see [`super::SdpStream::set_polling`]).
-    pub fn set_polled(&self, on: bool) {
-        self.poller.store(on, Ordering::SeqCst);
-    }
-
     /// The nearest deadline of the link, as last published.
     pub fn deadline(&self) -> Option<Instant> {
         decode(self.deadline.load(Ordering::Relaxed))
