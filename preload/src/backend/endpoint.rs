@@ -25,7 +25,7 @@ use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -60,8 +60,6 @@ pub struct Ep {
     fd: RawFd,
     /// The stream's own socket descriptor, once connected (-1 before).
     sock: AtomicI32,
-    /// Threads waiting on `sock` in the hooks ([`SdpEndpoint::polling`]).
-    pollers: AtomicUsize,
     /// A nonblocking connect waiting for the hooks to record the endpoint
     /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
     connector: Mutex<Option<Box<super::connect::Connector>>>,
@@ -127,7 +125,6 @@ impl Ep {
             fd,
             connector: Mutex::new(None),
             sock: AtomicI32::new(-1),
-            pollers: AtomicUsize::new(0),
             warned: AtomicBool::new(false),
         }
     }
@@ -635,16 +632,10 @@ impl SdpEndpoint for Ep {
         (fd >= 0 && self.own.owned()).then_some(fd)
     }
 
-    fn polling(&self, on: bool) {
-        let n = if on {
-            self.pollers.fetch_add(1, Ordering::AcqRel) + 1
-        } else {
-            self.pollers
-                .fetch_sub(1, Ordering::AcqRel)
-                .saturating_sub(1)
-        };
-        if let State::Connected(s) = &*self.lock() {
-            s.set_polling(n > 0);
+    fn pump(&self) {
+        let _g = fdtable::enter_gate();
+        if let Access::Stream(s) = self.access() {
+            s.pump();
         }
     }
 

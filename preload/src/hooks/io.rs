@@ -231,12 +231,7 @@ fn sdp_recv_inner(
             // Urgent data is never waited for (TCP answers at once).
             Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
                 let kernel = h.endpoint.kernel_fd();
-                h.endpoint.polling(kernel.is_some());
-                let waited = wait(h.endpoint.wake_fd(), libc::POLLIN, kernel, deadline);
-                if kernel.is_some() {
-                    h.endpoint.polling(false);
-                }
-                if let Err(e) = waited {
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, kernel, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -292,12 +287,7 @@ fn sdp_send_inner(
             }
             Err(e) if e == libc::EAGAIN && !dontwait => {
                 let kernel = h.endpoint.kernel_fd();
-                h.endpoint.polling(kernel.is_some());
-                let waited = wait(h.endpoint.wake_fd(), libc::POLLOUT, kernel, deadline);
-                if kernel.is_some() {
-                    h.endpoint.polling(false);
-                }
-                if let Err(e) = waited {
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, kernel, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
