@@ -499,22 +499,24 @@ impl SdpListener for Lst {
     }
 
     fn close(&self) {
-        let ready: Vec<Ready> = {
+        let (ready, control) = {
             let _g = fdtable::enter_gate();
             let mut q = self.sh.lock();
             q.closed = true;
-            q.ready.drain(..).collect()
+            let ready: Vec<Ready> = q.ready.drain(..).collect();
+            drop(q);
+            let control = self
+                .sh
+                .control
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            (ready, control)
         };
         // Connections nobody accepted: closed (graceful, in the background).
         drop(ready);
         // Our copy of the control connection: the registration ends when
         // the last process holding it closes it.
-        let control = self
-            .sh
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
         drop(control);
     }
 
