@@ -456,19 +456,27 @@ impl Server {
     }
 
     /// The registration serving `port` on `ap_addr`: one bound to that
-    /// address first, else a wildcard one; the most recent of those.
+    /// address first, else a wildcard one of the same family, else one on
+    /// `::`; the most recent of those.
     pub fn lookup(&self, ap_addr: IpAddr, port: u16) -> Option<&Registration> {
         let ap = ap_addr.to_canonical();
         let list = self.registrations.get(&port)?;
         let exact = list.iter().rev().find(|r| r.addr == ap);
-        exact.or_else(|| {
-            list.iter().rev().find(|r| match r.addr {
-                // A listener on :: takes IPv4 too (dual stack), one on
-                // 0.0.0.0 only IPv4.
-                IpAddr::V6(a) => a.is_unspecified(),
-                IpAddr::V4(a) => a.is_unspecified() && ap.is_ipv4(),
-            })
-        })
+        let same_family = || {
+            list.iter()
+                .rev()
+                .find(|r| r.addr.is_unspecified() && r.addr.is_ipv4() == ap.is_ipv4())
+        };
+        // A listener on :: takes IPv4 too (dual stack) — unless it is
+        // IPV6_V6ONLY, as it must be when 0.0.0.0 on the same port is
+        // bound too: hence the same family first. One on 0.0.0.0 takes
+        // only IPv4.
+        let any_v6 = || {
+            list.iter()
+                .rev()
+                .find(|r| matches!(r.addr, IpAddr::V6(a) if a.is_unspecified()))
+        };
+        exact.or_else(same_family).or_else(any_v6)
     }
 
     /// The earliest timer deadline, if any.
@@ -1081,6 +1089,13 @@ mod tests {
         );
         assert!(s.owns_sdp_port(3, 3));
         assert!(!s.owns_sdp_port(3, 1));
+        // 0.0.0.0 and :: on one port (the :: one IPV6_V6ONLY, or the bind
+        // would have failed): each family goes to its own, whatever the
+        // order of registration.
+        s.register(now, 4, ip("0.0.0.0"), 7000, 40).unwrap();
+        s.register(now, 4, ip("::"), 7000, 41).unwrap();
+        assert_eq!(s.lookup(ip("127.0.0.1"), 7000).unwrap().sdp_port, 40);
+        assert_eq!(s.lookup(ip("::1"), 7000).unwrap().sdp_port, 41);
     }
 
     #[test]

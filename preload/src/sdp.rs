@@ -210,6 +210,19 @@ pub trait SdpEndpoint: Send + Sync {
     /// resumes progress in this process; SDP socket duplication (draft
     /// §13, SuspComm) is its business.
     fn fork_child(&self);
+    /// The connection's kernel socket (the endpoint's own descriptor), if
+    /// a thread blocked in `recv` or `send` may wait on it too: when it
+    /// has input, the hooks call `recv`/`send` again, which read it
+    /// themselves — the data (or credits) then come without waiting for
+    /// the endpoint's progress machinery to wake the thread. (The progress
+    /// machinery still serves the socket: it alone waits for socket
+    /// space.)
+    fn kernel_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
+    /// so that [`SdpEndpoint::readiness`] shows what arrived.
+    fn pump(&self) {}
     /// The hooks recorded the endpoint of [`ConnectOutcome::InProgress`]
     /// in the fd table: the connect may go on in the background now (and
     /// fall back to TCP with [`crate::fdtable::fall_back_if`]).

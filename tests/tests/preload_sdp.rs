@@ -719,3 +719,60 @@ fn http_server_and_curl_over_sdp() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.lines().any(|l| l.ends_with("-> SDP")), "{log}");
 }
+
+/// A listening socket made without the preload and inherited across
+/// `exec` (as from systemd): the preloaded program never calls `listen`;
+/// its first `accept` gives the socket its hidden SDP listener.
+const INHERITED_LISTENER: &str = r#"
+import os, socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+os.set_inheritable(srv.fileno(), True)
+print("port", srv.getsockname()[1], flush=True)
+child = r'''
+import os, socket, sys
+srv = socket.socket(fileno=int(sys.argv[1]))
+srv.setblocking(False)
+try:
+    srv.accept()
+except BlockingIOError:
+    pass
+srv.setblocking(True)
+print("accepting", flush=True)
+a, _ = srv.accept()
+a.sendall(a.recv(100).upper())
+print("served", os.getpid(), srv.fileno(), a.fileno(), flush=True)
+sys.stdin.read()
+'''
+env = dict(os.environ)
+env["LD_PRELOAD"] = sys.argv[1]
+os.execve(sys.executable, [sys.executable, "-c", child, str(srv.fileno())], env)
+"#;
+
+#[test]
+fn an_inherited_listener_gets_its_sdp_listener_at_the_first_accept() {
+    let stat = TempDir::new("sdp-inherit");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(INHERITED_LISTENER, Mode::Plain, stat.path());
+    pm.apply(&mut cmd)
+        .arg(&artifacts().library)
+        .stdin(Stdio::piped());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    server.wait_for_line("accepting");
+    let mut c = client(stat.path(), &pm, port, 1, false);
+    let n = numbers(&c.wait_for_line("fds"));
+    let cs = statfile::read(stat.path(), n[0] as u32).unwrap();
+    assert_eq!(cs.record(n[1] as usize).unwrap().transport, SDP);
+    let s = numbers(&server.wait_for_line("served"));
+    let ss = statfile::read(stat.path(), s[0] as u32).unwrap();
+    let l = ss.record(s[1] as usize).unwrap();
+    assert_eq!((l.transport, l.role), (SDP, LISTENER));
+    let a = ss.record(s[2] as usize).unwrap();
+    assert_eq!((a.transport, a.role, a.local), (SDP, ACCEPTED, l.local));
+    drop(c.child.stdin.take());
+    assert!(c.finish().0.success());
+    drop(server.child.stdin.take());
+    assert!(server.finish().0.success());
+}

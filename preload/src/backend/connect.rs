@@ -577,6 +577,7 @@ impl Connector {
                     None => Ok(()),
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
+                    ep.set_socket(stream.socket_fd());
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     fdtable::update(fd, |e| {
@@ -668,5 +669,40 @@ impl Connector {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn addresses_between_the_port_mapper_and_the_socket() {
+        // The port mapper speaks IPv4 for a v4-mapped destination.
+        assert_eq!(plain(a("[::ffff:127.0.0.1]:80")), a("127.0.0.1:80"));
+        assert_eq!(plain(a("[::1]:80")), a("[::1]:80"));
+        assert_eq!(plain(a("10.0.0.1:80")), a("10.0.0.1:80"));
+        // An SDP address in the socket's family.
+        assert_eq!(
+            for_socket(a("127.0.0.1:9"), true),
+            Some(a("[::ffff:127.0.0.1]:9"))
+        );
+        assert_eq!(
+            for_socket(a("[::ffff:10.0.0.2]:9"), false),
+            Some(a("10.0.0.2:9"))
+        );
+        assert_eq!(for_socket(a("[::1]:9"), false), None);
+        assert_eq!(for_socket(a("[::1]:9"), true), Some(a("[::1]:9")));
+    }
+
+    #[test]
+    fn port_mapper_fallbacks_name_their_reason() {
+        assert_eq!(tcp_reason(Fallback::Denied), TcpReason::PmDeny);
+        assert_eq!(tcp_reason(Fallback::NoAnswer), TcpReason::PmTimeout);
+        assert_eq!(tcp_reason(Fallback::Unreachable), TcpReason::PmUnreachable);
     }
 }

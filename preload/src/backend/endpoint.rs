@@ -25,7 +25,7 @@ use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,8 @@ pub struct Ep {
     wake: OwnedFd,
     /// The application's fd number (for a fallback to TCP).
     fd: RawFd,
+    /// The stream's own socket descriptor, once connected (-1 before).
+    sock: AtomicI32,
     /// A nonblocking connect waiting for the hooks to record the endpoint
     /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
     connector: Mutex<Option<Box<super::connect::Connector>>>,
@@ -95,7 +97,10 @@ impl Ep {
     pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
         stream.set_nonblocking(true)?;
         let wake = stream.readiness_fd()?.try_clone_to_owned()?;
-        Ok(Ep::with(State::Connected(stream), wake, fd))
+        let sock = stream.socket_fd();
+        let ep = Ep::with(State::Connected(stream), wake, fd);
+        ep.sock.store(sock, Ordering::Relaxed);
+        Ok(ep)
     }
 
     /// A nonblocking connect just started: the wake fd is neither readable
@@ -119,6 +124,7 @@ impl Ep {
             wake,
             fd,
             connector: Mutex::new(None),
+            sock: AtomicI32::new(-1),
             warned: AtomicBool::new(false),
         }
     }
@@ -131,6 +137,11 @@ impl Ep {
     /// The application's fd number.
     pub fn fd(&self) -> RawFd {
         self.fd
+    }
+
+    /// The stream's socket descriptor, once connected.
+    pub fn set_socket(&self, fd: RawFd) {
+        self.sock.store(fd, Ordering::Relaxed);
     }
 
     /// The nonblocking connect to start once the hooks recorded us.
@@ -614,6 +625,18 @@ impl SdpEndpoint for Ep {
             }
         };
         drop(stream);
+    }
+
+    fn kernel_fd(&self) -> Option<RawFd> {
+        let fd = self.sock.load(Ordering::Relaxed);
+        (fd >= 0 && self.own.owned()).then_some(fd)
+    }
+
+    fn pump(&self) {
+        let _g = fdtable::enter_gate();
+        if let Access::Stream(s) = self.access() {
+            s.pump();
+        }
     }
 
     fn recorded(&self) {

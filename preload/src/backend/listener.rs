@@ -83,15 +83,53 @@ pub struct Lst {
     sh: Arc<Shared>,
 }
 
+/// Q: a nonblocking listening socket on an ephemeral port of `local`'s
+/// address, `IPV6_V6ONLY` as P's (a v6-only P must not get IPv4 clients
+/// over SDP), with the program's backlog.
+fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> {
+    let v6 = local.is_ipv6();
+    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket creation.
+    let s = unsafe {
+        crate::real::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            libc::IPPROTO_TCP,
+        )
+    };
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor of ours.
+    let q = unsafe { OwnedFd::from_raw_fd(s) };
+    if v6 {
+        let only = crate::hooks::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
+        // SAFETY: an int option on our own socket.
+        unsafe {
+            crate::real::setsockopt(
+                s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                (&only as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    let raw = crate::hooks::RawAddr::new(SocketAddr::new(local.ip(), 0));
+    // SAFETY: a complete address; listen on our own socket.
+    unsafe {
+        if crate::real::bind(s, raw.as_ptr(), raw.len()) != 0
+            || crate::real::listen(s, if backlog > 0 { backlog } else { 128 }) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(TcpListener::from(q))
+}
+
 /// Opens the hidden listener for `local` (P) and registers it.
 pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
-    let q = TcpListener::bind(SocketAddr::new(local.ip(), 0))?;
-    q.set_nonblocking(true)?;
-    if backlog > 0 {
-        // The program's backlog for Q too (std's is 128).
-        // SAFETY: listen on our own socket.
-        unsafe { crate::real::listen(q.as_raw_fd(), backlog) };
-    }
+    let q = bind_q(fd, local, backlog)?;
     let q_port = q.local_addr()?.port();
     let levels = Levels::new()?;
     let wake = levels.user_fd().try_clone_to_owned()?;
@@ -461,22 +499,24 @@ impl SdpListener for Lst {
     }
 
     fn close(&self) {
-        let ready: Vec<Ready> = {
+        let (ready, control) = {
             let _g = fdtable::enter_gate();
             let mut q = self.sh.lock();
             q.closed = true;
-            q.ready.drain(..).collect()
+            let ready: Vec<Ready> = q.ready.drain(..).collect();
+            drop(q);
+            let control = self
+                .sh
+                .control
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            (ready, control)
         };
         // Connections nobody accepted: closed (graceful, in the background).
         drop(ready);
         // Our copy of the control connection: the registration ends when
         // the last process holding it closes it.
-        let control = self
-            .sh
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
         drop(control);
     }
 

@@ -28,7 +28,12 @@
 //!   registered too (under the registration's second token), and the two
 //!   give one event.
 //!
-//! Tokens are `0x5D50 << 48 | id << 1 | which`: a non-canonical address,
+//! * A stream's own socket is registered too (edge-triggered, the third
+//!   token): when bytes arrive, `epoll_wait` has the endpoint read them
+//!   before it looks at the readiness, so the program need not wait for
+//!   the progress thread to do it and wake the wake fd.
+//!
+//! Tokens are `0x5D50 << 48 | id << 2 | which`: a non-canonical address,
 //! never a user pointer. Registrations end with `EPOLL_CTL_DEL`, with the
 //! close of the fd number or of the epoll fd; when an SDP connection falls
 //! back to TCP its registrations become ordinary ones of the fd.
@@ -62,14 +67,20 @@ struct Registration {
     /// A listener: the kernel listening socket `fd` is registered too
     /// (TCP connections arrive there), under the second token.
     kernel: bool,
+    /// A stream: our duplicate of the connection's socket, registered
+    /// edge-triggered under the third token: when bytes arrive the waiting
+    /// thread reads them itself ([`crate::sdp::SdpEndpoint::pump`]).
+    sock: Option<c_int>,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
 }
 
 impl Registration {
     /// The kernel registrations: (fd, which token).
-    fn kernel_fds(&self) -> impl Iterator<Item = (c_int, bool)> {
-        std::iter::once((self.wake, false)).chain(self.kernel.then_some((self.fd, true)))
+    fn kernel_fds(&self) -> impl Iterator<Item = (c_int, u64)> {
+        std::iter::once((self.wake, WAKE))
+            .chain(self.kernel.then_some((self.fd, LISTENER)))
+            .chain(self.sock.map(|s| (s, SOCKET)))
     }
 }
 
@@ -95,10 +106,15 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     r
 }
 
-/// Token of registration `id`: its wake fd, or (`kernel`) a listener's
-/// own socket.
-fn token(id: u64, kernel: bool) -> u64 {
-    TOKEN_TAG | (id << 1) | u64::from(kernel)
+/// The kernel registrations of one: the wake fd, a listener's own socket,
+/// a stream's socket.
+const WAKE: u64 = 0;
+const LISTENER: u64 = 1;
+const SOCKET: u64 = 2;
+
+/// Token of registration `id` for `which` of its kernel registrations.
+fn token(id: u64, which: u64) -> u64 {
+    TOKEN_TAG | (id << 2) | which
 }
 
 /// A private duplicate of `fd`, numbered high to stay out of the program's
@@ -147,11 +163,13 @@ fn kernel_events(events: u32) -> u32 {
     (events & (libc::EPOLLIN | libc::EPOLLRDNORM | libc::EPOLLPRI) as u32) | (events & MODE_FLAGS)
 }
 
-fn events_for(kernel: bool, events: u32) -> u32 {
-    if kernel {
-        kernel_events(events)
-    } else {
-        wake_events(events)
+fn events_for(which: u64, events: u32) -> u32 {
+    match which {
+        LISTENER => kernel_events(events),
+        // New bytes only: data the endpoint cannot take now (its buffers
+        // full) must not wake the set again and again.
+        SOCKET => (libc::EPOLLIN | libc::EPOLLET) as u32 | (events & libc::EPOLLONESHOT as u32),
+        _ => wake_events(events),
     }
 }
 
@@ -174,7 +192,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         libc::EPOLL_CTL_ADD,
         wake,
         wake_events(events),
-        token(id, false),
+        token(id, WAKE),
     ) {
         close_quietly(wake);
         return Err(e);
@@ -185,13 +203,32 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             libc::EPOLL_CTL_ADD,
             fd,
             kernel_events(events),
-            token(id, true),
+            token(id, LISTENER),
         ) {
             let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
             close_quietly(wake);
             return Err(e);
         }
     }
+    // Best effort: without it the program is woken by the wake fd alone.
+    let sock = match &side {
+        Side::Stream(h) => h.endpoint.kernel_fd().and_then(hidden_dup),
+        Side::Listener(_) => None,
+    }
+    .filter(|&d| {
+        let ok = kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_ADD,
+            d,
+            events_for(SOCKET, events),
+            token(id, SOCKET),
+        )
+        .is_ok();
+        if !ok {
+            close_quietly(d);
+        }
+        ok
+    });
     with_registry(|r| {
         r.by_key.insert((epfd, fd), id);
         r.by_id.insert(
@@ -204,6 +241,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 side,
                 wake,
                 kernel,
+                sock,
                 disarmed: false,
             },
         );
@@ -212,20 +250,45 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
 }
 
 fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
-    let Some((id, fds)) = with_registry(|r| {
+    let Some((id, fds, side, has_sock)) = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
         let reg = r.by_id.get(&id)?;
-        Some((id, reg.kernel_fds().collect::<Vec<_>>()))
+        Some((
+            id,
+            reg.kernel_fds().collect::<Vec<_>>(),
+            reg.side.clone(),
+            reg.sock.is_some(),
+        ))
     }) else {
         return Err(libc::ENOENT);
     };
-    for (k, kernel) in fds {
+    // Registered while a nonblocking connect was under way: the socket
+    // joins once the connection has one.
+    let mut added = None;
+    if let (false, Side::Stream(h)) = (has_sock, &side) {
+        if let Some(d) = h.endpoint.kernel_fd().and_then(hidden_dup) {
+            if kernel_ctl(
+                epfd,
+                libc::EPOLL_CTL_ADD,
+                d,
+                events_for(SOCKET, events),
+                token(id, SOCKET),
+            )
+            .is_ok()
+            {
+                added = Some(d);
+            } else {
+                close_quietly(d);
+            }
+        }
+    }
+    for (k, which) in fds {
         kernel_ctl(
             epfd,
             libc::EPOLL_CTL_MOD,
             k,
-            events_for(kernel, events),
-            token(id, kernel),
+            events_for(which, events),
+            token(id, which),
         )?;
     }
     with_registry(|r| {
@@ -233,6 +296,9 @@ fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
             reg.events = events;
             reg.data = data;
             reg.disarmed = false;
+            if added.is_some() {
+                reg.sock = added;
+            }
         }
     });
     Ok(())
@@ -257,9 +323,14 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
     });
     for reg in &gone {
         for (k, _) in reg.kernel_fds() {
+            // Before closing our duplicates: a registration lives on while
+            // another fd (the program's) refers to the same socket.
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
         }
         close_quietly(reg.wake);
+        if let Some(d) = reg.sock {
+            close_quietly(d);
+        }
     }
     gone.len()
 }
@@ -328,7 +399,9 @@ fn translate(events: &mut [epoll_event]) -> usize {
         oneshot: bool,
         epfd: c_int,
         fd: c_int,
-        fds: Vec<(c_int, bool)>,
+        fds: Vec<(c_int, u64)>,
+        /// The connection's socket had news: read it first.
+        pump: bool,
     }
     let mut out = 0;
     let mut hits: Vec<(usize, Hit)> = Vec::new();
@@ -340,8 +413,10 @@ fn translate(events: &mut [epoll_event]) -> usize {
             out += 1;
             continue;
         }
-        let id = (data & !TOKEN_MASK) >> 1;
-        if hits.iter().any(|(_, h)| h.id == id) {
+        let id = (data & !TOKEN_MASK) >> 2;
+        let pump = data & 3 == SOCKET;
+        if let Some((_, h)) = hits.iter_mut().find(|(_, h)| h.id == id) {
+            h.pump |= pump;
             continue;
         }
         let hit = with_registry(|r| {
@@ -355,6 +430,7 @@ fn translate(events: &mut [epoll_event]) -> usize {
                 epfd: reg.epfd,
                 fd: reg.fd,
                 fds: reg.kernel_fds().collect(),
+                pump,
             })
         });
         if let Some(hit) = hit {
@@ -366,18 +442,21 @@ fn translate(events: &mut [epoll_event]) -> usize {
     }
     let mut dropped = Vec::new();
     for (slot, hit) in &hits {
+        if let (true, Side::Stream(h)) = (hit.pump, &hit.side) {
+            h.endpoint.pump();
+        }
         let bits = epoll_bits(&hit.side, hit.fd, hit.interest);
         if bits == 0 {
             dropped.push(*slot);
             if hit.oneshot {
                 // The kernel disarmed what fired: re-arm.
-                for &(k, kernel) in &hit.fds {
+                for &(k, which) in &hit.fds {
                     let _ = kernel_ctl(
                         hit.epfd,
                         libc::EPOLL_CTL_MOD,
                         k,
-                        events_for(kernel, hit.interest),
-                        token(hit.id, kernel),
+                        events_for(which, hit.interest),
+                        token(hit.id, which),
                     );
                 }
             }
@@ -394,13 +473,13 @@ fn translate(events: &mut [epoll_event]) -> usize {
                 }
             });
             // The kernel disarmed what fired; disarm the other one too.
-            for &(k, kernel) in &hit.fds {
+            for &(k, which) in &hit.fds {
                 let _ = kernel_ctl(
                     hit.epfd,
                     libc::EPOLL_CTL_MOD,
                     k,
                     libc::EPOLLONESHOT as u32,
-                    token(hit.id, kernel),
+                    token(hit.id, which),
                 );
             }
         }

@@ -26,15 +26,39 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The SDP endpoint of `fd`, when there is one and this thread is not
-/// already inside the preload. One relaxed load while no fd is SDP.
+/// Where a data call on `fd` goes: the SDP endpoint, when there is one
+/// and this thread is not already inside the preload. One relaxed load
+/// while no fd is SDP.
 #[inline]
-fn sdp_stream(fd: c_int) -> Option<(Arc<StreamHandle>, Guard)> {
+fn sdp_stream(fd: c_int) -> Route {
     if fdtable::no_sdp() {
-        return None;
+        return Route::Kernel;
     }
-    let g = Guard::enter()?;
-    Some((fdtable::stream(fd)?, g))
+    let Some(g) = Guard::enter() else {
+        // A signal handler that interrupted this thread inside the preload
+        // (or the preload itself, which never uses an SDP fd number): the
+        // kernel socket carries the SDP byte stream, so the call must not
+        // go there, and the endpoint is busy on this very thread.
+        return if fdtable::is_sdp(fd) {
+            Route::Reentrant
+        } else {
+            Route::Kernel
+        };
+    };
+    match fdtable::stream(fd) {
+        Some(h) => Route::Sdp(h, g),
+        None => Route::Kernel,
+    }
+}
+
+/// Where a data call goes.
+enum Route {
+    /// The SDP endpoint (with the guard held).
+    Sdp(Arc<StreamHandle>, Guard),
+    /// An SDP fd used re-entrantly (from a signal handler): `EINTR`.
+    Reentrant,
+    /// Not SDP: the C library.
+    Kernel,
 }
 
 /// A program buffer as a slice (`None`: null with a length, `EFAULT`).
@@ -120,14 +144,28 @@ fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
     ))
 }
 
-/// Sleeps until `wake` polls one of `events`. `Err(EAGAIN)` at the
-/// deadline, `Err(EINTR)` when a signal handler ran.
-pub fn wait(wake: c_int, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
-    let mut p = libc::pollfd {
-        fd: wake,
-        events,
-        revents: 0,
-    };
+/// Sleeps until `wake` polls one of `events`, or `kernel` (the
+/// endpoint's own socket, if it offers one) has input for it to read.
+/// `Err(EAGAIN)` at the deadline, `Err(EINTR)` when a signal handler ran.
+pub fn wait(
+    wake: c_int,
+    events: i16,
+    kernel: Option<c_int>,
+    deadline: Option<Instant>,
+) -> Result<(), Errno> {
+    let mut p = [
+        libc::pollfd {
+            fd: wake,
+            events,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: kernel.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let n = if kernel.is_some() { 2 } else { 1 };
     let ts = deadline.map(|d| {
         let left = d.saturating_duration_since(Instant::now());
         timespec {
@@ -138,8 +176,8 @@ pub fn wait(wake: c_int, events: i16, deadline: Option<Instant>) -> Result<(), E
     let tp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const timespec);
-    // SAFETY: one local pollfd, a local timespec or null, no signal mask.
-    let r = unsafe { real::ppoll(&mut p, 1, tp, std::ptr::null()) };
+    // SAFETY: local pollfds, a local timespec or null, no signal mask.
+    let r = unsafe { real::ppoll(p.as_mut_ptr(), n, tp, std::ptr::null()) };
     match r {
         0 => Err(libc::EAGAIN),
         r if r > 0 => Ok(()),
@@ -192,7 +230,8 @@ fn sdp_recv_inner(
             }
             // Urgent data is never waited for (TCP answers at once).
             Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, deadline) {
+                let kernel = h.endpoint.kernel_fd();
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, kernel, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -247,7 +286,8 @@ fn sdp_send_inner(
                 IoSlice::advance_slices(&mut bufs, n);
             }
             Err(e) if e == libc::EAGAIN && !dontwait => {
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, deadline) {
+                let kernel = h.endpoint.kernel_fd();
+                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, kernel, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -298,7 +338,11 @@ unsafe fn send_one(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, p: *mut c_void, n: size_t) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's buffer.
         return unsafe { recv_one(fd, &h, p, n, 0) };
     }
@@ -314,7 +358,11 @@ pub unsafe extern "C" fn __read_chk(
     buflen: size_t,
 ) -> ssize_t {
     if n <= buflen {
-        if let Some((h, _g)) = sdp_stream(fd) {
+        let route = sdp_stream(fd);
+        if let Route::Reentrant = route {
+            return fail(libc::EINTR);
+        }
+        if let Route::Sdp(h, _g) = route {
             // SAFETY: the program's buffer, n <= its size.
             return unsafe { recv_one(fd, &h, p, n, 0) };
         }
@@ -325,7 +373,11 @@ pub unsafe extern "C" fn __read_chk(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's iovec array.
         return match unsafe { iovs_mut(iov, usize::try_from(n).unwrap_or(usize::MAX)) } {
             Ok(mut v) => sdp_recv(fd, &h, &mut v, 0),
@@ -338,7 +390,11 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, p: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's buffer.
         return unsafe { recv_one(fd, &h, p, n, flags) };
     }
@@ -355,7 +411,11 @@ pub unsafe extern "C" fn __recv_chk(
     flags: c_int,
 ) -> ssize_t {
     if n <= buflen {
-        if let Some((h, _g)) = sdp_stream(fd) {
+        let route = sdp_stream(fd);
+        if let Route::Reentrant = route {
+            return fail(libc::EINTR);
+        }
+        if let Route::Sdp(h, _g) = route {
             // SAFETY: the program's buffer, n <= its size.
             return unsafe { recv_one(fd, &h, p, n, flags) };
         }
@@ -381,7 +441,11 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's buffers.
         let r = unsafe { recv_one(fd, &h, p, n, flags) };
         if r >= 0 && !addr.is_null() {
@@ -414,7 +478,11 @@ pub unsafe extern "C" fn __recvfrom_chk(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         if msg.is_null() {
             return fail(libc::EFAULT);
         }
@@ -467,7 +535,11 @@ pub unsafe extern "C" fn recvmmsg(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, p: *const c_void, n: size_t) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's buffer.
         return unsafe { send_one(fd, &h, p, n, 0) };
     }
@@ -477,7 +549,11 @@ pub unsafe extern "C" fn write(fd: c_int, p: *const c_void, n: size_t) -> ssize_
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's iovec array.
         return match unsafe { iovs(iov, usize::try_from(n).unwrap_or(usize::MAX)) } {
             Ok(mut v) => sdp_send(fd, &h, &mut v, 0),
@@ -490,7 +566,11 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn send(fd: c_int, p: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's buffer.
         return unsafe { send_one(fd, &h, p, n, flags) };
     }
@@ -507,7 +587,11 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // A connected stream socket ignores the address (Linux TCP does,
         // unless it is TCP Fast Open, which the preload does not offer).
         // SAFETY: the program's buffer.
@@ -519,7 +603,11 @@ pub unsafe extern "C" fn sendto(
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(fd) {
+    let route = sdp_stream(fd);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         if msg.is_null() {
             return fail(libc::EFAULT);
         }
@@ -608,7 +696,11 @@ pub unsafe extern "C" fn sendfile(
     offset: *mut off_t,
     n: size_t,
 ) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(out) {
+    let route = sdp_stream(out);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's arguments.
         return unsafe { sdp_sendfile(out, &h, input, offset, n) };
     }
@@ -623,7 +715,11 @@ pub unsafe extern "C" fn sendfile64(
     offset: *mut off_t,
     n: size_t,
 ) -> ssize_t {
-    if let Some((h, _g)) = sdp_stream(out) {
+    let route = sdp_stream(out);
+    if let Route::Reentrant = route {
+        return fail(libc::EINTR);
+    }
+    if let Route::Sdp(h, _g) = route {
         // SAFETY: the program's arguments.
         return unsafe { sdp_sendfile(out, &h, input, offset, n) };
     }
@@ -925,6 +1021,28 @@ mod tests {
         // SAFETY: as above.
         let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
         assert_eq!((r, real::errno()), (-1, libc::EALREADY));
+        uninstall(app);
+    }
+
+    #[test]
+    fn a_reentrant_call_on_an_sdp_fd_fails_with_eintr_not_the_kernel() {
+        let (app, peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        // Bytes on the kernel socket: the SDP stream, never the program's.
+        // SAFETY: writing to our own socket.
+        assert_eq!(unsafe { libc::write(peer, b"raw".as_ptr().cast(), 3) }, 3);
+        ep.deliver(b"data");
+        // As a signal handler running while this thread is in the preload.
+        let inside = Guard::enter().unwrap();
+        let mut b = [0u8; 8];
+        // SAFETY: a local buffer.
+        let n = unsafe { read(app, b.as_mut_ptr().cast(), 8) };
+        assert_eq!((n, real::errno()), (-1, libc::EINTR));
+        drop(inside);
+        // SAFETY: a local buffer.
+        let n = unsafe { read(app, b.as_mut_ptr().cast(), 8) };
+        assert_eq!(&b[..n as usize], b"data");
         uninstall(app);
     }
 

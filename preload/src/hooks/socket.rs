@@ -81,80 +81,60 @@ unsafe fn kernel_addr(addr: *const sockaddr, len: socklen_t) -> Option<RawAddr> 
     unsafe { read_sockaddr(addr, len) }.map(RawAddr::new)
 }
 
-/// `socket(AF_INET_SDP, ...)` makes an `AF_INET` socket, but libsdp's
-/// family also takes IPv6 addresses: qperf's `sdp_*` server binds its
-/// `AF_INET_SDP` socket to `[::]`. When such a socket, not yet bound or
-/// connected, meets an `AF_INET6` address, it is replaced on the same fd
-/// number by an `AF_INET6` socket with the same flags and the options the
-/// program set. Otherwise the kernel's answer (`EAFNOSUPPORT`) stands.
+/// `socket(AF_INET_SDP, ...)` makes an `AF_INET` socket; libsdp's family
+/// takes IPv6 addresses too (qperf binds one from `getaddrinfo`). The first
+/// `bind` or `connect` with an `AF_INET6` address puts a fresh `AF_INET6`
+/// socket on the fd number (same flags, the options set so far).
 ///
 /// # Safety
 /// `addr` is null or points to `len` readable bytes.
-unsafe fn widen_forced_to_v6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
-    if addr.is_null()
-        || (len as usize) < std::mem::size_of::<libc::sa_family_t>()
-        // SAFETY: the family field is readable (checked above).
-        || c_int::from(unsafe { (*addr).sa_family }) != libc::AF_INET6
-    {
+/// The caller holds the [`Guard`].
+unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
         return;
     }
-    let Some(entry) = fdtable::get(fd) else {
-        return;
-    };
-    if !entry.forced || entry.ipv6 || entry.role != SocketRole::None {
+    // SAFETY: at least the family field is readable (checked above).
+    if c_int::from(unsafe { (*addr).sa_family }) != libc::AF_INET6 {
         return;
     }
-    // Unbound: the kernel reports port 0.
-    if socket_name(fd, false).is_none_or(|a| a.port() != 0) {
+    let _errno = SavedErrno::save();
+    let Some(e) = fdtable::get(fd) else { return };
+    if !e.forced || e.ipv6 || e.role != SocketRole::None {
         return;
     }
-    // SAFETY: F_GETFL and F_GETFD take no argument.
-    let (fl, fdfl) = unsafe {
-        (
-            real::fcntl(fd, libc::F_GETFL, 0),
-            real::fcntl(fd, libc::F_GETFD, 0),
-        )
-    };
-    if fl < 0 || fdfl < 0 {
-        return;
-    }
-    let mut ty = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
-    if fl & libc::O_NONBLOCK != 0 {
-        ty |= libc::SOCK_NONBLOCK;
-    }
-    // SAFETY: plain socket creation.
-    let new = unsafe { real::socket(libc::AF_INET6, ty, libc::IPPROTO_TCP) };
-    if new < 0 {
-        return;
-    }
-    for o in &entry.opts {
-        // SAFETY: the option bytes the kernel accepted before.
-        unsafe {
+    // SAFETY: F_GETFL/F_GETFD take no argument; socket creation; our new
+    // socket onto the program's fd number; options the kernel took before.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        let fdfl = real::fcntl(fd, libc::F_GETFD, 0);
+        let new = real::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fl < 0 || fdfl < 0 || new < 0 {
+            if new >= 0 {
+                real::close(new);
+            }
+            return;
+        }
+        for o in &e.opts {
             real::setsockopt(
                 new,
                 o.level,
                 o.name,
                 o.value.as_ptr().cast(),
-                o.value.len() as libc::socklen_t,
-            )
+                o.value.len() as socklen_t,
+            );
+        }
+        real::fcntl(new, libc::F_SETFL, fl as c_ulong);
+        let cloexec = if fdfl & libc::FD_CLOEXEC != 0 {
+            libc::O_CLOEXEC
+        } else {
+            0
         };
-    }
-    let flags = if fdfl & libc::FD_CLOEXEC != 0 {
-        libc::O_CLOEXEC
-    } else {
-        0
-    };
-    // SAFETY: our new socket onto the program's fd number, which holds the
-    // managed socket checked above.
-    let r = unsafe { real::dup3(new, fd, flags) };
-    // SAFETY: our temporary number.
-    unsafe { real::close(new) };
-    if r >= 0 {
-        fdtable::update(fd, |e| e.ipv6 = true);
-        crate::log!(
-            Level::Debug,
-            "fd {fd}: AF_INET_SDP socket given an IPv6 address: now an AF_INET6 socket"
-        );
+        let r = real::dup3(new, fd, cloexec);
+        real::close(new);
+        if r >= 0 {
+            fdtable::update(fd, |e| e.ipv6 = true);
+            crate::log!(Level::Debug, "fd {fd}: AF_INET_SDP socket now AF_INET6");
+        }
     }
 }
 
@@ -162,13 +142,8 @@ unsafe fn widen_forced_to_v6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if fdtable::is_managed(fd) {
         if let Some(_g) = Guard::enter() {
-            let _errno = SavedErrno::save();
             // SAFETY: the program's (addr, len) pair.
-            protect(
-                "bind",
-                || unsafe { widen_forced_to_v6(fd, addr, len) },
-                || (),
-            );
+            unsafe { forced_to_ipv6(fd, addr, len) };
         }
         // SAFETY: the program's (addr, len) pair.
         if let Some(raw) = unsafe { kernel_addr(addr, len) } {
@@ -240,14 +215,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     // SAFETY: the program's (addr, len) pair.
     let dest = unsafe { read_sockaddr(addr, len) };
+    if dest.is_some() && fdtable::is_managed(fd) {
+        // SAFETY: the program's (addr, len) pair.
+        unsafe { forced_to_ipv6(fd, addr, len) };
+    }
     match dest {
         Some(dest) if adopt(fd) => protect(
             "connect",
             // SAFETY: the program's arguments.
-            || unsafe {
-                widen_forced_to_v6(fd, addr, len);
-                connect_managed(fd, addr, len, dest)
-            },
+            || unsafe { connect_managed(fd, addr, len, dest) },
             // SAFETY: the program's arguments.
             || unsafe { pass_connect(fd, addr, len) },
         ),
@@ -545,8 +521,40 @@ unsafe fn accept_common(
     r
 }
 
+/// A listening socket the program did not `listen` on under the preload
+/// (inherited across `exec`, or from systemd's socket activation) is
+/// managed from its first `accept` on, with its hidden SDP listener. The
+/// check costs one `getsockopt` per `accept` on sockets the preload does
+/// not manage (Unix sockets, say).
+fn adopt_inherited_listener(fd: c_int) {
+    if fdtable::is_managed(fd) || sdp::backend().is_none() {
+        return;
+    }
+    // Not from the preload's own threads (the hidden listeners' accepts).
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "accept",
+        || {
+            let _errno = SavedErrno::save();
+            let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
+            if !matches!(domain, Some(libc::AF_INET | libc::AF_INET6)) {
+                return;
+            }
+            if int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != Some(1) {
+                return;
+            }
+            if adopt(fd) {
+                crate::log!(Level::Debug, "fd {fd}: inherited listener adopted");
+                listen_managed(fd, libc::SOMAXCONN);
+            }
+        },
+        || (),
+    );
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    adopt_inherited_listener(fd);
     if fdtable::listener(fd).is_some() {
         // SAFETY: the program's arguments.
         return unsafe { super::io::sdp_accept(fd, addr, len, 0) };
@@ -566,6 +574,7 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    adopt_inherited_listener(fd);
     if fdtable::listener(fd).is_some() {
         // SAFETY: the program's arguments.
         return unsafe { super::io::sdp_accept(fd, addr, len, flags) };

@@ -274,6 +274,13 @@ impl SdpStream {
         self.shared().adopt_readiness(readiness)
     }
 
+    /// Reads what the socket has, drives the connection and writes what is
+    /// queued, now, without blocking: for a caller that learned from its
+    /// own poll of [`SdpStream::socket_fd`] that bytes arrived.
+    pub fn pump(&self) {
+        self.shared().lock().pump(Instant::now());
+    }
+
     /// Takes the stream away from this process's progress thread: nothing
     /// reads or writes its socket until [`SdpStream::resume_progress`] or
     /// an application call (which still pumps). For the preload across
