@@ -122,9 +122,11 @@ impl Drop for TempDir {
 pub enum Mode {
     /// No preload.
     Plain,
-    /// `LD_PRELOAD=libsdp_preload.so`.
+    /// `LD_PRELOAD=libsdp_preload.so`: with no port mapper answering
+    /// (unless the test applies one), every connection falls back to TCP.
     Preload,
-    /// The preload with its SDP engine on (`SDP_ENGINE=1`).
+    /// The preload for connections meant to run over SDP (the test applies
+    /// a port mapper), with more time to flush at exit.
     Sdp,
 }
 
@@ -157,7 +159,6 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
         cmd.env("LD_PRELOAD", &artifacts().library);
     }
     if mode == Mode::Sdp {
-        cmd.env("SDP_ENGINE", "1");
         // Tests run many programs at once on few cores: give closing
         // connections longer than the default 2 s to finish at exit.
         cmd.env("SDP_EXIT_FLUSH_MS", "10000");

@@ -577,7 +577,6 @@ fn dup2_close_and_fork_keep_the_state_right() {
 /// output with and without the preload, except that `socket(27, ...)`
 /// works only with it (the address may carry family 27 too).
 #[test]
-#[ignore = "intermittent: one SDP connection of the program sometimes does not finish closing by exit; docs/preload.md, Known problems"]
 fn fortified_c_program_is_identical_with_and_without_the_preload() {
     require("cc");
     require("nm");

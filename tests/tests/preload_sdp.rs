@@ -422,6 +422,11 @@ ctl = socket.socket(socket.AF_UNIX)
 ctl.connect(control)
 ctl.sendall(b"REGISTER 127.0.0.1 %d %d\n" % (p.getsockname()[1], q.getsockname()[1]))
 assert ctl.recv(100) == b"OK\n"
+def drain(a):
+    try:
+        a.recv(100)
+    except ConnectionResetError:
+        pass  # the client resets a connection it gave up
 def rejecter():
     while True:
         a, _ = q.accept()
@@ -429,7 +434,7 @@ def rejecter():
         assert req.startswith(b"MPA ID Req Frame")
         # MPA Reply: key, R (reject) set, revision 2, no private data.
         a.sendall(b"MPA ID Rep Frame" + bytes([0x20, 2, 0, 0]))
-        threading.Thread(target=lambda a=a: a.recv(100), daemon=True).start()
+        threading.Thread(target=drain, args=(a,), daemon=True).start()
 if mode == "close":
     q.close()
 else:
@@ -613,6 +618,75 @@ fn bytes_reach_the_peer_while_the_sender_sleeps() {
     assert_eq!(line.trim(), "received 10485760 True");
     assert!(start.elapsed() < Duration::from_secs(20));
     assert!(std::fs::read_to_string(&log).unwrap().contains("-> SDP"));
+    // The receiver exits with its connection open and the peer asleep:
+    // like TCP's, its close does not wait for the peer's (SDP_EXIT_FLUSH_MS
+    // is 10 s here).
+    let start = Instant::now();
+    assert!(receiver.finish().0.success());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// Writes 10 MiB, closes and exits at once.
+const HASTY_SENDER: &str = r#"
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(bytes(range(256)) * (10 * 4096))
+# A nonblocking close returns at once, whatever is still queued.
+c.setblocking(False)
+c.close()
+print("closed", flush=True)
+"#;
+
+/// Reads to EOF, then prints the count and whether the digest is the
+/// sender's.
+const READER_TO_EOF: &str = r#"
+import hashlib, socket, sys, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print("port", srv.getsockname()[1], flush=True)
+a, _ = srv.accept()
+h = hashlib.sha256()
+n = 0
+while True:
+    d = a.recv(1 << 16)
+    if not d:
+        break
+    h.update(d)
+    n += len(d)
+    time.sleep(0.002)  # a slow reader: the sender's close leaves bytes queued
+sent = hashlib.sha256(bytes(range(256)) * (10 * 4096)).hexdigest()
+print("eof", n, h.hexdigest() == sent, flush=True)
+"#;
+
+#[test]
+fn a_sender_that_exits_after_close_delivers_everything_then_eof() {
+    let stat = TempDir::new("sdp-hasty");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(READER_TO_EOF, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd);
+    let mut receiver = Background::start(cmd);
+    let port = numbers(&receiver.wait_for_line("port"))[0];
+    let log = stat.path().join("sender.log");
+    let mut cmd = python_command(HASTY_SENDER, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .arg(port.to_string())
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let mut sender = Background::start(cmd);
+    // What the close left queued (up to the peer's credits and the staging
+    // ring) goes out during the exit, before the process ends.
+    sender.wait_for_line("closed");
+    let line = receiver.wait_for_line("eof");
+    assert_eq!(line.trim(), "eof 10485760 True");
+    assert!(sender.finish().0.success());
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("-> SDP"), "{log}");
+    assert!(!log.contains("exit:"), "{log}");
     assert!(receiver.finish().0.success());
 }
 

@@ -29,7 +29,7 @@ use portmapper::client::ClientConfig;
 use portmapper::net::PmClient;
 use sdp_core::stream::progress;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -111,11 +111,16 @@ impl SdpBackend for Backend {
     }
 
     fn exiting(&self, deadline: Instant) {
-        let left = progress::wait_released(deadline);
+        // The kernel finishes a TCP close after the process ended; an SDP
+        // connection's bytes are in this process until written. So exit
+        // waits until each closed connection's data and DisConn are in its
+        // socket and the peer's TCP acknowledged them, not for the peer's
+        // own close.
+        let left = progress::wait_written(deadline, |fd| unacked(fd.as_raw_fd()) == Some(0));
         if left > 0 {
             crate::log!(
                 crate::log::Level::Warn,
-                "exit: {left} SDP connection(s) still closing after SDP_EXIT_FLUSH_MS"
+                "exit: {left} SDP connection(s) still had bytes the peer had not taken after SDP_EXIT_FLUSH_MS"
             );
         }
     }
@@ -123,4 +128,13 @@ impl SdpBackend for Backend {
     fn pending(&self) -> usize {
         owner::pending()
     }
+}
+
+/// Bytes of `fd`'s send queue the peer's TCP has not acknowledged
+/// (SIOCOUTQ, which Linux numbers as TIOCOUTQ).
+fn unacked(fd: RawFd) -> Option<c_int> {
+    let mut n: c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (r == 0).then_some(n)
 }

@@ -278,13 +278,11 @@ pub fn init() {
             note_pid();
             let config = crate::config::get();
             crate::stat::init();
-            // The SDP engine is opt-in until the problems listed in
-            // docs/preload.md ("Known problems") are settled; without it
-            // every connection is plain TCP.
-            if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "1") {
-                crate::backend::install();
+            // SDP_ENGINE=0: no SDP at all, every connection plain TCP.
+            if std::env::var("SDP_ENGINE").is_ok_and(|v| v == "0") {
+                crate::log!(Level::Debug, "SDP_ENGINE=0: every connection is TCP");
             } else {
-                crate::log!(Level::Debug, "SDP_ENGINE is not 1: every connection is TCP");
+                crate::backend::install();
             }
             for missing in real::resolve_all() {
                 crate::log!(

@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -162,6 +162,35 @@ pub fn wait_released(deadline: Instant) -> usize {
     };
     loop {
         let left = lock(&t.links).values().filter(|s| s.is_released()).count();
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Blocks until every link that the application released has written all
+/// it owes the peer — its data and its DisConn (§8.2.1), or it ended — and
+/// `delivered` says the kernel passed the socket's bytes on, or until
+/// `deadline`; returns how many are left. What an exiting process waits
+/// for: like TCP's, the close then completes without the process (the
+/// kernel sends the FIN), where [`wait_released`] would also wait for the
+/// peer's DisConn, which a peer that is not closing never sends.
+pub fn wait_written(deadline: Instant, delivered: impl Fn(BorrowedFd<'_>) -> bool) -> usize {
+    let Some(t) = running() else {
+        return 0;
+    };
+    loop {
+        // Not under the table's lock: each check takes the link's lock.
+        let released: Vec<Arc<Shared>> = lock(&t.links)
+            .values()
+            .filter(|s| s.is_released())
+            .cloned()
+            .collect();
+        let left = released
+            .iter()
+            .filter(|s| !(s.written_out() && delivered(s.sock().as_fd())))
+            .count();
         if left == 0 || Instant::now() >= deadline {
             return left;
         }

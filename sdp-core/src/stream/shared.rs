@@ -240,6 +240,17 @@ impl Inner {
         self.reset || (self.shut_wr && (self.llp_end || self.drain_until.is_some_and(|d| now >= d)))
     }
 
+    /// Nothing is left for this end to write: the connection ended, or the
+    /// DisConn of its close and every Send before it are in the socket.
+    pub fn written_out(&self) -> bool {
+        let qp = self.ep.connection();
+        self.reset
+            || self.llp_end
+            || (self.link.conn().disconn_sent()
+                && qp.txq().is_empty()
+                && qp.datapath().send_outstanding() == 0)
+    }
+
     /// Sets the readiness descriptor from the link's state.
     pub fn update_readiness(&mut self) {
         if let Some(r) = &mut self.readiness {
@@ -387,6 +398,11 @@ impl Shared {
     /// Marks the stream released (see [`Shared::is_released`]).
     pub fn set_released(&self) {
         self.released.store(true, Ordering::Relaxed);
+    }
+
+    /// See [`Inner::written_out`].
+    pub fn written_out(&self) -> bool {
+        self.lock_inner().written_out()
     }
 
     /// The socket (a duplicate), for epoll.
