@@ -945,15 +945,14 @@ def main():
                 bench.failures.append(msg)
     except KeyboardInterrupt:
         print("\nbench: interrupted; servers stopped", file=sys.stderr)
-        bench.cleanup()
         return 130
     except BenchError as e:
         print(f"bench: FAILED {e}", file=sys.stderr)
-        bench.cleanup()
         return 1
     finally:
+        # Every exit, an unexpected exception too, stops what was started.
+        bench.cleanup()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    bench.cleanup()
 
     targets = bench.targets()
     table = bench.table(targets)

@@ -236,7 +236,10 @@ mod tests {
 
     #[test]
     fn rejects_missing_or_bad_values() {
-        assert_eq!(parse_args(args("rate --port 5000")).unwrap_err(), "rate needs --port and --count");
+        assert_eq!(
+            parse_args(args("rate --port 5000")).unwrap_err(),
+            "rate needs --port and --count"
+        );
         assert!(parse_args(args("hold --port x --count 1")).is_err());
         assert!(parse_args(args("serve")).is_err());
         assert!(parse_args(args("server --port")).is_err());
