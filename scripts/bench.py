@@ -413,7 +413,8 @@ class Bench:
                              ["iperf3", "-s", "-p", str(ports[sdp])], ports[sdp], sdp)
             for sdp in (False, True)
         }
-        for size in self.cfg["bw_sizes"]:
+        # iperf3 refuses blocks above 1 MiB ("block size too large").
+        for size in [s for s in self.cfg["bw_sizes"] if s <= MIB]:
             def run(sdp, rep, size=size):
                 srv = servers[sdp]
                 before = cpu_seconds(srv.pid)
@@ -592,7 +593,7 @@ class Bench:
                     "sdp": {"values": sdp, "median": median(sdp)},
                     "ratios": ratios, "ratio": median(ratios),
                     "sdp_transport": seen[k].verdict(), "mechanism": seen[k].mechanism(),
-                    "pm_queries": seen[k].pm_queries, "connections": n,
+                    "pm_queries": [q for t in seen[k].merged for q in t.pm_queries], "connections": n,
                     "raw": {"tcp": got["tcp"], "sdp": got[k]}, "error": None,
                 })
 
@@ -761,13 +762,21 @@ class Bench:
             for s in ratio_sizes])
         title = f"SDP (preload, SDP_ENGINE=1) vs kernel TCP on loopback, median of {self.cfg['reps']}"
         def xtics(sizes):
-            return "set xtics (" + ", ".join(f'"{size_name(n)}" {n}' for n in sizes) + ")"
+            # A margin on both sides, so that the end ticks keep their labels.
+            return (f"set xrange [{min(sizes) / 1.4}:{max(sizes) * 1.4}]\n"
+                    "set xtics (" + ", ".join(f'"{size_name(n)}" {n}' for n in sizes) + ")")
 
         xaxis = 'set logscale x 2; set xlabel "message size"; set grid; set key outside right top box'
         bw_tics, lat_tics, rat_tics = xtics(self.cfg["bw_sizes"]), xtics(self.cfg["lat_sizes"]), xtics(ratio_sizes)
         script = f"""
 set terminal pngcairo size 1100,650 noenhanced font ",11"
 set datafile missing "NaN"
+set linetype 1 lc rgb "#1f77b4"
+set linetype 2 lc rgb "#d62728"
+set linetype 3 lc rgb "#2ca02c"
+set linetype 4 lc rgb "#9467bd"
+set linetype 5 lc rgb "#8c564b"
+set linetype 6 lc rgb "#ff7f0e"
 {xaxis}
 set output "{os.path.join(out_dir, 'throughput.png')}"
 set title "Throughput by message size — {title}"
@@ -819,7 +828,7 @@ def fmt(v, ratio=False):
     if v is None:
         return "-"
     if ratio:
-        return f"{v:.2f}"
+        return f"{v:.2f}" if v < 100 else f"{v:.0f}"
     if v >= 100:
         return f"{v:.0f}"
     if v >= 10:
@@ -913,6 +922,7 @@ def main():
     ap.add_argument("--out", default=None, help="output directory (default target/bench)")
     ap.add_argument("--reps", type=int, help="repetitions of each TCP/SDP pair")
     ap.add_argument("--seconds", type=int, help="duration of each timed run")
+    ap.add_argument("--replot", metavar="JSON", help="only draw the charts (and print the table) of an earlier run")
     ap.add_argument("--bin", required=True, help=argparse.SUPPRESS)
     ap.add_argument("--root", required=True, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -925,6 +935,15 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
 
     bench = Bench(args, cfg, args.bin)
+    if args.replot:
+        with open(args.replot) as f:
+            doc = json.load(f)
+        bench.rows, bench.cfg = doc["rows"], doc["config"]
+        bench.cleanup()
+        print(bench.table(doc["targets"]))
+        for c in bench.charts(out_dir):
+            print(f"chart: {c}")
+        return 0
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -9,6 +9,7 @@
 #                                    bench.json, bench.md (the table),
 #                                    throughput.png, latency.png, ratio.png
 #   scripts/bench.sh --reps N --seconds S   repetitions and run length
+#   scripts/bench.sh --replot FILE   the table and charts of an earlier bench.json
 #
 # What it measures (details in README.md, "Benchmarks"):
 #   * throughput by message size: iperf3 -l SIZE, plain against preloaded;
