@@ -767,7 +767,7 @@ class Bench:
                     "set xtics (" + ", ".join(f'"{size_name(n)}" {n}' for n in sizes) + ")")
 
         xaxis = 'set logscale x 2; set xlabel "message size"; set grid; set key outside right top box'
-        bw_tics, lat_tics, rat_tics = xtics(self.cfg["bw_sizes"]), xtics(self.cfg["lat_sizes"]), xtics(ratio_sizes)
+        bw_tics, lat_tics, rat_tics = xtics(self.cfg["bw_sizes"]), xtics(self.cfg["lat_sizes"]), xtics(self.cfg["bw_sizes"])
         script = f"""
 set terminal pngcairo size 1100,650 noenhanced font ",11"
 set datafile missing "NaN"
