@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh machine: installs what is
 # missing, then format, lints, unit/integration/doc tests, end-to-end tests
-# and a short fuzz run of every parser.
+# a short fuzz run of every parser, and the benchmark suite's smoke run
+# (scripts/bench.sh --quick: every workload once, no thresholds).
 #
 #   scripts/test.sh            everything
 #   FUZZ_SECONDS=60 scripts/test.sh    longer fuzz run per target (default 10)
 #   SKIP_FUZZ=1 scripts/test.sh        everything but the fuzz run
+#   SKIP_BENCH=1 scripts/test.sh       everything but the benchmark smoke run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,8 @@ as_root() {
 # Debian packages the tests drive. tshark checks our wire format; the
 # preload tests run iperf3, curl, wget, python3 and a C program (built
 # with cc, its imports checked with nm) under the library; the end-to-end
-# suite (tests/tests/e2e_*.rs) adds redis, qperf, sockperf and socat.
+# suite (tests/tests/e2e_*.rs) adds redis, qperf, sockperf and socat;
+# scripts/bench.sh draws its charts with gnuplot.
 need_pkgs=()
 command -v tshark >/dev/null || need_pkgs+=(tshark)
 command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
@@ -33,13 +36,22 @@ command -v wget >/dev/null || need_pkgs+=(wget)
 command -v python3 >/dev/null || need_pkgs+=(python3)
 command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v nm >/dev/null || need_pkgs+=(binutils)
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-    step "installing ${need_pkgs[*]}"
+# gnuplot's recommends (ImageMagick, Ghostscript, groff) are not needed
+# for PNG charts; it gets a font instead.
+bare_pkgs=()
+command -v gnuplot >/dev/null || bare_pkgs+=(gnuplot-nox fonts-liberation)
+if [ $((${#need_pkgs[@]} + ${#bare_pkgs[@]})) -gt 0 ]; then
+    step "installing ${need_pkgs[*]} ${bare_pkgs[*]}"
     # Do not ask whether non-root users may capture.
     echo "wireshark-common wireshark-common/install-setuid boolean false" | as_root debconf-set-selections
     echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
     as_root apt-get update -q
+fi
+if [ ${#need_pkgs[@]} -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
+fi
+if [ ${#bare_pkgs[@]} -gt 0 ]; then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${bare_pkgs[@]}"
 fi
 
 step "cargo fmt --check"
@@ -53,6 +65,11 @@ cargo test --workspace
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
     scripts/fuzz.sh "$FUZZ_SECONDS"
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    step "scripts/bench.sh --quick (smoke run, no thresholds)"
+    scripts/bench.sh --quick
 fi
 
 step "all checks passed"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The benchmark suite: the same workloads over kernel TCP and over SDP
+# through the preload (SDP_ENGINE=1), TCP and SDP alternating in one run,
+# on loopback. Prints a table, writes JSON and draws PNG charts.
+#
+#   scripts/bench.sh                 the full run (about 8 minutes)
+#   scripts/bench.sh --quick         a smoke run, well under 2 minutes (CI)
+#   scripts/bench.sh --out DIR       outputs in DIR (default target/bench):
+#                                    bench.json, bench.md (the table),
+#                                    throughput.png, latency.png, ratio.png
+#   scripts/bench.sh --reps N --seconds S   repetitions and run length
+#   scripts/bench.sh --replot FILE   the table and charts of an earlier bench.json
+#
+# What it measures (details in README.md, "Benchmarks"):
+#   * throughput by message size: iperf3 -l SIZE, plain against preloaded;
+#     qperf tcp_bw (plain, kernel TCP) against sdp_bw (preloaded, SDP);
+#   * CPU seconds per GB moved: user + system of both iperf3 processes;
+#   * latency by message size: sockperf ping-pong p50/p99, plain against
+#     preloaded; qperf tcp_lat (plain) against sdp_lat (preloaded);
+#   * connection setup rate (sdp-connbench): kernel TCP, SDP with a warm
+#     port mapper cache, SDP with every connection asking the port mapper;
+#   * RSS per idle connection, client and server (sdp-connbench hold).
+# Every SDP run is checked with sdp-stat: a row whose client connections
+# were not SDP says "fell back to TCP" instead of counting as SDP. Each
+# figure is the median of the repetitions, with the median SDP/TCP ratio
+# of the pairs, and the DESIGN §7 targets marked met or missed. A run that
+# fails is reported with its command and output, and the script exits 1.
+#
+# It starts its own port mappers and servers on free loopback ports and
+# stops them at the end, on error and on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+for tool in iperf3 qperf sockperf gnuplot python3; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bench: missing ${missing[*]} (Debian: apt-get install iperf3 qperf sockperf gnuplot-nox python3)" >&2
+    exit 1
+fi
+
+cargo build --release --quiet --workspace --bins
+bin=${CARGO_TARGET_DIR:-$PWD/target}/release
+for f in sdprun libsdp_preload.so sdp-portmapper sdp-stat sdp-connbench; do
+    [ -e "$bin/$f" ] || { echo "bench: $bin/$f was not built" >&2; exit 1; }
+done
+
+# 1000 idle connections per process, with the SDP side's extra fds.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+exec python3 scripts/bench.py --bin "$bin" --root "$PWD" "$@"

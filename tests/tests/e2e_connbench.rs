@@ -1,0 +1,94 @@
+//! `sdp-connbench`, the connection-setup and idle-memory program of
+//! `scripts/bench.sh`, under the preload: its connections are SDP, every
+//! one carries its byte there and back, and it reports what it did.
+
+use sdp_tests::bins::cargo_bin;
+use sdp_tests::e2e::{expect_sdp, field, Env, Proc};
+
+/// The port in a line `"<word> PORT"`.
+fn port_of(line: &str) -> u16 {
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
+}
+
+/// The number after `"key": ` in the result line.
+fn number(json: &str, key: &str) -> f64 {
+    json.split(&format!("\"{key}\": "))
+        .nth(1)
+        .and_then(|rest| rest.split([',', '}']).next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+}
+
+#[test]
+fn rate_connections_are_sdp_and_counted() {
+    let bin = cargo_bin("sdp-tests", "sdp-connbench");
+    let env = Env::new("connbench-rate");
+    let mut server = env.preloaded(&bin);
+    server.arg("server");
+    let mut server = Proc::spawn("sdp-connbench server", server, false);
+    let port = port_of(&server.wait_line(|l| l.starts_with("listening ")));
+    env.wait_listener(server.pid(), port);
+
+    // Plain TCP client against the preloaded server (the peer-TCP path).
+    let mut plain = env.plain(&bin);
+    plain.args(["rate", "--port", &port.to_string(), "--count", "20"]);
+    let out = Proc::spawn("sdp-connbench rate (plain)", plain, false).finish_ok();
+    assert_eq!(number(&out.stdout, "count"), 20.0, "{}", out.stdout);
+    assert!(number(&out.stdout, "per_second") > 0.0, "{}", out.stdout);
+
+    let mut client = env.preloaded(&bin);
+    client.args([
+        "rate",
+        "--port",
+        &port.to_string(),
+        "--count",
+        "20",
+        "--check",
+    ]);
+    let mut client = Proc::spawn("sdp-connbench rate (SDP)", client, true);
+    let result = client.wait_line(|l| l.starts_with('{'));
+    assert_eq!(number(&result, "count"), 20.0, "{result}");
+    let setup = number(&result, "p50");
+    assert!(setup > 0.0, "{result}");
+    let local = port_of(&client.wait_line(|l| l.starts_with("check ")));
+    let rec = env
+        .wait_records("the check connection", client.pid(), 1, |r| {
+            r.role == field::CLIENT && r.local.is_some_and(|a| a.port() == local)
+        })
+        .remove(0);
+    expect_sdp("sdp-connbench's check connection", &rec);
+    // Its byte went both ways over SDP.
+    assert_eq!(rec.counters[0], 1, "Bcopy bytes sent");
+    assert_eq!(rec.counters[1], 1, "Bcopy bytes received");
+    client.send("\n");
+    client.finish_ok();
+}
+
+#[test]
+fn hold_keeps_every_connection_open() {
+    let bin = cargo_bin("sdp-tests", "sdp-connbench");
+    let env = Env::new("connbench-hold");
+    let mut server = env.preloaded(&bin);
+    server.args(["server", "--hold"]);
+    let mut server = Proc::spawn("sdp-connbench server --hold", server, false);
+    let port = port_of(&server.wait_line(|l| l.starts_with("listening ")));
+    env.wait_listener(server.pid(), port);
+
+    let mut client = env.preloaded(&bin);
+    client.args(["hold", "--port", &port.to_string(), "--count", "5"]);
+    let mut client = Proc::spawn("sdp-connbench hold", client, true);
+    client.wait_line(|l| l.starts_with("one "));
+    server.wait_line(|l| l == "held 1");
+    client.send("\n");
+    client.wait_line(|l| l == "held 5");
+    server.wait_line(|l| l == "held 6");
+    let (c, s) = env.connections(client.pid(), server.pid(), port, 6);
+    for r in c.iter().chain(&s) {
+        expect_sdp("a held connection", r);
+    }
+    client.send("\n");
+    client.finish_ok();
+}
