@@ -244,7 +244,6 @@ class Bench:
     def sdp_env(self, pm="warm"):
         env = dict(self.base_env)
         env.update(
-            SDP_ENGINE="1",
             SDP_PM_PORT=str(self.pm[pm]["port"]),
             SDP_PM_CONTROL=self.pm[pm]["control"],
             SDP_LOG="error",
@@ -760,7 +759,7 @@ class Bench:
                  med("latency", "sockperf p50", s, "ratio"), med("latency", "qperf", s, "ratio"),
                  med("cpu", "iperf3", s, "ratio")])
             for s in ratio_sizes])
-        title = f"SDP (preload, SDP_ENGINE=1) vs kernel TCP on loopback, median of {self.cfg['reps']}"
+        title = f"SDP (preload) vs kernel TCP on loopback, median of {self.cfg['reps']}"
         def xtics(sizes):
             # A margin on both sides, so that the end ticks keep their labels.
             return (f"set xrange [{min(sizes) / 1.4}:{max(sizes) * 1.4}]\n"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark suite: the same workloads over kernel TCP and over SDP
-# through the preload (SDP_ENGINE=1), TCP and SDP alternating in one run,
+# through the preload, TCP and SDP alternating in one run,
 # on loopback. Prints a table, writes JSON and draws PNG charts.
 #
 #   scripts/bench.sh                 the full run (about 8 minutes)

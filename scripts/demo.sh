@@ -68,11 +68,11 @@ export SDP_PM_PORT SDP_PM_CONTROL=$work/pm.sock SDP_STAT_DIR=$work/stat
 
 port=$(free_port 5201)
 step "iperf3 over sdprun, port $port, $SECONDS_PER_RUN s"
-SDP_ENGINE=1 "$bin/sdprun" iperf3 -s -p "$port" --forceflush >"$work/sdp-server.out" 2>&1 &
+"$bin/sdprun" iperf3 -s -p "$port" --forceflush >"$work/sdp-server.out" 2>&1 &
 server=$!
 pids+=("$server")
 wait_for "$work/sdp-server.out" "Server listening"
-SDP_ENGINE=1 "$bin/sdprun" iperf3 -c 127.0.0.1 -p "$port" -t "$SECONDS_PER_RUN" -f g \
+"$bin/sdprun" iperf3 -c 127.0.0.1 -p "$port" -t "$SECONDS_PER_RUN" -f g \
     >"$work/sdp-client.out" 2>&1 &
 client=$!
 pids+=("$client")
