@@ -850,3 +850,48 @@ fn an_inherited_listener_gets_its_sdp_listener_at_the_first_accept() {
     drop(server.child.stdin.take());
     assert!(server.finish().0.success());
 }
+
+/// Edge-triggered epoll on an accepted socket: an edge for the first data,
+/// none while nothing new comes, a new one for data arriving while unread
+/// data waits, and one after a partial read when more comes.
+const EDGES: &str = r#"
+import select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+ep = select.epoll()
+ep.register(a.fileno(), select.EPOLLIN | select.EPOLLET)
+c.sendall(b"a")
+print("first data", len(ep.poll(5)), flush=True)
+print("nothing new", len(ep.poll(0.2)), flush=True)
+c.sendall(b"b")
+print("data while unread data waits", len(ep.poll(5)), flush=True)
+print("read", a.recv(10), flush=True)
+c.sendall(b"c")
+print("data after the read", len(ep.poll(5)), flush=True)
+print("read", a.recv(10), flush=True)
+"#;
+
+#[test]
+fn edge_triggered_epoll_sees_each_arrival_as_over_tcp() {
+    let stat = TempDir::new("sdp-edges");
+    let plain = run_ok(python_command(EDGES, Mode::Plain, stat.path()));
+    let plain = String::from_utf8(plain.stdout).unwrap();
+    assert_eq!(
+        plain,
+        "first data 1\nnothing new 0\ndata while unread data waits 1\nread b'ab'\n\
+         data after the read 1\nread b'c'\n"
+    );
+    let pm = PortMapper::start();
+    let log = stat.path().join("edges.log");
+    let mut cmd = python_command(EDGES, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let sdp = String::from_utf8(run_ok(cmd).stdout).unwrap();
+    assert_eq!(sdp, plain);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("-> SDP"), "{log}");
+}

@@ -14,7 +14,8 @@
 //! * Level-triggered: the wake fd's `POLLIN`/`POLLOUT` are levels, so a
 //!   ready fd is reported on every wait.
 //! * `EPOLLET`: the wake fd is registered edge-triggered; each change of a
-//!   level is a new edge.
+//!   level is a new edge, and so is each arrival of data (the stream
+//!   renews the wake fd's readability), as with TCP.
 //! * `EPOLLONESHOT`: after a report the wake registration is disarmed
 //!   until `EPOLL_CTL_MOD`.
 //! * One fd in several epoll sets: one registration per (epoll fd, fd),
@@ -390,7 +391,9 @@ fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
 
 /// Rewrites the first `n` kernel events in place: program events pass,
 /// token events become the program's, merged per fd, stale ones dropped.
-fn translate(events: &mut [epoll_event]) -> usize {
+/// Returns how many remain, and whether an edge-triggered socket event was
+/// left for the wake fd to report (so the caller looks once more).
+fn translate(events: &mut [epoll_event]) -> (usize, bool) {
     struct Hit {
         id: u64,
         side: Side,
@@ -402,6 +405,9 @@ fn translate(events: &mut [epoll_event]) -> usize {
         fds: Vec<(c_int, u64)>,
         /// The connection's socket had news: read it first.
         pump: bool,
+        /// The wake fd (or a listener's socket) fired, not only the
+        /// connection's socket.
+        woken: bool,
     }
     let mut out = 0;
     let mut hits: Vec<(usize, Hit)> = Vec::new();
@@ -417,6 +423,7 @@ fn translate(events: &mut [epoll_event]) -> usize {
         let pump = data & 3 == SOCKET;
         if let Some((_, h)) = hits.iter_mut().find(|(_, h)| h.id == id) {
             h.pump |= pump;
+            h.woken |= !pump;
             continue;
         }
         let hit = with_registry(|r| {
@@ -431,6 +438,7 @@ fn translate(events: &mut [epoll_event]) -> usize {
                 fd: reg.fd,
                 fds: reg.kernel_fds().collect(),
                 pump,
+                woken: !pump,
             })
         });
         if let Some(hit) = hit {
@@ -441,11 +449,21 @@ fn translate(events: &mut [epoll_event]) -> usize {
         }
     }
     let mut dropped = Vec::new();
+    let mut deferred = false;
     for (slot, hit) in &hits {
         if let (true, Side::Stream(h)) = (hit.pump, &hit.side) {
             h.endpoint.pump();
         }
-        let bits = epoll_bits(&hit.side, hit.fd, hit.interest);
+        // Edge-triggered, the socket alone fired: what it brought is a new
+        // edge of the wake fd (the pump renewed it), reported from there —
+        // once, as TCP reports each arrival once.
+        let edge_only_from_socket = hit.interest & libc::EPOLLET as u32 != 0 && !hit.woken;
+        deferred |= edge_only_from_socket;
+        let bits = if edge_only_from_socket {
+            0
+        } else {
+            epoll_bits(&hit.side, hit.fd, hit.interest)
+        };
         if bits == 0 {
             dropped.push(*slot);
             if hit.oneshot {
@@ -485,7 +503,7 @@ fn translate(events: &mut [epoll_event]) -> usize {
         }
     }
     if dropped.is_empty() {
-        return out;
+        return (out, deferred);
     }
     let mut kept = 0;
     for i in 0..out {
@@ -494,7 +512,7 @@ fn translate(events: &mut [epoll_event]) -> usize {
             kept += 1;
         }
     }
-    kept
+    (kept, deferred)
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -585,6 +603,7 @@ fn wait_translated(
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
     protect("epoll_wait", || touch_pending(epfd), || ());
+    let mut look_again = true;
     loop {
         let n = wait(remaining(deadline));
         if n <= 0 || events.is_null() {
@@ -594,9 +613,17 @@ fn wait_translated(
         let got = unsafe {
             std::slice::from_raw_parts_mut(events, (n as usize).min(max.max(0) as usize))
         };
-        let kept = protect("epoll_wait", || translate(got), || 0);
-        if kept > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+        let (kept, deferred) = protect("epoll_wait", || translate(got), || (0, false));
+        if kept > 0 {
             return kept as c_int;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            // A deferred edge is on the wake fd now: one more look (the
+            // deadline passed, so it does not wait).
+            if std::mem::take(&mut look_again) && deferred {
+                continue;
+            }
+            return 0;
         }
     }
 }

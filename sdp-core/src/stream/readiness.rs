@@ -84,6 +84,17 @@ impl Readiness {
         }
         Ok(())
     }
+
+    /// New data arrived: a readable descriptor gets one more byte, which
+    /// an edge-triggered poller sees as a new edge (a TCP socket gives one
+    /// for each arrival too). Nothing when not readable: `set` makes the
+    /// edge then.
+    pub fn renew_readable(&mut self) -> io::Result<()> {
+        if self.readable {
+            write_all_once(&self.ours, &[1])?;
+        }
+        Ok(())
+    }
 }
 
 fn write_all_once(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
@@ -146,5 +157,37 @@ mod tests {
             r.set(want.0, want.1).unwrap();
             assert_eq!(state(&r), want);
         }
+    }
+
+    #[test]
+    fn renewed_readability_is_a_new_edge() {
+        use rustix::event::epoll;
+        let mut r = Readiness::new().unwrap();
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+        epoll::add(
+            &ep,
+            &r.user,
+            epoll::EventData::new_u64(7),
+            epoll::EventFlags::IN | epoll::EventFlags::ET,
+        )
+        .unwrap();
+        let mut events = Vec::with_capacity(4);
+        let wait = |events: &mut Vec<epoll::Event>| {
+            events.clear();
+            let ts = rustix::event::Timespec::default();
+            epoll::wait(&ep, rustix::buffer::spare_capacity(events), Some(&ts)).unwrap();
+            events.len()
+        };
+        // Not readable: renewing makes no edge.
+        r.renew_readable().unwrap();
+        assert_eq!(wait(&mut events), 0);
+        r.set(true, false).unwrap();
+        assert_eq!(wait(&mut events), 1);
+        assert_eq!(wait(&mut events), 0, "one edge per change");
+        r.renew_readable().unwrap();
+        assert_eq!(wait(&mut events), 1, "new data is a new edge");
+        assert_eq!(state(&r), (true, false));
+        r.set(false, false).unwrap();
+        assert_eq!(state(&r), (false, false));
     }
 }

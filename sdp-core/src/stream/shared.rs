@@ -88,6 +88,8 @@ pub struct Inner {
     /// discarded) waiting for the peer's FIN.
     drain_until: Option<Instant>,
     readiness: Option<Readiness>,
+    /// The receive stream's length at the last readiness update.
+    rx_seen: u64,
     poller_active: bool,
     cond_waiters: u32,
     wake_pending: bool,
@@ -254,7 +256,16 @@ impl Inner {
     /// Sets the readiness descriptor from the link's state.
     pub fn update_readiness(&mut self) {
         if let Some(r) = &mut self.readiness {
+            // Data that arrived since the last update is a new edge for an
+            // edge-triggered poller even if the stream was readable, as
+            // for a TCP socket.
+            let rx = self.link.conn().rx_total();
+            let arrived = rx != self.rx_seen;
+            self.rx_seen = rx;
             let _ = r.set(self.link.readable(), self.link.writable());
+            if arrived {
+                let _ = r.renew_readable();
+            }
         }
     }
 
@@ -335,6 +346,7 @@ impl Shared {
             reset: false,
             drain_until: None,
             readiness: None,
+            rx_seen: 0,
             poller_active: false,
             cond_waiters: 0,
             wake_pending: false,
