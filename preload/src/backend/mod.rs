@@ -41,6 +41,9 @@ static BACKEND: Backend = Backend;
 
 /// Installs the backend for the hooks.
 pub fn install() {
+    // The SDP layer's diagnostics (abortive closes and their rule,
+    // Terminates) go through this library's log: its level and file.
+    sdp_core::log::set_sink(|line| crate::log!(crate::log::Level::Info, "sdp: {line}"));
     sdp::install_backend(&BACKEND);
 }
 
