@@ -472,6 +472,51 @@ fn fallback_after_pmaccept(mode: &str, nonblocking: bool, first: u8) {
     assert!(server.finish().0.success());
 }
 
+/// A nonblocking connect, a duplicate of the fd made while it is in
+/// progress, then the original closed and the exchange through the
+/// duplicate.
+const DUP_WHILE_CONNECTING: &str = r#"
+import os, selectors, socket, sys
+port = int(sys.argv[1])
+c = socket.socket()
+c.setblocking(False)
+try:
+    c.connect(("127.0.0.1", port))
+except BlockingIOError:
+    pass
+d = socket.socket(fileno=os.dup(c.fileno()))
+sel = selectors.DefaultSelector()
+sel.register(c, selectors.EVENT_WRITE)
+print("writable", len(sel.select(5)), flush=True)
+print("SO_ERROR", c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), flush=True)
+print("dup peer is the server", d.getpeername()[1] == port, flush=True)
+c.close()
+d.setblocking(True)
+d.sendall(b"hello")
+print("reply", d.recv(100), flush=True)
+"#;
+
+#[test]
+fn a_duplicate_made_during_the_fallback_is_the_same_socket() {
+    let stat = TempDir::new("sdp-dup-fallback");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(FAKE_SDP_SERVER, Mode::Plain, stat.path());
+    // Q answers with an MPA reject: the socket was connected to Q, so
+    // the fallback puts a fresh one on the fd number.
+    cmd.arg("reject").arg(pm.control());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    let expected = "writable 1\nSO_ERROR 0\ndup peer is the server True\nreply b'HELLO'\n";
+    for _ in 0..5 {
+        let mut cmd = python_command(DUP_WHILE_CONNECTING, Mode::Sdp, stat.path());
+        pm.apply(&mut cmd).arg(port.to_string());
+        let out = String::from_utf8(run_ok(cmd).stdout).unwrap();
+        assert_eq!(out, expected);
+    }
+    stop_plain_server(port);
+    assert!(server.finish().0.success());
+}
+
 #[test]
 fn a_reset_on_the_sdp_port_falls_back_to_tcp_on_the_same_fd() {
     fallback_after_pmaccept("close", false, REASON_REFUSED);

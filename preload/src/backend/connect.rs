@@ -659,6 +659,14 @@ impl Connector {
                 drop(levels);
                 drop(handle);
                 let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+                // Duplicates the program made meanwhile (dup, F_DUPFD)
+                // are the same socket for it: they get the fresh one too.
+                for other in duplicates(fd, &dyn_ep) {
+                    if fail.connected {
+                        share_socket(fd, other);
+                    }
+                    fdtable::fall_back_if(other, &dyn_ep, fail.reason);
+                }
                 fdtable::fall_back_if(fd, &dyn_ep, fail.reason);
             }
             Err(e) => {
@@ -669,6 +677,34 @@ impl Connector {
                 };
             }
         }
+    }
+}
+
+/// The other fd numbers in the table that hold `ep`'s connection.
+fn duplicates(fd: RawFd, ep: &Arc<dyn SdpEndpoint>) -> Vec<RawFd> {
+    let mut found = Vec::new();
+    fdtable::for_each(|n, e| {
+        if n != fd && matches!(&e.sdp, fdtable::SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, ep))
+        {
+            found.push(n);
+        }
+    });
+    found
+}
+
+/// Makes `other` refer to `fd`'s socket, keeping its own `FD_CLOEXEC`.
+fn share_socket(fd: RawFd, other: RawFd) {
+    // SAFETY: F_GETFD takes no argument.
+    let cloexec = unsafe { real::fcntl(other, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: both numbers are the program's, holding this connection
+    // (checked against the table by the caller).
+    if unsafe { real::dup3(fd, other, flags) } < 0 {
+        crate::log!(
+            Level::Warn,
+            "fd {other}: a duplicate of fd {fd} keeps the old socket: errno {}",
+            real::errno()
+        );
     }
 }
 
