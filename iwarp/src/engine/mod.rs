@@ -52,6 +52,7 @@
 
 mod connection;
 mod qp;
+pub mod rebase;
 mod rx;
 mod sink;
 mod terminate;
@@ -61,6 +62,7 @@ mod wr;
 
 pub use connection::{Connection, ConnectionConfig, Role};
 pub use qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State, RTR_STAG};
+pub use rebase::Rebase;
 pub use txq::{MissingRegion, TxChunk, TxQueue};
 pub use wr::{
     Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Sge, Status,

@@ -24,6 +24,7 @@ use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, ReadRequestRepr};
 use crate::wire::terminate::TermCode;
 
+use super::rebase::{self, Rebase};
 use super::rx::Deframer;
 use super::sink::{RecvInProgress, RxSeg};
 use super::terminate::{self, Echo, TERM_CAP};
@@ -872,6 +873,40 @@ impl DataPath {
                         self.state = State::Error;
                     }
                 }
+            }
+        }
+    }
+
+    /// The lowest offset of `region` that the engine still refers to: in
+    /// queued octets not yet written, in the message being segmented, or in
+    /// work not yet started. `None` once nothing refers to it — then the
+    /// memory may go.
+    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
+        let queued = self.txq.region_low_water(region);
+        let current = self
+            .cur
+            .as_ref()
+            .and_then(|(m, _)| m.region_low_water(region));
+        let waiting = self.sq.iter().filter_map(|e| match &e.work {
+            Some(Work::Send { payload, .. } | Work::Write { payload, .. }) => {
+                rebase::payload_low_water(payload, region)
+            }
+            _ => None,
+        });
+        queued.into_iter().chain(current).chain(waiting).min()
+    }
+
+    /// Moves every reference to `rb.from` — queued octets, the message
+    /// being segmented, work not yet started — to `rb.to` (see
+    /// [`super::rebase`]). The caller has copied the octets there.
+    pub fn rebase_region(&mut self, rb: &Rebase<'_>) {
+        self.txq.rebase_region(rb);
+        if let Some((m, _)) = &mut self.cur {
+            m.rebase(rb);
+        }
+        for e in &mut self.sq {
+            if let Some(Work::Send { payload, .. } | Work::Write { payload, .. }) = &mut e.work {
+                rebase::rebase_payload(payload, rb);
             }
         }
     }

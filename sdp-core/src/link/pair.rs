@@ -62,6 +62,9 @@ pub struct App {
     pub shutdown_when_done: bool,
     /// Largest single `send`/`recv`.
     pub max_io: usize,
+    /// Writes with [`Link::send_direct`]: within the call the socket takes
+    /// a random part straight from the buffer, the rest is staged.
+    pub direct_send: bool,
 }
 
 impl App {
@@ -79,6 +82,7 @@ impl App {
             errors: Vec::new(),
             shutdown_when_done: false,
             max_io: 96 * 1024,
+            direct_send: false,
         }
     }
 }
@@ -348,8 +352,20 @@ impl LinkPair {
     /// Side `s` writes up to one chunk of its transmit queue to the wire.
     pub fn transmit(&mut self, s: usize) {
         let n = self.chunk();
+        self.transmit_from(s, n, None);
+        self.drive(s);
+    }
+
+    /// Side `s` frames what it has and writes up to `n` octets of it to the
+    /// wire, with `lent` as the bytes of a direct send in progress; returns
+    /// the octets written.
+    pub fn transmit_from(&mut self, s: usize, n: usize, lent: Option<&[u8]>) -> usize {
         let now = self.now;
         let side = &mut self.sides[s];
+        if let (Some(link), Some(_)) = (side.link.as_mut(), lent) {
+            side.qp
+                .poll_transmit(now, &link.memory_with(lent, None), 256 * 1024);
+        }
         let mut taken = 0;
         {
             let wire = &mut side.wire;
@@ -360,7 +376,10 @@ impl LinkPair {
                 taken < n
             };
             let r = match side.link.as_mut() {
-                Some(link) => side.qp.txq().for_each_slice(&link.memory(), &mut copy),
+                Some(link) => side
+                    .qp
+                    .txq()
+                    .for_each_slice(&link.memory_with(lent, None), &mut copy),
                 None => side
                     .qp
                     .txq()
@@ -369,7 +388,7 @@ impl LinkPair {
             r.expect("transmit queue refers to missing memory");
         }
         side.qp.tx_advance(now, taken);
-        self.drive(s);
+        taken
     }
 
     /// Side `s`'s bytes on the wire: up to one chunk reaches the other
@@ -459,6 +478,29 @@ impl LinkPair {
         let Some(link) = self.sides[s].link.as_mut() else {
             return;
         };
+        if self.apps[s].direct_send {
+            let buf = core::mem::take(&mut self.buf);
+            match link.send_direct(&buf, SendFlags::EMPTY) {
+                Ok(n) => {
+                    let app = &mut self.apps[s];
+                    app.write_hash.update(&buf[..n]);
+                    app.written += n as u64;
+                    // The call posts and writes what the socket takes.
+                    self.drive(s);
+                    let k = self.chunk();
+                    self.transmit_from(s, k, Some(&buf[..n]));
+                    let side = &mut self.sides[s];
+                    if let Some(link) = side.link.as_mut() {
+                        link.finish_direct(&buf[..n], &mut side.qp);
+                    }
+                }
+                Err(Error::WouldBlock) => {}
+                Err(e) => self.apps[s].errors.push(e),
+            }
+            self.buf = buf;
+            self.drive(s);
+            return;
+        }
         match link.send(&self.buf, SendFlags::EMPTY) {
             Ok(n) => {
                 let app = &mut self.apps[s];

@@ -80,6 +80,7 @@ pub use iwarp::driver::{Endpoint, Progress};
 
 use crate::conn::{Config, CreditState, FlowControlMode, RecvFlags, SendFlags, Shutdown, State};
 use crate::errno::Error;
+use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
 use shared::{Locked, Shared};
 
@@ -326,6 +327,7 @@ impl SdpStream {
             bytes_sent: conn.tx().sent(),
             bytes_received: conn.rx_total(),
             credits: conn.credit_state(),
+            copies: g.link.copy_stats(),
         }
     }
 
@@ -368,11 +370,8 @@ impl SdpStream {
         let deadline = g.write_timeout.map(|t| Instant::now() + t);
         let mut pumped = false;
         loop {
-            match g.link.send(buf, flags) {
-                Ok(n) => {
-                    g.pump_out(Instant::now());
-                    return Ok(n);
-                }
+            match g.send_direct(Instant::now(), buf, flags) {
+                Ok(n) => return Ok(n),
                 Err(Error::WouldBlock) if g.nonblocking && !pumped => {
                     // Credits or completions may be waiting in the socket.
                     g.pump(Instant::now());
@@ -628,6 +627,10 @@ pub struct StreamInfo {
     pub bytes_received: u64,
     /// The credit state (§10).
     pub credits: CreditState,
+    /// The Bcopy bytes by the copies they took (DESIGN §7): sent straight
+    /// from the caller's buffer or staged, received straight into the
+    /// reader's buffer or copied from a Private Buffer.
+    pub copies: CopyStats,
 }
 
 /// `config` with its receive Private Buffers shrunk, if need be, so that a

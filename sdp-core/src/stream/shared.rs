@@ -153,12 +153,37 @@ impl Inner {
 
     /// Drives the link and writes until nothing moves (no socket read).
     pub fn pump_out(&mut self, now: Instant) -> bool {
+        self.pump_out_from(now, None)
+    }
+
+    /// `send(2)` straight from `buf` (DESIGN §7): the accepted bytes are
+    /// posted and written from `buf` as far as the socket takes them now;
+    /// only the rest is copied into the staging ring, from which the
+    /// progress thread sends it later ([`Link::send_direct`]).
+    pub fn send_direct(
+        &mut self,
+        now: Instant,
+        buf: &[u8],
+        flags: crate::conn::SendFlags,
+    ) -> Result<usize, crate::errno::Error> {
+        let n = self.link.send_direct(buf, flags)?;
+        let buf = &buf[..n];
+        self.pump_out_from(now, Some(buf));
+        self.link.finish_direct(buf, self.ep.connection_mut());
+        Ok(n)
+    }
+
+    /// [`Inner::pump_out`], with the bytes of a direct send lent.
+    fn pump_out_from(&mut self, now: Instant, send_from: Option<&[u8]>) -> bool {
         let mut any = false;
         for _ in 0..64 {
             self.link.drive(now, self.ep.connection_mut());
             let mut progressed = false;
             if !self.reset {
-                match self.ep.pump_send(now, &self.link.memory()) {
+                match self
+                    .ep
+                    .pump_send(now, &self.link.memory_with(send_from, None))
+                {
                     Ok(Progress::Progressed) => progressed = true,
                     Ok(_) => {}
                     Err(e) => {
@@ -171,7 +196,7 @@ impl Inner {
                     }
                 }
             }
-            progressed |= self.teardown(now);
+            progressed |= self.teardown(now, send_from);
             any |= progressed;
             if !progressed {
                 break;
@@ -195,7 +220,7 @@ impl Inner {
     }
 
     /// Carries out the link's LLP teardown once it can.
-    fn teardown(&mut self, now: Instant) -> bool {
+    fn teardown(&mut self, now: Instant, send_from: Option<&[u8]>) -> bool {
         match self.link.teardown() {
             Some(Teardown::Graceful)
                 if !self.shut_wr
@@ -215,7 +240,9 @@ impl Inner {
                     self.ep.connection().state(),
                     iwarp::engine::State::Terminate
                 ) {
-                    let _ = self.ep.pump_send(now, &self.link.memory());
+                    let _ = self
+                        .ep
+                        .pump_send(now, &self.link.memory_with(send_from, None));
                 }
                 // §8.2.2: "MUST immediately terminate the LLP connection":
                 // a TCP reset; connect(AF_UNSPEC) sends it and leaves the
