@@ -51,6 +51,7 @@
 //! ```
 
 mod connection;
+pub mod overlay;
 mod qp;
 pub mod rebase;
 mod rx;
@@ -61,6 +62,7 @@ mod txq;
 mod wr;
 
 pub use connection::{Connection, ConnectionConfig, Role};
+pub use overlay::RecvOverlay;
 pub use qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State, RTR_STAG};
 pub use rebase::Rebase;
 pub use txq::{MissingRegion, TxChunk, TxQueue};

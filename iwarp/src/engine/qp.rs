@@ -24,6 +24,7 @@ use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, ReadRequestRepr};
 use crate::wire::terminate::TermCode;
 
+use super::overlay::RecvOverlay;
 use super::rebase::{self, Rebase};
 use super::rx::Deframer;
 use super::sink::{RecvInProgress, RxSeg};
@@ -231,6 +232,8 @@ pub struct DataPath {
     pub(super) rx_send: Option<RecvInProgress>,
     pub(super) term_buf: [u8; TERM_CAP],
     pub(super) seg: RxSeg,
+    /// Part of the next receive buffer placed elsewhere ([`super::overlay`]).
+    pub(super) overlay: Option<RecvOverlay>,
 
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
@@ -275,6 +278,7 @@ impl DataPath {
             rx_send: None,
             term_buf: [0; TERM_CAP],
             seg: RxSeg::default(),
+            overlay: None,
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,

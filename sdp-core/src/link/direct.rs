@@ -11,18 +11,30 @@
 //!   written, or bytes not yet posted for lack of credit — and moves the
 //!   engine's references onto the ring ([`iwarp::engine::Rebase`]). What
 //!   the socket took during the call was never copied.
-//! * **Receive** ([`super::Link::recv_waiting`]): a reader that waits with
-//!   an empty stream lends its buffer as region [`RECV_INTO`]; the engine
-//!   places the payload part of the next receive buffer there (an overlay,
-//!   [`iwarp::engine::RecvOverlay`]) while the BSDH still lands in the
-//!   Private Buffer. When the message completes and is a plain Data
-//!   Message, its payload is the reader's at once; anything else — another
-//!   message, OOB data, the call ending before the message is whole — has
-//!   its bytes copied back into the Private Buffer as if placed there.
+//! * **Receive** ([`super::Link::lend_recv`]): a reader that waits with
+//!   nothing unread lends its buffer as region [`RECV_INTO`] whenever it
+//!   pumps the socket itself; the engine places the payload part of the
+//!   next receive buffer there (an overlay, [`iwarp::engine::RecvOverlay`])
+//!   while the BSDH still lands in the Private Buffer. When the message
+//!   completes and is a plain Data Message, its payload is the reader's at
+//!   once (the conn counts it as read). Between its pumps the reader waits
+//!   without the lock and the overlay is *parked*: what it placed stays in
+//!   its buffer, anything another thread receives meanwhile lands in the
+//!   Private Buffer (and is copied over when the reader is back), and a
+//!   completion of its message is held for it. Anything else — another
+//!   message kind, OOB data, the call ending before the message is whole —
+//!   has the bytes copied back into the Private Buffer, as if placed there.
+//!
+//! MSG_PEEK and MSG_OOB never lend (they consume nothing).
 
 use core::ops::Range;
+use std::time::Instant;
 
+use iwarp::engine::{Completion, Connection, RecvOverlay, Status};
 use iwarp::mem::RegionId;
+
+use super::Link;
+use crate::wire::{Bsdh, Mid, BSDH_LEN};
 
 /// The caller's buffer during a direct send (read-only).
 pub const SEND_FROM: RegionId = RegionId(u32::MAX - 2);
@@ -42,8 +54,245 @@ pub struct CopyStats {
     /// Received: placed straight into a waiting reader's buffer.
     pub bytes_received_direct: u64,
     /// Received: copied from a Private Buffer into a reader's buffer
-    /// (consuming reads; MSG_PEEK copies are not counted).
+    /// (consuming reads, and bytes caught up into a waiting reader's buffer
+    /// after another thread received them; MSG_PEEK copies are not
+    /// counted). With `bytes_received_direct`, every byte read.
     pub bytes_copied_from_pool: u64,
+    /// Received: bytes placed in a waiting reader's buffer that had to go
+    /// back into the Private Buffer (the call ended before the message was
+    /// whole, or it was not a plain Data Message) — a copy on top.
+    pub bytes_copied_back: u64,
+}
+
+/// A waiting reader's receive ([`Link::lend_recv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecvLend {
+    /// The receive whose payload part goes to the reader's buffer.
+    pub wr_id: u64,
+    /// The reader is away (waiting without the lock): the overlay is
+    /// parked.
+    pub parked: bool,
+    /// Bytes copied from the Private Buffer into the reader's buffer when
+    /// it came back (received by another thread meanwhile).
+    pub caught_up: usize,
+}
+
+impl Link {
+    /// A reader waits with `buf` and pumps the socket itself (DESIGN §7;
+    /// the module docs). Returns whether `buf` is lent for this pump: the
+    /// caller then pumps with [`Link::memory_with`]`(.., Some(buf))`,
+    /// drives with [`Link::drive_lent`], and calls [`Link::park_recv`]
+    /// afterwards; [`Link::take_received_direct`] tells what landed. Pass
+    /// the same `buf` on every pump of one call, and end the call with
+    /// [`Link::recv_done_waiting`]. Call after [`Link::drive`].
+    pub fn lend_recv(&mut self, now: Instant, qp: &mut Connection, buf: &mut [u8]) -> bool {
+        let Some(lend) = self.recv_lend else {
+            if buf.is_empty() || !self.conn.rx_waiting() {
+                return false;
+            }
+            let wr = qp
+                .datapath_mut()
+                .overlay_next_recv(BSDH_LEN, RECV_INTO, 0, buf.len());
+            self.recv_lend = wr.map(|wr_id| RecvLend {
+                wr_id,
+                parked: false,
+                caught_up: 0,
+            });
+            return wr.is_some();
+        };
+        if !self.deferred.is_empty() {
+            // The message completed while the reader was away.
+            self.release_deferred(now, Some(buf), true);
+            return false;
+        }
+        let Some(ov) = qp.datapath().overlay().copied() else {
+            self.recv_lend = None;
+            return false;
+        };
+        let Some((at, n)) = qp.datapath_mut().resume_overlay() else {
+            return false;
+        };
+        if n > 0 {
+            // Received by another thread meanwhile: caught up.
+            let src = self
+                .conn
+                .pool()
+                .buffer(ov.from.region.0 as usize)
+                .and_then(|b| b.get(at..at.checked_add(n)?));
+            let start = ov.to_offset.saturating_add(ov.placed);
+            let dst = buf.get_mut(start..start.saturating_add(n));
+            if let (Some(src), Some(dst)) = (src, dst) {
+                dst.copy_from_slice(src);
+            }
+        }
+        self.recv_lend = Some(RecvLend {
+            parked: false,
+            caught_up: lend.caught_up + n,
+            ..lend
+        });
+        true
+    }
+
+    /// The reader's pump is over: if its message is not whole, the overlay
+    /// parks until the reader is back ([`Link::lend_recv`]) or leaves
+    /// ([`Link::recv_done_waiting`]).
+    pub fn park_recv(&mut self, qp: &mut Connection) {
+        if let Some(lend) = &mut self.recv_lend {
+            lend.parked = true;
+            qp.datapath_mut().park_overlay();
+        }
+    }
+
+    /// Receive completions held for a waiting reader that is away (the
+    /// conn has not seen them yet; their buffers count as posted to it).
+    pub fn recv_held(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// Whether a reader's buffer is lent ([`Link::lend_recv`]) and
+    /// [`Link::recv_done_waiting`] is due when its call ends.
+    pub fn recv_lent(&self) -> bool {
+        self.recv_lend.is_some()
+    }
+
+    /// The waiting reader's call ends (`buf` as lent): bytes placed in it
+    /// for a message not handed over go back into the Private Buffer; a
+    /// completion held for it goes to the conn.
+    pub fn recv_done_waiting(&mut self, now: Instant, qp: &mut Connection, buf: &[u8]) {
+        if !self.deferred.is_empty() {
+            self.release_deferred(now, Some(buf), false);
+        } else if self.recv_lend.take().is_some() {
+            if let Some(ov) = qp.datapath_mut().take_overlay() {
+                self.copy_back(&ov, Some(buf));
+            }
+        }
+    }
+
+    /// Bytes placed straight into the waiting reader's buffer (from its
+    /// start) and consumed; they are the reader's now.
+    pub fn take_received_direct(&mut self) -> usize {
+        core::mem::take(&mut self.received_direct)
+    }
+
+    /// A receive completion in [`Link::drive`]: true if it was taken care
+    /// of here — the waiting reader's (settled now if its buffer is here,
+    /// held otherwise) or one behind a held one.
+    pub(super) fn lent_completion(
+        &mut self,
+        now: Instant,
+        c: &Completion,
+        qp: &mut Connection,
+        buf: Option<&[u8]>,
+    ) -> bool {
+        if !self.deferred.is_empty() {
+            self.deferred.push_back((*c, None));
+            return true;
+        }
+        let Some(lend) = self.recv_lend.filter(|l| l.wr_id == c.wr_id) else {
+            return false;
+        };
+        let moved = qp.datapath().overlay().map(|ov| ov.wr_id);
+        if let Some(next) = moved.filter(|&wr| wr != c.wr_id) {
+            // Nothing of this message reached the reader's buffer; the
+            // next receive's payload goes there instead.
+            self.recv_lend = Some(RecvLend {
+                wr_id: next,
+                ..lend
+            });
+            return false;
+        }
+        let ov = qp.datapath_mut().take_overlay();
+        if lend.parked || buf.is_none() {
+            self.deferred.push_back((*c, ov));
+            return true;
+        }
+        self.recv_lend = None;
+        self.settle(now, *c, ov, buf, true, lend.caught_up);
+        true
+    }
+
+    /// Hands the held completions to the conn, the reader's first.
+    fn release_deferred(&mut self, now: Instant, buf: Option<&[u8]>, keep: bool) {
+        let caught_up = self.recv_lend.take().map_or(0, |l| l.caught_up);
+        if let Some((c, ov)) = self.deferred.pop_front() {
+            self.settle(now, c, ov, buf, keep, caught_up);
+        }
+        while let Some((c, _)) = self.deferred.pop_front() {
+            self.on_completion(now, c);
+        }
+    }
+
+    /// Hands the waiting reader's completed receive to the conn: with
+    /// `keep`, a plain Data Message's payload stays in the reader's buffer
+    /// and counts as read; otherwise the bytes go back into the Private
+    /// Buffer first, where the conn parses and reads them.
+    fn settle(
+        &mut self,
+        now: Instant,
+        c: Completion,
+        ov: Option<RecvOverlay>,
+        buf: Option<&[u8]>,
+        keep: bool,
+        caught_up: usize,
+    ) {
+        let Some(ov) = ov else {
+            return self.on_completion(now, c);
+        };
+        let payload = (c.byte_len as usize).saturating_sub(BSDH_LEN);
+        let direct = match buf {
+            Some(_) if keep && self.plain_data(&c, &ov) => ov.placed.min(payload),
+            _ => 0,
+        };
+        if direct == 0 {
+            self.copy_back(&ov, buf);
+        }
+        self.on_completion(now, c);
+        if direct == 0 {
+            return;
+        }
+        // The stream was empty (lend_recv): these are its first bytes.
+        if self.conn.consume_placed(direct) {
+            self.received_direct += direct;
+            let caught_up = caught_up.min(direct);
+            self.stats.bytes_copied_from_pool += caught_up as u64;
+            self.stats.bytes_received_direct += (direct - caught_up) as u64;
+        } else {
+            // Not taken as read (the conn refused the message): the bytes
+            // belong where the conn looks for them.
+            self.copy_back(&ov, buf);
+        }
+    }
+
+    /// A Data Message without OOB flags, whose payload starts right after
+    /// the BSDH in the Private Buffer (where the BSDH landed).
+    fn plain_data(&self, c: &Completion, ov: &RecvOverlay) -> bool {
+        c.status == Status::Success
+            && ov.wr_id == c.wr_id
+            && ov.from.offset == BSDH_LEN
+            && self
+                .conn
+                .pool()
+                .buffer(ov.from.region.0 as usize)
+                .and_then(|b| b.get(..BSDH_LEN))
+                .and_then(|h| Bsdh::new_checked(h).ok())
+                .is_some_and(|h| h.mid() == Mid::DATA && h.flags().is_empty())
+    }
+
+    /// Puts the bytes an overlay placed in the reader's buffer where the
+    /// engine would have placed them.
+    fn copy_back(&mut self, ov: &RecvOverlay, from: Option<&[u8]>) {
+        let n = ov.placed.min(ov.from.len);
+        let src = from.and_then(|b| b.get(ov.to_offset..ov.to_offset.checked_add(n)?));
+        let dst = self
+            .conn
+            .pool_mut()
+            .buffer_mut(ov.from.region.0 as usize)
+            .and_then(|b| b.get_mut(ov.from.offset..ov.from.offset.checked_add(n)?));
+        if let (Some(src), Some(dst)) = (src, dst) {
+            dst.copy_from_slice(src);
+            self.stats.bytes_copied_back += n as u64;
+        }
+    }
 }
 
 /// A direct send in progress: the send stream offsets whose bytes are in

@@ -212,6 +212,14 @@ pub struct Link {
     log: VecDeque<String>,
     /// A direct send in progress ([`Link::send_direct`]).
     send_span: Option<SendSpan>,
+    /// A waiting reader's receive ([`Link::lend_recv`]).
+    recv_lend: Option<direct::RecvLend>,
+    /// Receive completions held while the waiting reader is away, the
+    /// first one its own, with its overlay.
+    deferred: VecDeque<(Completion, Option<iwarp::engine::RecvOverlay>)>,
+    /// Bytes placed in the waiting reader's buffer and consumed, not yet
+    /// returned to it ([`Link::take_received_direct`]).
+    received_direct: usize,
     stats: CopyStats,
 }
 
@@ -230,6 +238,9 @@ impl Link {
             logged_close: false,
             log: VecDeque::new(),
             send_span: None,
+            recv_lend: None,
+            deferred: VecDeque::new(),
+            received_direct: 0,
             stats: CopyStats::default(),
         }
     }
@@ -508,16 +519,33 @@ impl Link {
     /// iWARP connection: events and completions in, verbs operations out.
     /// Call after every input (bytes received, a socket call, a timer).
     pub fn drive(&mut self, now: Instant, qp: &mut Connection) {
-        self.drive_checked(now, qp, &mut |_, _| {})
+        self.drive_inner(now, qp, &mut |_, _| {}, None)
     }
 
-    /// [`Link::drive`], calling `check` with the credit state before each
-    /// Op is carried out (tests assert §10.5 with it).
+    /// [`Link::drive`] while a waiting reader lends `recv_into`
+    /// ([`Link::recv_waiting`]).
+    pub fn drive_lent(&mut self, now: Instant, qp: &mut Connection, recv_into: Option<&[u8]>) {
+        self.drive_inner(now, qp, &mut |_, _| {}, recv_into)
+    }
+
+    /// [`Link::drive_lent`], calling `check` with the credit state before
+    /// each Op is carried out (tests assert §10.5 with it).
     pub fn drive_checked(
         &mut self,
         now: Instant,
         qp: &mut Connection,
         check: &mut dyn FnMut(&CreditState, &Op),
+        recv_into: Option<&[u8]>,
+    ) {
+        self.drive_inner(now, qp, check, recv_into)
+    }
+
+    fn drive_inner(
+        &mut self,
+        now: Instant,
+        qp: &mut Connection,
+        check: &mut dyn FnMut(&CreditState, &Op),
+        recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
             self.on_qp_event(ev);
@@ -533,9 +561,13 @@ impl Link {
             self.conn.handle_event(now, Event::Established);
         }
         while let Some(c) = qp.poll_completion() {
+            if c.opcode == WcOpcode::Recv && self.lent_completion(now, &c, qp, recv_into) {
+                continue;
+            }
             self.on_completion(now, c);
         }
-        if !self.ended {
+        // A transport end comes after the completions held for a reader.
+        if !self.ended && self.deferred.is_empty() {
             let end = self.failure.take().or(match self.llp {
                 Some(LlpEnd::Closed) => Some(Event::TransportClosed),
                 Some(LlpEnd::Failed(kind)) => Some(Event::TransportError(kind)),

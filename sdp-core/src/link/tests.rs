@@ -102,24 +102,25 @@ fn saw_error(pair: &mut LinkPair, s: usize, err: Error) -> bool {
 
 /// Both directions at once, hashes compared; then a graceful close.
 fn transfer(a: &Config, b: &Config, seed: u64, bytes: u64, max_chunk: usize) -> LinkPair {
-    transfer_with(a, b, seed, bytes, max_chunk, false)
+    transfer_with(a, b, seed, bytes, max_chunk, (false, false))
 }
 
-/// [`transfer`], writing with `send_direct` if `direct`.
+/// [`transfer`], writing with `send_direct` and reading into a waiting
+/// buffer as `direct` (send, receive) says.
 fn transfer_with(
     a: &Config,
     b: &Config,
     seed: u64,
     bytes: u64,
     max_chunk: usize,
-    direct: bool,
+    direct: (bool, bool),
 ) -> LinkPair {
     let mut pair = LinkPair::connected(a, b, seed);
     pair.max_chunk = max_chunk;
     for app in &mut pair.apps {
         app.to_write = bytes;
         app.shutdown_when_done = true;
-        app.direct_send = direct;
+        (app.direct_send, app.direct_recv) = direct;
     }
     let done = |p: &LinkPair| p.apps.iter().all(|a| a.eof);
     assert!(pair.run(u64::MAX, done), "seed {seed}: transfer stuck");
@@ -415,7 +416,7 @@ fn direct_send_random_partial_writes() {
         let (a, b) = (cfg(), cfg());
         let max_chunk = [1, 7, 100, 3000, 40_000][seed as usize % 5];
         let bytes = 30_000 + seed * 1000;
-        let mut pair = transfer_with(&a, &b, seed, bytes, max_chunk, true);
+        let mut pair = transfer_with(&a, &b, seed, bytes, max_chunk, (true, false));
         for s in 0..2 {
             let st = pair.sides[s].link().copy_stats();
             assert_eq!(st.bytes_sent_direct + st.bytes_staged, bytes, "seed {seed}");
@@ -478,4 +479,99 @@ fn direct_send_stages_exactly_what_the_socket_did_not_take() {
     hash.update(&again);
     assert!(pair.run(1_000_000, |p| p.apps[1].read == payload as u64));
     assert_eq!(pair.apps[1].read_hash, hash);
+}
+
+/// Direct receive (DESIGN §7): readers wait with buffers of random size
+/// while the byte stream arrives in random chunks, so messages land whole
+/// in the reader's buffer, split across calls (copied back into the
+/// Private Buffer), or after a credit update. The bytes arrive intact and
+/// each was either placed direct or copied from a Private Buffer.
+#[test]
+fn direct_recv_random_chunking() {
+    let mut direct = 0;
+    for seed in 0..32 {
+        let mut rng = crate::testing::Rng::new(seed + 200);
+        let mut cfg = || Config {
+            bufs: 3 + rng.below(6) as u16,
+            buf_size: 37 + rng.below(4000) as u32,
+            send_buffer: 1 + rng.below(20_000),
+            ..Config::default()
+        };
+        let (a, b) = (cfg(), cfg());
+        let max_chunk = [1, 7, 100, 3000, 40_000, 1 << 20][seed as usize % 6];
+        let bytes = 30_000 + seed * 1000;
+        let both = seed % 2 == 0;
+        let mut pair = transfer_with(&a, &b, seed, bytes, max_chunk, (both, true));
+        for s in 0..2 {
+            let st = pair.sides[s].link().copy_stats();
+            assert_eq!(
+                st.bytes_received_direct + st.bytes_copied_from_pool,
+                bytes,
+                "seed {seed} side {s}"
+            );
+            direct += st.bytes_received_direct;
+        }
+    }
+    assert!(direct > 0);
+}
+
+/// A 64-byte ping-pong where each reader waits for the message and each
+/// writer's socket takes the whole message during the call: no byte is
+/// staged or copied from a Private Buffer, in either direction.
+#[test]
+fn pingpong_waiting_reader_copies_nothing() {
+    let c = Config::default();
+    let mut pair = LinkPair::connected(&c, &c, 31);
+    assert!(pair.settle(100_000));
+    // Each message reaches the reader in one piece, as from a socket.
+    pair.max_chunk = 1 << 20;
+    pair.tiny_chunks = false;
+    for app in &mut pair.apps {
+        app.direct_recv = true;
+        app.exact_reads = true;
+        app.max_io = 64;
+    }
+    let rounds = 500u64;
+    let mut offsets = [0u64; 2];
+    for i in 0..rounds * 2 {
+        let s = (i % 2) as usize;
+        let o = 1 - s;
+        let mut msg = [0u8; 64];
+        crate::testing::pattern(pair.apps[s].seed, offsets[s], &mut msg);
+        offsets[s] += 64;
+        pair.apps[s].write_hash.update(&msg);
+        let side = &mut pair.sides[s];
+        let link = side.link.as_mut().unwrap();
+        assert_eq!(link.send_direct(&msg, SendFlags::EMPTY), Ok(64));
+        pair.drive(s);
+        pair.transmit_from(s, usize::MAX, Some(&msg));
+        let side = &mut pair.sides[s];
+        side.link
+            .as_mut()
+            .unwrap()
+            .finish_direct(&msg, &mut side.qp);
+        pair.drive(s);
+        // The reader waits with 64 bytes of room; the message arrives.
+        let before = pair.apps[o].read;
+        while !pair.sides[s].wire.is_empty() {
+            pair.deliver(s);
+        }
+        assert_eq!(
+            pair.apps[o].read,
+            before + 64,
+            "round {i}: {:?} {:?} {:?} readable {}",
+            pair.sides[s].link().copy_stats(),
+            pair.sides[o].link().copy_stats(),
+            pair.sides[s].link().credit_state(),
+            pair.sides[o].link().bytes_readable()
+        );
+    }
+    for s in 0..2 {
+        let st = pair.sides[s].link().copy_stats();
+        assert_eq!(st.bytes_staged, 0, "side {s}");
+        assert_eq!(st.bytes_copied_from_pool, 0, "side {s}");
+        assert_eq!(st.bytes_sent_direct, rounds * 64);
+        assert_eq!(st.bytes_received_direct, rounds * 64);
+        assert_eq!(pair.apps[s].read_hash, pair.apps[1 - s].write_hash);
+    }
 }

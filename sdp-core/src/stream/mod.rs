@@ -164,6 +164,83 @@ fn wait_until(
     }
 }
 
+/// The loop of [`SdpStream::recv_flags`]; `got` counts the bytes in `buf`.
+fn recv_loop(
+    g: &mut Locked<'_>,
+    buf: &mut [u8],
+    flags: RecvFlags,
+    got: &mut usize,
+) -> io::Result<usize> {
+    let deadline = g.read_timeout.map(|t| Instant::now() + t);
+    let mut pumped = false;
+    // A plain read that waits lends its buffer: the next message's
+    // payload may land in it directly (DESIGN §7).
+    let lend = !flags.contains(RecvFlags::PEEK) && !flags.contains(RecvFlags::OOB);
+    let mut direct = 0;
+    loop {
+        let r = if direct > 0 {
+            // Bytes already in place; more may wait in the Private
+            // Buffers behind them, as a TCP read would return.
+            let more = g.link.recv(&mut buf[*got + direct..], flags).unwrap_or(0);
+            Ok(core::mem::take(&mut direct) + more)
+        } else {
+            g.link.recv(&mut buf[*got..], flags)
+        };
+        match r {
+            Ok(n) => {
+                // Emptied buffers are re-posted and credited.
+                g.pump_out(Instant::now());
+                *got += n;
+                let waitall = flags.contains(RecvFlags::WAITALL)
+                    && !flags.contains(RecvFlags::PEEK)
+                    && n > 0
+                    && *got < buf.len();
+                if !waitall {
+                    return Ok(*got);
+                }
+            }
+            Err(e) if *got > 0 && e != Error::WouldBlock => return Ok(*got),
+            // A blocking call goes straight to poll(2), which sees what
+            // the socket holds; a nonblocking one reads it first.
+            Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+                direct = pump_reader(g, lend, &mut buf[*got..]);
+                pumped = true;
+            }
+            Err(Error::WouldBlock) if g.nonblocking => {
+                return if *got > 0 {
+                    Ok(*got)
+                } else {
+                    Err(would_block())
+                };
+            }
+            Err(Error::WouldBlock) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return if *got > 0 {
+                        Ok(*got)
+                    } else {
+                        Err(would_block())
+                    };
+                }
+                g.wait(deadline)?;
+                direct = pump_reader(g, lend, &mut buf[*got..]);
+            }
+            Err(e) => return Err(to_io(e)),
+        }
+    }
+}
+
+/// Pumps for a reader with `buf`: straight into it if `lend` (see
+/// [`shared::Inner::pump_for_reader`]). Returns the bytes placed there.
+fn pump_reader(g: &mut Locked<'_>, lend: bool, buf: &mut [u8]) -> usize {
+    let now = Instant::now();
+    if lend {
+        g.pump_for_reader(now, buf)
+    } else {
+        g.pump(now);
+        0
+    }
+}
+
 /// An SDP connection; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct SdpStream {
@@ -395,43 +472,12 @@ impl SdpStream {
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
         let shared = self.shared();
         let mut g = shared.lock();
-        let deadline = g.read_timeout.map(|t| Instant::now() + t);
-        let mut pumped = false;
         let mut got = 0;
-        loop {
-            match g.link.recv(&mut buf[got..], flags) {
-                Ok(n) => {
-                    // Emptied buffers are re-posted and credited.
-                    g.pump_out(Instant::now());
-                    got += n;
-                    let waitall = flags.contains(RecvFlags::WAITALL)
-                        && !flags.contains(RecvFlags::PEEK)
-                        && n > 0
-                        && got < buf.len();
-                    if !waitall {
-                        return Ok(got);
-                    }
-                }
-                Err(e) if got > 0 && e != Error::WouldBlock => return Ok(got),
-                // A blocking call goes straight to poll(2), which sees what
-                // the socket holds; a nonblocking one reads it first.
-                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
-                    g.pump(Instant::now());
-                    pumped = true;
-                }
-                Err(Error::WouldBlock) if g.nonblocking => {
-                    return if got > 0 { Ok(got) } else { Err(would_block()) };
-                }
-                Err(Error::WouldBlock) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return if got > 0 { Ok(got) } else { Err(would_block()) };
-                    }
-                    g.wait(deadline)?;
-                    g.pump(Instant::now());
-                }
-                Err(e) => return Err(to_io(e)),
-            }
-        }
+        let r = recv_loop(&mut g, buf, flags, &mut got);
+        // A message that was landing in `buf[got..]` and is not whole goes
+        // back to the Private Buffers.
+        g.reader_leaves(Instant::now(), &buf[got..]);
+        r
     }
 
     /// `shutdown(2)`. Write: DisConn once every accepted byte is sent

@@ -111,13 +111,49 @@ impl Inner {
     /// the teardown and the timers, until nothing moves. True if anything
     /// did.
     pub fn pump(&mut self, now: Instant) -> bool {
+        self.pump_lent(now, None)
+    }
+
+    /// [`Inner::pump`] for a reader waiting with `buf` (no MSG_PEEK or
+    /// MSG_OOB): when nothing is unread, the next message's payload is
+    /// received straight into `buf` (DESIGN §7, [`Link::lend_recv`]).
+    /// Returns the bytes that landed there, from its start, which are
+    /// read; 0 when none did (what arrived is in the Private Buffers). Pass
+    /// the same `buf` on every call of one read, and end the read with
+    /// [`Inner::reader_leaves`].
+    pub fn pump_for_reader(&mut self, now: Instant, buf: &mut [u8]) -> usize {
+        self.link.drive(now, self.ep.connection_mut());
+        if self.reset || !self.link.lend_recv(now, self.ep.connection_mut(), buf) {
+            self.pump(now);
+            return self.link.take_received_direct();
+        }
+        self.pump_lent(now, Some(&mut *buf));
+        self.link.park_recv(self.ep.connection_mut());
+        self.link.take_received_direct()
+    }
+
+    /// The read that [`Inner::pump_for_reader`] served ends with `buf` as
+    /// lent: what was placed there for a message not handed over goes back
+    /// into the Private Buffers.
+    pub fn reader_leaves(&mut self, now: Instant, buf: &[u8]) {
+        if self.link.recv_lent() {
+            self.link
+                .recv_done_waiting(now, self.ep.connection_mut(), buf);
+            self.pump_out(now);
+        }
+    }
+
+    fn pump_lent(&mut self, now: Instant, mut recv_into: Option<&mut [u8]>) -> bool {
         let mut any = self.timers(now);
         // A short read means "drained" to the endpoint, but the peer's FIN
         // may wait behind the bytes it read: an edge-triggered event that
         // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
         let mut again = std::mem::take(&mut self.hangup_hint);
         while !self.llp_end && !self.reset {
-            let r = self.ep.pump_recv(now, &mut self.link.memory());
+            let r = self.ep.pump_recv(
+                now,
+                &mut self.link.memory_with(None, recv_into.as_deref_mut()),
+            );
             match r {
                 Ok(Progress::Idle) => break,
                 Ok(Progress::Progressed) => {
@@ -147,13 +183,13 @@ impl Inner {
                 }
             }
         }
-        any |= self.pump_out(now);
+        any |= self.pump_out_from(now, None, recv_into.as_deref());
         any
     }
 
     /// Drives the link and writes until nothing moves (no socket read).
     pub fn pump_out(&mut self, now: Instant) -> bool {
-        self.pump_out_from(now, None)
+        self.pump_out_from(now, None, None)
     }
 
     /// `send(2)` straight from `buf` (DESIGN §7): the accepted bytes are
@@ -168,16 +204,23 @@ impl Inner {
     ) -> Result<usize, crate::errno::Error> {
         let n = self.link.send_direct(buf, flags)?;
         let buf = &buf[..n];
-        self.pump_out_from(now, Some(buf));
+        self.pump_out_from(now, Some(buf), None);
         self.link.finish_direct(buf, self.ep.connection_mut());
         Ok(n)
     }
 
-    /// [`Inner::pump_out`], with the bytes of a direct send lent.
-    fn pump_out_from(&mut self, now: Instant, send_from: Option<&[u8]>) -> bool {
+    /// [`Inner::pump_out`], with the bytes of a direct send or a waiting
+    /// reader's buffer lent.
+    fn pump_out_from(
+        &mut self,
+        now: Instant,
+        send_from: Option<&[u8]>,
+        recv_into: Option<&[u8]>,
+    ) -> bool {
         let mut any = false;
         for _ in 0..64 {
-            self.link.drive(now, self.ep.connection_mut());
+            self.link
+                .drive_lent(now, self.ep.connection_mut(), recv_into);
             let mut progressed = false;
             if !self.reset {
                 match self
