@@ -1,7 +1,7 @@
 //! Moving queued payload references from one region to another: a caller
 //! lends memory for the length of one call, lets the driver write what the
 //! socket takes straight from it, then copies the rest elsewhere and
-//! points the engine there ([`DataPath::rebase_region`]). The engine never
+//! points the engine there ([`super::DataPath::rebase_region`]). The engine never
 //! owns memory (DESIGN §3.2), so this is pure bookkeeping: the gather
 //! entries of the transmit queue and the payloads of work not yet framed
 //! change region and offset; the CRCs already computed stay valid because

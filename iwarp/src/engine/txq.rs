@@ -419,8 +419,8 @@ mod tests {
             (p, 8 - p)
         };
         let bytes = mem.get(lent).unwrap().to_vec();
-        for off in 3..10 {
-            mem.region_mut(ring).unwrap()[map(off).0] = bytes[off];
+        for (off, &b) in bytes.iter().enumerate().skip(3) {
+            mem.region_mut(ring).unwrap()[map(off).0] = b;
         }
         q.rebase_region(&Rebase {
             from: lent,

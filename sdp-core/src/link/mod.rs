@@ -19,8 +19,9 @@
 //!   (region = buffer index of [`LinkMemory`]), so the engine places each
 //!   message straight into the pool; [`Op::Send`] becomes an RDMAP Send of
 //!   the kind asked (§14.2) with a gather list: the header from a staging
-//!   slot, then the payload from the staging ring. Completions come back
-//!   in order as [`Event::RecvDone`] / [`Event::SendDone`].
+//!   slot, then the payload from the staging ring or, during a direct
+//!   send, from the caller's buffer. Completions come back in order as
+//!   [`Event::RecvDone`] / [`Event::SendDone`].
 //! * **Failures**: a Terminate sent or received, an MPA reject, a startup
 //!   failure or an LLP reset become [`Event::TransportError`]; the end of
 //!   the peer's byte stream ([`Link::llp_closed`]) becomes
@@ -32,12 +33,26 @@
 //!
 //! # Copies (DESIGN §7)
 //!
-//! Receive: the engine places a message once into a Private Buffer (or the
-//! driver receives it there directly), and [`Link::recv`] copies it once
-//! into the reader's buffer. Send: [`Link::send`] copies once into the
-//! staging ring; the engine hands ring slices to `writev`. Sending straight
-//! from the caller's buffer would save that copy but needs the caller to
-//! keep the buffer until completion (a Zcopy-like contract); not built.
+//! The caller's buffer is lent to the engine for the length of one call
+//! ([`direct`]), as an extra region of [`LinkMemory`]; no `unsafe` needed.
+//!
+//! * Send ([`Link::send_direct`], what `SdpStream::write` uses): the Data
+//!   Messages refer to the caller's bytes, the driver writes what the
+//!   socket takes straight from them (CRC computed over them once), and
+//!   [`Link::finish_direct`] copies into the staging ring only the bytes
+//!   still referred to by unwritten FPDUs or not yet posted (no credit),
+//!   moving the engine's references there ([`iwarp::engine::Rebase`]). The
+//!   progress thread sends those later. [`Link::send`] still copies all.
+//! * Receive ([`Link::lend_recv`], what a waiting `SdpStream::read` uses):
+//!   when nothing is unread, the payload part of the next receive buffer
+//!   is overlaid on the reader's buffer ([`iwarp::engine::RecvOverlay`]):
+//!   the driver's `readv` and the CRC run over the reader's memory, the
+//!   BSDH still lands in the Private Buffer, and a plain Data Message's
+//!   payload counts as read at once. Otherwise (nobody waiting, MSG_PEEK,
+//!   OOB data, other messages) a message lands once in a Private Buffer and
+//!   [`Link::recv`] copies it once into the reader's buffer.
+//!
+//! [`Link::copy_stats`] counts which path each byte took.
 //!
 //! # Using it
 //!
@@ -300,7 +315,7 @@ impl Link {
 
     /// [`Link::memory`] with the caller's buffers lent for one call: the
     /// bytes of a direct send ([`Link::send_direct`]) and a waiting
-    /// reader's buffer ([`Link::recv_waiting`]).
+    /// reader's buffer ([`Link::lend_recv`]).
     pub fn memory_with<'a>(
         &'a mut self,
         send_from: Option<&'a [u8]>,
@@ -523,7 +538,7 @@ impl Link {
     }
 
     /// [`Link::drive`] while a waiting reader lends `recv_into`
-    /// ([`Link::recv_waiting`]).
+    /// ([`Link::lend_recv`]).
     pub fn drive_lent(&mut self, now: Instant, qp: &mut Connection, recv_into: Option<&[u8]>) {
         self.drive_inner(now, qp, &mut |_, _| {}, recv_into)
     }
