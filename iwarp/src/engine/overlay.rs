@@ -12,7 +12,10 @@
 //! registered memory, which a receive buffer never is.
 //!
 //! A message that placed nothing through the overlay (no payload that far)
-//! passes it on to the next receive. The caller takes the overlay back ([`DataPath::take_overlay`]) when the
+//! passes it on to the next receive; one that did is *done*
+//! ([`DataPath::take_overlay_done`], with its completion), and if it fit, the
+//! next receive's payload goes right behind it. The caller takes an overlay
+//! back ([`DataPath::take_overlay`]) when the
 //! message completes or before the lent memory goes; if the message is
 //! not whole by then, it copies the octets placed so far
 //! ([`RecvOverlay::placed`]) to the receive buffer and placement goes on
@@ -39,7 +42,7 @@
 //! a.txq().for_each_slice(&ma, |s| { wire.extend_from_slice(s); true }).unwrap();
 //! b.handle_input(&wire, &mut mb);
 //! assert_eq!(b.poll_completion().unwrap().byte_len, 11);
-//! let ov = b.take_overlay().unwrap();
+//! let ov = b.take_overlay_done(7).unwrap();
 //! assert_eq!(ov.placed, 7);
 //! assert_eq!(&mb.region(buf).unwrap()[..4], b"hdr:");
 //! assert_eq!(&mb.region(reader).unwrap()[..7], b"payload");
@@ -132,23 +135,59 @@ impl DataPath {
         self.overlay.as_ref()
     }
 
-    /// The message into receive `wr_id` was delivered. If nothing of it
-    /// landed through the overlay (a message without payload there, such
-    /// as a credit update), the overlay moves on to the next receive: the
-    /// payload the caller waits for is still to come.
-    pub(crate) fn overlay_delivered(&mut self, wr_id: u64) {
+    /// The message of `msg_len` octets into receive `wr_id` was delivered.
+    /// If nothing of it landed through the overlay (a message without
+    /// payload there, such as a credit update), the overlay moves on to the
+    /// next receive: the payload the caller waits for is still to come.
+    /// Otherwise the overlay is done ([`DataPath::take_overlay_done`]); if
+    /// the message fit and the target has room left, a new overlay goes on
+    /// for the next receive right behind it, so that consecutive messages
+    /// land one after the other.
+    pub(crate) fn overlay_delivered(&mut self, wr_id: u64, msg_len: usize) {
         let Some(ov) = self.overlay else {
             return;
         };
-        if ov.wr_id != wr_id || ov.placed > 0 || ov.parked_end > ov.from.offset {
+        if ov.wr_id != wr_id {
             return;
         }
-        let (skip, to, to_offset, len) = (ov.skip, ov.to, ov.to_offset, ov.from.len);
         self.overlay = None;
-        self.overlay_next_recv(skip, to, to_offset, len);
-        if let Some(next) = &mut self.overlay {
-            next.active = ov.active;
+        let (skip, to, len) = (ov.skip, ov.to, ov.from.len);
+        if ov.placed == 0 && ov.parked_end <= ov.from.offset {
+            self.overlay_next_recv(skip, to, ov.to_offset, len);
+            if let Some(next) = &mut self.overlay {
+                next.active = ov.active;
+            }
+            return;
         }
+        self.overlays_done.push_back(ov);
+        let used = msg_len.saturating_sub(skip);
+        if ov.active && used <= len && used > 0 && ov.placed == used {
+            self.overlay_next_recv(skip, to, ov.to_offset + used, len - used);
+        }
+    }
+
+    /// The overlay of receive `wr_id`, if its message was delivered with
+    /// octets in the overlay (oldest first; `None` if the oldest is
+    /// another receive's).
+    pub fn take_overlay_done(&mut self, wr_id: u64) -> Option<RecvOverlay> {
+        if self.overlays_done.front()?.wr_id != wr_id {
+            return None;
+        }
+        self.overlays_done.pop_front()
+    }
+
+    /// Overlays done and not yet taken: 0 once every completion was
+    /// polled and its overlay taken.
+    pub fn overlays_done(&self) -> usize {
+        self.overlays_done.len()
+    }
+
+    /// Removes every overlay, done or not (oldest first): the caller takes
+    /// its memory back.
+    pub fn take_overlays(&mut self) -> Vec<RecvOverlay> {
+        let mut all: Vec<RecvOverlay> = self.overlays_done.drain(..).collect();
+        all.extend(self.overlay.take());
+        all
     }
 
     /// Stops translating: octets land in the receive buffer again, as the

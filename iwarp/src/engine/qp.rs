@@ -234,6 +234,8 @@ pub struct DataPath {
     pub(super) seg: RxSeg,
     /// Part of the next receive buffer placed elsewhere ([`super::overlay`]).
     pub(super) overlay: Option<RecvOverlay>,
+    /// Overlays whose messages were delivered, oldest first.
+    pub(super) overlays_done: VecDeque<RecvOverlay>,
 
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
@@ -279,6 +281,7 @@ impl DataPath {
             term_buf: [0; TERM_CAP],
             seg: RxSeg::default(),
             overlay: None,
+            overlays_done: VecDeque::new(),
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,

@@ -613,7 +613,7 @@ impl DataPath {
                     return;
                 };
                 self.rx_msn[0] = ddp::next_msn(self.rx_msn[0]);
-                self.overlay_delivered(p.wr.wr_id);
+                self.overlay_delivered(p.wr.wr_id, mo as usize + len as usize);
                 // RFC 5041 §5.4: the ULP Message Length is "the MO and the
                 // ULP Payload length in the last DDP Segment".
                 self.cq.push_back(Completion {

@@ -86,6 +86,11 @@ impl Link {
     /// the same `buf` on every pump of one call, and end the call with
     /// [`Link::recv_done_waiting`]. Call after [`Link::drive`].
     pub fn lend_recv(&mut self, now: Instant, qp: &mut Connection, buf: &mut [u8]) -> bool {
+        if !self.deferred.is_empty() {
+            // A message landed while the reader was away.
+            self.release_deferred(now, Some(buf), true);
+            return false;
+        }
         let Some(lend) = self.recv_lend else {
             if buf.is_empty() || !self.conn.rx_waiting() {
                 return false;
@@ -100,11 +105,6 @@ impl Link {
             });
             return wr.is_some();
         };
-        if !self.deferred.is_empty() {
-            // The message completed while the reader was away.
-            self.release_deferred(now, Some(buf), true);
-            return false;
-        }
         let Some(ov) = qp.datapath().overlay().copied() else {
             self.recv_lend = None;
             return false;
@@ -156,16 +156,20 @@ impl Link {
     }
 
     /// The waiting reader's call ends (`buf` as lent): bytes placed in it
-    /// for a message not handed over go back into the Private Buffer; a
-    /// completion held for it goes to the conn.
-    pub fn recv_done_waiting(&mut self, now: Instant, qp: &mut Connection, buf: &[u8]) {
+    /// for messages not handed over go back into the Private Buffers;
+    /// completions held for it go to the conn. Returns whether there was
+    /// anything to do (the caller drives the link then).
+    pub fn recv_done_waiting(&mut self, now: Instant, qp: &mut Connection, buf: &[u8]) -> bool {
+        let mut any = self.recv_lend.take().is_some();
         if !self.deferred.is_empty() {
             self.release_deferred(now, Some(buf), false);
-        } else if self.recv_lend.take().is_some() {
-            if let Some(ov) = qp.datapath_mut().take_overlay() {
-                self.copy_back(&ov, Some(buf));
-            }
+            any = true;
         }
+        for ov in qp.datapath_mut().take_overlays() {
+            self.copy_back(&ov, Some(buf));
+            any = true;
+        }
+        any
     }
 
     /// Bytes placed straight into the waiting reader's buffer (from its
@@ -175,8 +179,9 @@ impl Link {
     }
 
     /// A receive completion in [`Link::drive`]: true if it was taken care
-    /// of here — the waiting reader's (settled now if its buffer is here,
-    /// held otherwise) or one behind a held one.
+    /// of here — one whose message landed in the waiting reader's buffer
+    /// (settled now if the buffer is here, held otherwise), or one behind a
+    /// held one.
     pub(super) fn lent_completion(
         &mut self,
         now: Instant,
@@ -185,59 +190,80 @@ impl Link {
         buf: Option<&[u8]>,
     ) -> bool {
         if !self.deferred.is_empty() {
-            self.deferred.push_back((*c, None));
-            return true;
-        }
-        let Some(lend) = self.recv_lend.filter(|l| l.wr_id == c.wr_id) else {
-            return false;
-        };
-        let moved = qp.datapath().overlay().map(|ov| ov.wr_id);
-        if let Some(next) = moved.filter(|&wr| wr != c.wr_id) {
-            // Nothing of this message reached the reader's buffer; the
-            // next receive's payload goes there instead.
-            self.recv_lend = Some(RecvLend {
-                wr_id: next,
-                ..lend
-            });
-            return false;
-        }
-        let ov = qp.datapath_mut().take_overlay();
-        if lend.parked || buf.is_none() {
+            let ov = qp.datapath_mut().take_overlay_done(c.wr_id);
             self.deferred.push_back((*c, ov));
             return true;
         }
-        self.recv_lend = None;
-        self.settle(now, *c, ov, buf, true, lend.caught_up);
+        // Overlays are done in receive order, each with its completion.
+        let Some(ov) = qp.datapath_mut().take_overlay_done(c.wr_id) else {
+            if let Some(lend) = self.recv_lend.filter(|l| l.wr_id == c.wr_id) {
+                // Nothing of this message reached the reader's buffer; the
+                // next receive's payload goes there instead, if any.
+                let next = qp.datapath().overlay().map(|ov| ov.wr_id);
+                self.recv_lend = next.map(|wr_id| RecvLend { wr_id, ..lend });
+            }
+            return false;
+        };
+        let lend = self.recv_lend;
+        if lend.is_some_and(|l| l.parked) || buf.is_none() {
+            self.deferred.push_back((*c, Some(ov)));
+            return true;
+        }
+        let caught_up = lend
+            .filter(|l| l.wr_id == c.wr_id)
+            .map_or(0, |l| l.caught_up);
+        // The next message's payload may already be landing right behind.
+        let next = qp.datapath().overlay().map(|ov| ov.wr_id);
+        self.recv_lend = next.map(|wr_id| RecvLend {
+            wr_id,
+            parked: false,
+            caught_up: 0,
+        });
+        if !self.settle(now, *c, ov, buf, true, caught_up) {
+            self.break_chain(qp, buf);
+        }
         true
     }
 
-    /// Hands the held completions to the conn, the reader's first.
-    fn release_deferred(&mut self, now: Instant, buf: Option<&[u8]>, keep: bool) {
-        let caught_up = self.recv_lend.take().map_or(0, |l| l.caught_up);
-        if let Some((c, ov)) = self.deferred.pop_front() {
-            self.settle(now, c, ov, buf, keep, caught_up);
-        }
-        while let Some((c, _)) = self.deferred.pop_front() {
-            self.on_completion(now, c);
+    /// A message of the reader's was copied back: those behind it in the
+    /// reader's buffer go back too, and nothing more lands there.
+    fn break_chain(&mut self, qp: &mut Connection, buf: Option<&[u8]>) {
+        self.recv_lend = None;
+        for ov in qp.datapath_mut().take_overlays() {
+            self.copy_back(&ov, buf);
         }
     }
 
-    /// Hands the waiting reader's completed receive to the conn: with
-    /// `keep`, a plain Data Message's payload stays in the reader's buffer
-    /// and counts as read; otherwise the bytes go back into the Private
-    /// Buffer first, where the conn parses and reads them.
+    /// Hands the held completions to the conn in order: with `keep` the
+    /// reader takes what landed in its buffer.
+    fn release_deferred(&mut self, now: Instant, buf: Option<&[u8]>, keep: bool) {
+        let mut caught_up = self.recv_lend.take().map_or(0, |l| l.caught_up);
+        let mut keep = keep;
+        while let Some((c, ov)) = self.deferred.pop_front() {
+            match ov {
+                Some(ov) => {
+                    keep &= self.settle(now, c, ov, buf, keep, caught_up);
+                    caught_up = 0;
+                }
+                None => self.on_completion(now, c),
+            }
+        }
+    }
+
+    /// Hands a completed receive whose message landed (partly) in the
+    /// waiting reader's buffer to the conn: with `keep`, a plain Data
+    /// Message's payload stays there and counts as read; otherwise the
+    /// bytes go back into the Private Buffer first, where the conn parses
+    /// and reads them. Returns whether they stayed.
     fn settle(
         &mut self,
         now: Instant,
         c: Completion,
-        ov: Option<RecvOverlay>,
+        ov: RecvOverlay,
         buf: Option<&[u8]>,
         keep: bool,
         caught_up: usize,
-    ) {
-        let Some(ov) = ov else {
-            return self.on_completion(now, c);
-        };
+    ) -> bool {
         let payload = (c.byte_len as usize).saturating_sub(BSDH_LEN);
         let direct = match buf {
             Some(_) if keep && self.plain_data(&c, &ov) => ov.placed.min(payload),
@@ -248,18 +274,21 @@ impl Link {
         }
         self.on_completion(now, c);
         if direct == 0 {
-            return;
+            return false;
         }
-        // The stream was empty (lend_recv): these are its first bytes.
+        // The stream was empty (lend_recv, or the message before went to
+        // the reader whole): these are its first bytes.
         if self.conn.consume_placed(direct) {
             self.received_direct += direct;
             let caught_up = caught_up.min(direct);
             self.stats.bytes_copied_from_pool += caught_up as u64;
             self.stats.bytes_received_direct += (direct - caught_up) as u64;
+            true
         } else {
             // Not taken as read (the conn refused the message): the bytes
             // belong where the conn looks for them.
             self.copy_back(&ov, buf);
+            false
         }
     }
 

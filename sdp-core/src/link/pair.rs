@@ -528,6 +528,8 @@ impl LinkPair {
         let Some(link) = side.link.as_mut() else {
             return;
         };
+        // Every completion was handled, with its overlay.
+        assert_eq!(side.qp.datapath().overlays_done(), 0, "side {o}");
         link.park_recv(&mut side.qp);
         let n = link.take_received_direct();
         if n > 0 {

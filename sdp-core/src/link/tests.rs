@@ -173,6 +173,29 @@ fn gigabyte_each_way() {
     assert_eq!(pair.apps[0].read, bytes);
 }
 
+/// The direct paths at scale: every write sends straight from its buffer,
+/// every waiting read lends its buffer; 256 MiB each way under `cargo test
+/// --release` (run with `gigabyte`), 8 MiB in debug builds.
+#[test]
+fn gigabyte_direct_quarter_each_way() {
+    let bytes = if cfg!(debug_assertions) {
+        8 << 20
+    } else {
+        256 << 20
+    };
+    let c = Config::default();
+    let mut pair = transfer_with(&c, &c, 78, bytes, 256 * 1024, (true, true));
+    for s in 0..2 {
+        let st = pair.sides[s].link().copy_stats();
+        assert_eq!(st.bytes_sent_direct + st.bytes_staged, bytes);
+        assert_eq!(st.bytes_received_direct + st.bytes_copied_from_pool, bytes);
+        assert!(
+            st.bytes_sent_direct > 0 && st.bytes_received_direct > 0,
+            "{st:?}"
+        );
+    }
+}
+
 #[test]
 fn stalled_receiver_stalls_sender_without_loss() {
     let c = small();

@@ -125,20 +125,28 @@ impl Inner {
         self.link.drive(now, self.ep.connection_mut());
         if self.reset || !self.link.lend_recv(now, self.ep.connection_mut(), buf) {
             self.pump(now);
-            return self.link.take_received_direct();
+        } else {
+            self.pump_lent(now, Some(&mut *buf));
         }
-        self.pump_lent(now, Some(&mut *buf));
-        self.link.park_recv(self.ep.connection_mut());
-        self.link.take_received_direct()
+        let n = self.link.take_received_direct();
+        if n > 0 {
+            // The read returns these; a next message landing behind them
+            // goes back to the Private Buffers.
+            self.reader_leaves(now, buf);
+        } else {
+            self.link.park_recv(self.ep.connection_mut());
+        }
+        n
     }
 
     /// The read that [`Inner::pump_for_reader`] served ends with `buf` as
     /// lent: what was placed there for a message not handed over goes back
     /// into the Private Buffers.
     pub fn reader_leaves(&mut self, now: Instant, buf: &[u8]) {
-        if self.link.recv_lent() {
-            self.link
-                .recv_done_waiting(now, self.ep.connection_mut(), buf);
+        if self
+            .link
+            .recv_done_waiting(now, self.ep.connection_mut(), buf)
+        {
             self.pump_out(now);
         }
     }
