@@ -273,3 +273,117 @@ impl DataPath {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Params, Payload, RecvTarget, RecvWr, SendKind, SendWr};
+    use crate::mem::{Memory, Pd, VecMemory};
+
+    /// Feeds `wire` to `dp` in chunks of `step` octets the way a driver
+    /// does: straight into place where the engine says so.
+    fn feed(dp: &mut DataPath, wire: &[u8], mem: &mut VecMemory, step: usize) {
+        let mut at = 0;
+        while at < wire.len() {
+            let n = step.min(wire.len() - at);
+            match dp.recv_target() {
+                RecvTarget::Place {
+                    region,
+                    offset,
+                    len,
+                } => {
+                    let k = n.min(len);
+                    let dst = &mut mem.region_mut(region).unwrap()[offset..offset + k];
+                    dst.copy_from_slice(&wire[at..at + k]);
+                    dp.placed(k, mem);
+                    at += k;
+                }
+                RecvTarget::Scratch { max } => {
+                    let k = n.min(max.max(1));
+                    assert_eq!(dp.handle_input(&wire[at..at + k], mem), k);
+                    at += k;
+                }
+            }
+        }
+    }
+
+    /// Two Sends of 300 and 200 octets, in segments of at most 110 payload
+    /// octets (MULPDU 128), with 10 header octets each; the reader's 600
+    /// octets take both payloads one after the other. Placement parks in
+    /// the middle of the first message (those octets land in the receive
+    /// buffer) and resumes, as a reader that sleeps between two pumps.
+    #[test]
+    fn segments_land_in_the_overlay_across_park_and_chain() {
+        for step in [1, 7, 64, 1000] {
+            let params = Params {
+                emss: 128 + 8,
+                ..Params::default()
+            };
+            let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
+            a.enable(params);
+            b.enable(params);
+            let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
+            let msgs: Vec<Vec<u8>> = [300usize, 200]
+                .iter()
+                .enumerate()
+                .map(|(m, &len)| (0..len).map(|i| (i * 7 + m * 100) as u8).collect())
+                .collect();
+            let bufs = [mb.add(vec![0; 512]), mb.add(vec![0; 512])];
+            let reader = mb.add(vec![0; 600]);
+            for (i, &buf) in bufs.iter().enumerate() {
+                let sge = Sge {
+                    region: buf,
+                    offset: 0,
+                    len: 512,
+                };
+                b.post_recv(RecvWr {
+                    wr_id: i as u64,
+                    sge,
+                })
+                .unwrap();
+            }
+            assert_eq!(b.overlay_next_recv(10, reader, 0, 600), Some(0));
+            let mut wire = Vec::new();
+            for (i, m) in msgs.iter().enumerate() {
+                let src = ma.add(m.clone());
+                a.post_send(SendWr {
+                    wr_id: i as u64,
+                    kind: SendKind::Send,
+                    payload: Payload::region(src, 0, m.len()),
+                    signaled: true,
+                })
+                .unwrap();
+            }
+            a.poll_transmit(&ma, 1 << 20);
+            a.txq()
+                .for_each_slice(&ma, |s| {
+                    wire.extend_from_slice(s);
+                    true
+                })
+                .unwrap();
+            // Park after 150 octets of the wire: the first message is under way.
+            feed(&mut b, &wire[..150], &mut mb, step);
+            b.park_overlay();
+            feed(&mut b, &wire[150..250], &mut mb, step);
+            let (at, n) = b.resume_overlay().unwrap();
+            let ov = *b.overlay().unwrap();
+            assert_eq!(ov.placed, at + n - 10, "step {step}");
+            // The caller catches up what landed in the receive buffer.
+            let caught = mb.region(bufs[0]).unwrap()[at..at + n].to_vec();
+            mb.region_mut(reader).unwrap()[at - 10..at - 10 + n].copy_from_slice(&caught);
+            feed(&mut b, &wire[250..], &mut mb, step);
+            let done: Vec<_> = (0..2).map(|i| b.take_overlay_done(i).unwrap()).collect();
+            assert_eq!((done[0].placed, done[1].placed), (290, 190));
+            assert_eq!(done[1].to_offset, 290);
+            let r = mb.region(reader).unwrap();
+            assert_eq!(&r[..290], &msgs[0][10..]);
+            assert_eq!(&r[290..480], &msgs[1][10..]);
+            assert_eq!(&mb.region(bufs[1]).unwrap()[..10], &msgs[1][..10]);
+            for i in 0..2 {
+                let c = b.poll_completion().unwrap();
+                assert_eq!((c.wr_id, c.byte_len), (i, msgs[i as usize].len() as u32));
+            }
+            assert!(b.overlay().is_none() && b.overlays_done() == 0);
+        }
+    }
+}

@@ -17,7 +17,8 @@
 //!   next receive buffer there (an overlay, [`iwarp::engine::RecvOverlay`])
 //!   while the BSDH still lands in the Private Buffer. When the message
 //!   completes and is a plain Data Message, its payload is the reader's at
-//!   once (the conn counts it as read). Between its pumps the reader waits
+//!   once (the conn counts it as read); the next message's payload lands
+//!   right behind it while the buffer has room. Between its pumps the reader waits
 //!   without the lock and the overlay is *parked*: what it placed stays in
 //!   its buffer, anything another thread receives meanwhile lands in the
 //!   Private Buffer (and is copied over when the reader is back), and a
