@@ -1266,12 +1266,14 @@ impl Conn {
     }
 
     /// The first `n` unread bytes were placed in the reader's buffer by the
-    /// transport (they are the payload of the message just received, the
-    /// stream having been empty, [`Conn::rx_waiting`]): they count as read
-    /// — buffers emptied are re-posted and credited as by [`Conn::recv`].
-    /// False (nothing consumed) if fewer are there or a mark is set.
-    pub fn consume_placed(&mut self, n: usize) -> bool {
-        if self.rx.queued() < n as u64 || self.rx.mark.is_some() {
+    /// transport: they are the first bytes of the message just received,
+    /// with `payload` bytes, the stream having been empty before it
+    /// ([`Conn::rx_waiting`]). They count as read — buffers emptied are
+    /// re-posted and credited as by [`Conn::recv`]. False (nothing
+    /// consumed) unless exactly that message's bytes are unread and no mark
+    /// is set.
+    pub fn consume_placed(&mut self, n: usize, payload: usize) -> bool {
+        if n > payload || self.rx.queued() != payload as u64 || self.rx.mark.is_some() {
             return false;
         }
         let mut freed = core::mem::take(&mut self.freed);

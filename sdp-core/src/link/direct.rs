@@ -279,7 +279,7 @@ impl Link {
         }
         // The stream was empty (lend_recv, or the message before went to
         // the reader whole): these are its first bytes.
-        if self.conn.consume_placed(direct) {
+        if self.conn.consume_placed(direct, payload) {
             self.received_direct += direct;
             let caught_up = caught_up.min(direct);
             self.stats.bytes_copied_from_pool += caught_up as u64;
