@@ -162,7 +162,7 @@ impl DataPath {
         self.overlays_done.push_back(ov);
         let used = msg_len.saturating_sub(skip);
         if ov.active && used <= len && used > 0 && ov.placed == used {
-            self.overlay_next_recv(skip, to, ov.to_offset + used, len - used);
+            self.overlay_next_recv(skip, to, ov.to_offset.saturating_add(used), len - used);
         }
     }
 

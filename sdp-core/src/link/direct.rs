@@ -18,13 +18,14 @@
 //!   while the BSDH still lands in the Private Buffer. When the message
 //!   completes and is a plain Data Message, its payload is the reader's at
 //!   once (the conn counts it as read); the next message's payload lands
-//!   right behind it while the buffer has room. Between its pumps the reader waits
-//!   without the lock and the overlay is *parked*: what it placed stays in
-//!   its buffer, anything another thread receives meanwhile lands in the
-//!   Private Buffer (and is copied over when the reader is back), and a
-//!   completion of its message is held for it. Anything else — another
-//!   message kind, OOB data, the call ending before the message is whole —
-//!   has the bytes copied back into the Private Buffer, as if placed there.
+//!   right behind it while the buffer has room. Between its pumps the
+//!   reader waits without the lock and the overlay is *parked*: what it
+//!   placed stays in its buffer, anything another thread receives meanwhile
+//!   lands in the Private Buffer (and is copied over when the reader is
+//!   back), and a completion of its message is held for it. Anything else —
+//!   another message kind, OOB data, the call ending before the message is
+//!   whole — has the bytes copied back into the Private Buffer, as if
+//!   placed there.
 //!
 //! MSG_PEEK and MSG_OOB never lend (they consume nothing).
 
@@ -128,7 +129,7 @@ impl Link {
         }
         self.recv_lend = Some(RecvLend {
             parked: false,
-            caught_up: lend.caught_up + n,
+            caught_up: lend.caught_up.saturating_add(n),
             ..lend
         });
         true
