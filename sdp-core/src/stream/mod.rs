@@ -23,6 +23,11 @@
 //!   Application threads do the work themselves on the fast path, and a
 //!   blocking read sleeps in `poll` on its own socket ([`shared`] holds the
 //!   locking rules).
+//! * **Copies** (DESIGN §7, [`crate::link::direct`]). `write` sends
+//!   straight from the caller's buffer and stages only what the socket does
+//!   not take during the call; a `read` that waits with nothing unread
+//!   receives the next messages' payload straight into its buffer.
+//!   [`SdpStream::info`] counts both paths.
 //! * **Close.** Dropping the last handle closes gracefully (DisConn after
 //!   the data, §8.2.1) and the progress thread finishes the exchange; a
 //!   blocking stream first waits (at most 10 s) until its accepted bytes
