@@ -449,5 +449,4 @@ fn bulk_transfer_counts_its_copies() {
         len,
         "{rx:?}"
     );
-    eprintln!("bulk: sender {tx:?} receiver {rx:?}");
 }
