@@ -139,6 +139,12 @@ pub struct Counters {
     pub read_zcopy_rx: u64,
     pub write_zcopy_tx: u64,
     pub write_zcopy_rx: u64,
+    /// Of `bcopy_tx`, bytes written straight from the application's buffer
+    /// (no staging copy, DESIGN §7).
+    pub bcopy_tx_direct: u64,
+    /// Of `bcopy_rx`, bytes received straight into a waiting reader's
+    /// buffer (no copy from a Private Buffer, DESIGN §7).
+    pub bcopy_rx_direct: u64,
 }
 
 /// What `sdp-stat` shows of a live SDP connection.

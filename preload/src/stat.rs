@@ -414,8 +414,8 @@ pub fn publish(fd: i32, entry: Option<&Entry>) {
     }
 }
 
-fn stats_bytes(stats: &Stats) -> ([u8; 2], [u8; 56]) {
-    let mut counters = [0u8; 56];
+fn stats_bytes(stats: &Stats) -> StatsPart {
+    let mut counters = [0u8; STATS_LEN];
     let c = &stats.bytes;
     for (i, v) in [
         c.bcopy_tx,
@@ -432,6 +432,8 @@ fn stats_bytes(stats: &Stats) -> ([u8; 2], [u8; 56]) {
     }
     counters[48..52].copy_from_slice(&stats.local_credits.to_le_bytes());
     counters[52..56].copy_from_slice(&stats.remote_credits.to_le_bytes());
+    counters[56..64].copy_from_slice(&c.bcopy_tx_direct.to_le_bytes());
+    counters[64..72].copy_from_slice(&c.bcopy_rx_direct.to_le_bytes());
     ([stats.tx_mode as u8, stats.rx_mode as u8], counters)
 }
 
@@ -450,8 +452,12 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
     }
 }
 
+/// Bytes of a record from [`field::COUNTERS`] to its end: the counters,
+/// the credits, the direct counters.
+const STATS_LEN: usize = field::DIRECT.end - field::COUNTERS.start;
+
 /// The SDP part of a record: the modes and the counters with credits.
-type StatsPart = ([u8; 2], [u8; 56]);
+type StatsPart = ([u8; 2], [u8; STATS_LEN]);
 
 /// The SDP part of a record as the parent last wrote it, if the record is
 /// in use and not caught mid-update.
@@ -464,7 +470,7 @@ fn stats_part(rec: *mut u8) -> Option<StatsPart> {
         (
             *rec.add(field::IN_USE),
             [*rec.add(field::TX_MODE), *rec.add(field::RX_MODE)],
-            *(rec.add(field::COUNTERS.start) as *const [u8; 56]),
+            *(rec.add(field::COUNTERS.start) as *const [u8; STATS_LEN]),
         )
     };
     (seq & 1 == 0 && in_use != 0).then_some((modes, counters))
@@ -613,6 +619,7 @@ mod tests {
         assert_eq!(r.peer, e.peer);
         assert_eq!((r.tx_mode, r.rx_mode), (1, 3));
         assert_eq!(r.counters, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(r.direct, [9, 10]);
         assert_eq!((r.local_credits, r.remote_credits), (7, 8));
         // Sequence: two writes, each leaving it even.
         assert_eq!(le_u32(&file[HEADER_LEN + 2 * RECORD_LEN..]), 4);
@@ -629,6 +636,8 @@ mod tests {
                 read_zcopy_rx: 4,
                 write_zcopy_tx: 5,
                 write_zcopy_rx: 6,
+                bcopy_tx_direct: 9,
+                bcopy_rx_direct: 10,
             },
             local_credits: 7,
             remote_credits: 8,

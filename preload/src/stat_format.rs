@@ -14,6 +14,10 @@ pub const HEADER_LEN: usize = 4096;
 /// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
 pub const RECORD_LEN: usize = 128;
 
+// Every field lies inside a record (the writer reads and writes them in
+// place).
+const _: () = assert!(field::DIRECT.end <= RECORD_LEN);
+
 /// Byte ranges of the header and of a record.
 pub mod field {
     // Header.
@@ -41,6 +45,9 @@ pub mod field {
     pub const COUNTERS: std::ops::Range<usize> = 56..104;
     pub const LOCAL_CREDITS: std::ops::Range<usize> = 104..108;
     pub const REMOTE_CREDITS: std::ops::Range<usize> = 108..112;
+    /// Bcopy bytes sent and received without a copy (DESIGN §7); zero in
+    /// files of writers that predate them.
+    pub const DIRECT: std::ops::Range<usize> = 112..128;
     /// What `publish` owns: everything but the sequence word and the
     /// engine's statistics.
     pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
@@ -86,6 +93,9 @@ pub struct Record {
     pub peer: Option<SocketAddr>,
     /// bcopy tx/rx, read zcopy tx/rx, write zcopy tx/rx.
     pub counters: [u64; 6],
+    /// Of bcopy tx/rx, the bytes sent straight from the application's
+    /// buffer and received straight into it.
+    pub direct: [u64; 2],
     pub local_credits: u32,
     pub remote_credits: u32,
 }
@@ -169,6 +179,8 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             let at = field::COUNTERS.start + i * 8;
             *c = le_u64(&r[at..at + 8]);
         }
+        let at = field::DIRECT.start;
+        let direct = [le_u64(&r[at..at + 8]), le_u64(&r[at + 8..at + 16])];
         state.records.push(Record {
             fd: fd as u32,
             transport: r[field::TRANSPORT],
@@ -183,6 +195,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             local: parse_addr(&r[field::LOCAL]),
             peer: parse_addr(&r[field::PEER]),
             counters,
+            direct,
             local_credits: le_u32(&r[field::LOCAL_CREDITS]),
             remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
         });

@@ -23,6 +23,9 @@ pub struct Record {
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub counters: [u64; 6],
+    /// Of the Bcopy bytes, sent straight from the application's buffer and
+    /// received straight into a waiting reader's buffer.
+    pub direct: [u64; 2],
     /// Receive buffers advertised to the peer, and send credits from it.
     pub local_credits: u32,
     pub remote_credits: u32,
@@ -138,6 +141,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
             local: addr(&r[16..36]),
             peer: addr(&r[36..56]),
             counters,
+            direct: [u64_at(r, 112), u64_at(r, 120)],
             local_credits: u32_at(r, 104),
             remote_credits: u32_at(r, 108),
         });

@@ -186,6 +186,12 @@ fn python_stream_over_sdp_is_identical_to_tcp() {
     // Bcopy: 100 MiB one way, the 64-byte hash the other.
     assert_eq!((c.counters[0], c.counters[1]), (TOTAL, 64));
     assert_eq!((a.counters[0], a.counters[1]), (64, TOTAL));
+    // DESIGN §7: the reply went straight from the program's buffer (the
+    // socket took it at once); the first blocks of the bulk did too, the
+    // rest waited in the staging ring while the socket was full.
+    assert_eq!(a.direct[0], 64, "{a:?}");
+    assert!(c.direct[0] > 0 && c.direct[0] <= TOTAL, "{c:?}");
+    assert!(a.direct[1] <= TOTAL && c.direct[1] <= 64, "{a:?} {c:?}");
     // getsockname/getpeername as TCP: the listening port, not the SDP one.
     assert_eq!(a.local, l.local);
     assert_eq!(c.peer, l.local);
@@ -206,6 +212,7 @@ fn python_stream_over_sdp_is_identical_to_tcp() {
     }
     assert!(json.contains("\"tx_mode\": \"combined\""), "{json}");
     assert!(json.contains(&format!("\"bcopy_tx\": {TOTAL}")), "{json}");
+    assert!(json.contains("\"bcopy_tx_direct\": 64"), "{json}");
     let out = std::process::Command::new(&artifacts().sdp_stat)
         .arg("--dir")
         .arg(stat.path())

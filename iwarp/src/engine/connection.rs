@@ -72,6 +72,7 @@ use crate::wire::mpa::{Frame, HEADER_LEN as FRAME_HEADER_LEN, MAX_PRIVATE_DATA};
 use crate::wire::terminate::TermCode;
 
 use super::qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State};
+use super::rebase::Rebase;
 use super::txq::TxQueue;
 use super::wr::{Completion, Event, PostError, ReadWr, RecvWr, SendWr, WriteWr};
 
@@ -484,6 +485,16 @@ impl Connection {
     /// The LLP took the next `n` queued octets.
     pub fn tx_advance(&mut self, _now: Instant, n: usize) {
         self.dp.tx_advance(n)
+    }
+
+    /// See [`DataPath::region_low_water`].
+    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
+        self.dp.region_low_water(region)
+    }
+
+    /// See [`DataPath::rebase_region`].
+    pub fn rebase_region(&mut self, rb: &Rebase<'_>) {
+        self.dp.rebase_region(rb)
     }
 
     /// The startup deadline, if the startup is running.

@@ -51,7 +51,9 @@
 //! ```
 
 mod connection;
+pub mod overlay;
 mod qp;
+pub mod rebase;
 mod rx;
 mod sink;
 mod terminate;
@@ -60,7 +62,9 @@ mod txq;
 mod wr;
 
 pub use connection::{Connection, ConnectionConfig, Role};
+pub use overlay::RecvOverlay;
 pub use qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State, RTR_STAG};
+pub use rebase::Rebase;
 pub use txq::{MissingRegion, TxChunk, TxQueue};
 pub use wr::{
     Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Sge, Status,

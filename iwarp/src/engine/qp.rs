@@ -24,6 +24,8 @@ use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, ReadRequestRepr};
 use crate::wire::terminate::TermCode;
 
+use super::overlay::RecvOverlay;
+use super::rebase::{self, Rebase};
 use super::rx::Deframer;
 use super::sink::{RecvInProgress, RxSeg};
 use super::terminate::{self, Echo, TERM_CAP};
@@ -230,6 +232,10 @@ pub struct DataPath {
     pub(super) rx_send: Option<RecvInProgress>,
     pub(super) term_buf: [u8; TERM_CAP],
     pub(super) seg: RxSeg,
+    /// Part of the next receive buffer placed elsewhere ([`super::overlay`]).
+    pub(super) overlay: Option<RecvOverlay>,
+    /// Overlays whose messages were delivered, oldest first.
+    pub(super) overlays_done: VecDeque<RecvOverlay>,
 
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
@@ -274,6 +280,8 @@ impl DataPath {
             rx_send: None,
             term_buf: [0; TERM_CAP],
             seg: RxSeg::default(),
+            overlay: None,
+            overlays_done: VecDeque::new(),
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,
@@ -872,6 +880,40 @@ impl DataPath {
                         self.state = State::Error;
                     }
                 }
+            }
+        }
+    }
+
+    /// The lowest offset of `region` that the engine still refers to: in
+    /// queued octets not yet written, in the message being segmented, or in
+    /// work not yet started. `None` once nothing refers to it — then the
+    /// memory may go.
+    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
+        let queued = self.txq.region_low_water(region);
+        let current = self
+            .cur
+            .as_ref()
+            .and_then(|(m, _)| m.region_low_water(region));
+        let waiting = self.sq.iter().filter_map(|e| match &e.work {
+            Some(Work::Send { payload, .. } | Work::Write { payload, .. }) => {
+                rebase::payload_low_water(payload, region)
+            }
+            _ => None,
+        });
+        queued.into_iter().chain(current).chain(waiting).min()
+    }
+
+    /// Moves every reference to `rb.from` — queued octets, the message
+    /// being segmented, work not yet started — to `rb.to` (see
+    /// [`super::rebase`]). The caller has copied the octets there.
+    pub fn rebase_region(&mut self, rb: &Rebase<'_>) {
+        self.txq.rebase_region(rb);
+        if let Some((m, _)) = &mut self.cur {
+            m.rebase(rb);
+        }
+        for e in &mut self.sq {
+            if let Some(Work::Send { payload, .. } | Work::Write { payload, .. }) = &mut e.work {
+                rebase::rebase_payload(payload, rb);
             }
         }
     }

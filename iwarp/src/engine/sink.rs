@@ -134,11 +134,18 @@ impl DataPath {
         }
         let run = self.rx.payload_run();
         match self.seg.target {
-            Target::Place { region, offset, .. } if run > 0 => RecvTarget::Place {
+            Target::Place {
                 region,
                 offset,
-                len: run,
-            },
+                stag,
+            } if run > 0 => {
+                let l = self.land(region, offset, run, stag);
+                RecvTarget::Place {
+                    region: l.region,
+                    offset: l.offset,
+                    len: l.len,
+                }
+            }
             // Discarded payload: through the scratch buffer too.
             _ if run > 0 => RecvTarget::Scratch { max: run },
             _ => RecvTarget::Scratch {
@@ -155,12 +162,21 @@ impl DataPath {
             return;
         }
         let run = self.rx.payload_run();
-        let bytes = match self.seg.target {
-            Target::Place { region, offset, .. } if n <= run => mem
-                .region(region)
-                .and_then(|r| r.get(offset..offset.checked_add(n)?)),
+        let landing = match self.seg.target {
+            Target::Place {
+                region,
+                offset,
+                stag,
+            } => Some(self.land(region, offset, run, stag)).filter(|l| n <= l.len),
             _ => None,
         };
+        if let Some(l) = &landing {
+            self.overlay_placed(l, n);
+        }
+        let bytes = landing.and_then(|l| {
+            mem.region(l.region)
+                .and_then(|r| r.get(l.offset..l.offset.checked_add(n)?))
+        });
         let Some(bytes) = bytes else {
             // The driver placed more than it was offered, or into memory
             // that is not there: the stream is out of step, our side's
@@ -179,24 +195,57 @@ impl DataPath {
         }
     }
 
-    fn place_copy(&mut self, data: &[u8], mem: &mut dyn Memory) {
-        let Target::Place { region, offset, .. } = self.seg.target else {
-            return;
-        };
-        let dst = mem
-            .region_mut(region)
-            .and_then(|r| r.get_mut(offset..offset.checked_add(data.len())?));
-        match dst {
-            Some(dst) => {
-                dst.copy_from_slice(data);
-                self.advance_target(data.len());
+    /// Where placement at `offset` of `region` lands: through the receive
+    /// overlay for untagged placement ([`super::overlay`]).
+    fn land(
+        &self,
+        region: RegionId,
+        offset: usize,
+        len: usize,
+        stag: Option<Stag>,
+    ) -> super::overlay::Landing {
+        match stag {
+            None => self.landing(region, offset, len),
+            Some(_) => super::overlay::Landing {
+                region,
+                offset,
+                len,
+                overlaid: false,
+                parked: false,
+            },
+        }
+    }
+
+    fn place_copy(&mut self, mut data: &[u8], mem: &mut dyn Memory) {
+        while !data.is_empty() {
+            let Target::Place {
+                region,
+                offset,
+                stag,
+            } = self.seg.target
+            else {
+                return;
+            };
+            let l = self.land(region, offset, data.len(), stag);
+            let (now, rest) = data.split_at(l.len.min(data.len()));
+            let dst = mem
+                .region_mut(l.region)
+                .and_then(|r| r.get_mut(l.offset..l.offset.checked_add(now.len())?));
+            match dst {
+                Some(dst) => {
+                    dst.copy_from_slice(now);
+                    self.overlay_placed(&l, now.len());
+                    self.advance_target(now.len());
+                }
+                None => {
+                    // Registered memory that the Memory no longer has: ours.
+                    self.seg.target = Target::Discard;
+                    self.seg.pending = Some(TermCode::DDP_LOCAL_CATASTROPHIC);
+                    self.seg.echo = Echo::NONE;
+                    return;
+                }
             }
-            None => {
-                // Registered memory that the Memory no longer has: ours.
-                self.seg.target = Target::Discard;
-                self.seg.pending = Some(TermCode::DDP_LOCAL_CATASTROPHIC);
-                self.seg.echo = Echo::NONE;
-            }
+            data = rest;
         }
     }
 
@@ -564,6 +613,7 @@ impl DataPath {
                     return;
                 };
                 self.rx_msn[0] = ddp::next_msn(self.rx_msn[0]);
+                self.overlay_delivered(p.wr.wr_id, mo as usize + len as usize);
                 // RFC 5041 §5.4: the ULP Message Length is "the MO and the
                 // ULP Payload length in the last DDP Segment".
                 self.cq.push_back(Completion {

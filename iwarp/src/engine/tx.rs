@@ -15,6 +15,7 @@ use crate::wire::ddp::{BufferModel, QueueNumber, Stag};
 use crate::wire::fpdu::{self, HEADER_LEN, MARKER_LEN};
 use crate::wire::rdmap::{Opcode, RdmapRepr, ReadRequestRepr};
 
+use super::rebase::{self, Rebase};
 use super::txq::{Mark, MissingRegion, TxQueue};
 use super::wr::{Payload, Sge};
 
@@ -236,6 +237,33 @@ impl OutMsg {
     #[cfg(test)]
     pub fn done(&self) -> bool {
         self.finished
+    }
+
+    /// The lowest offset of `region` the payload not yet segmented refers
+    /// to.
+    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
+        match &self.source {
+            Source::Payload(Payload::Sges(s)) => {
+                rebase::sges_low_water(s, (self.sge, self.sge_off), region)
+            }
+            Source::Region { region: r, offset } if *r == region && self.sent < self.len => {
+                Some(offset.saturating_add(self.sent as usize))
+            }
+            _ => None,
+        }
+    }
+
+    /// Points the payload not yet segmented at `rb.to` (see
+    /// [`super::rebase`]). A Read Response's source is registered memory,
+    /// which is never lent for one call: it is left alone.
+    pub fn rebase(&mut self, rb: &Rebase<'_>) {
+        if let Source::Payload(Payload::Sges(s)) = &mut self.source {
+            if s.iter().any(|s| s.region == rb.from) {
+                let mut cursor = (self.sge, self.sge_off);
+                *s = rb.sges(s, &mut cursor);
+                (self.sge, self.sge_off) = cursor;
+            }
+        }
     }
 
     fn header_len(&self) -> usize {

@@ -17,6 +17,8 @@ use std::io::IoSlice;
 
 use crate::mem::{Memory, RegionId};
 
+use super::rebase::Rebase;
+
 /// What a mark stands for, reported by [`TxQueue::advance`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Mark {
@@ -287,6 +289,58 @@ impl TxQueue {
     pub(crate) fn pop_done_mark(&mut self) -> Option<Mark> {
         self.done_marks.pop_front()
     }
+
+    /// The lowest offset of `region` that unwritten chunks refer to.
+    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
+        self.chunks()
+            .filter_map(|c| match c {
+                TxChunk::Region {
+                    region: r, offset, ..
+                } if r == region => Some(offset),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Points every unwritten chunk of `rb.from` at `rb.to` (see
+    /// [`super::rebase`]); the octets must be equal there.
+    pub(crate) fn rebase_region(&mut self, rb: &Rebase<'_>) {
+        let refers = |e: &Entry| matches!(e, Entry::Chunk(TxChunk::Region { region, .. }) if *region == rb.from);
+        if !self.entries.iter().any(refers) {
+            return;
+        }
+        // The partly written front chunk starts where writing stopped.
+        if let Some(Entry::Chunk(TxChunk::Region {
+            region,
+            offset,
+            len,
+        })) = self.entries.front_mut()
+        {
+            if *region == rb.from {
+                *offset += self.front_done;
+                *len -= self.front_done;
+                self.front_done = 0;
+            }
+        }
+        let old = core::mem::take(&mut self.entries);
+        self.entries.reserve(old.len() + 2);
+        for e in old {
+            match e {
+                Entry::Chunk(TxChunk::Region {
+                    region,
+                    offset,
+                    len,
+                }) if region == rb.from => rb.split(offset, len, |offset, len| {
+                    self.entries.push_back(Entry::Chunk(TxChunk::Region {
+                        region: rb.to,
+                        offset,
+                        len,
+                    }))
+                }),
+                e => self.entries.push_back(e),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -345,6 +399,39 @@ mod tests {
             q.for_each_slice(&mem, |_| true),
             Err(MissingRegion(RegionId(3)))
         );
+    }
+
+    #[test]
+    fn rebase_keeps_the_octets_and_the_marks() {
+        let mut mem = VecMemory::new();
+        let lent = mem.add((10u8..20).collect());
+        let ring = mem.add(vec![0; 8]);
+        let mut q = TxQueue::new();
+        q.push_bytes(b"h");
+        q.push_region(lent, 0, 10);
+        q.push_mark(Mark::Message(1));
+        q.push_bytes(b"t");
+        q.advance(4); // "h" and 10, 11, 12 are written
+        assert_eq!(q.region_low_water(lent), Some(3));
+        // Offsets 3..10 of `lent` go to the ring from position 5, wrapping.
+        let map = |off: usize| {
+            let p = (off + 2) % 8;
+            (p, 8 - p)
+        };
+        let bytes = mem.get(lent).unwrap().to_vec();
+        for (off, &b) in bytes.iter().enumerate().skip(3) {
+            mem.region_mut(ring).unwrap()[map(off).0] = b;
+        }
+        q.rebase_region(&Rebase {
+            from: lent,
+            to: ring,
+            map: &map,
+        });
+        mem.remove(lent);
+        assert_eq!(q.region_low_water(lent), None);
+        assert_eq!(collect(&q, &mem), [13, 14, 15, 16, 17, 18, 19, b't']);
+        q.advance(7);
+        assert_eq!(q.pop_done_mark(), Some(Mark::Message(1)));
     }
 
     #[test]

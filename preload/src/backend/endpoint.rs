@@ -561,6 +561,8 @@ impl SdpEndpoint for Ep {
                     bytes: Counters {
                         bcopy_tx: i.bytes_sent,
                         bcopy_rx: i.bytes_received,
+                        bcopy_tx_direct: i.copies.bytes_sent_direct,
+                        bcopy_rx_direct: i.copies.bytes_received_direct,
                         ..Counters::default()
                     },
                     // Buffers advertised to the peer: its send credit.

@@ -214,7 +214,7 @@ fn table(states: &[ProcessState]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>13} {:>13} {:>11}",
+        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11}",
         "PID",
         "PROGRAM",
         "FD",
@@ -225,6 +225,7 @@ fn table(states: &[ProcessState]) -> String {
         "PEER",
         "MODE TX/RX",
         "BCOPY TX/RX",
+        "DIRECT TX/RX",
         "RZCOPY TX/RX",
         "WZCOPY TX/RX",
         "CREDITS L/R"
@@ -244,7 +245,7 @@ fn table(states: &[ProcessState]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>13} {:>13} {:>11}",
+                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11}",
                 s.pid,
                 s.program.chars().take(14).collect::<String>(),
                 r.fd,
@@ -255,6 +256,7 @@ fn table(states: &[ProcessState]) -> String {
                 addr(&r.peer),
                 modes,
                 format!("{}/{}", c[0], c[1]),
+                format!("{}/{}", r.direct[0], r.direct[1]),
                 format!("{}/{}", c[2], c[3]),
                 format!("{}/{}", c[4], c[5]),
                 credits
@@ -308,7 +310,7 @@ fn json(states: &[ProcessState]) -> String {
                  \"decided_by\": {}, \"rule\": {}, \"reason\": {}, \"why\": {}, \
                  \"local\": {}, \"peer\": {}, \"tx_mode\": {}, \"rx_mode\": {}, \
                  \"forced\": {}, \"ipv6\": {}, \"bytes\": {{\"bcopy_tx\": {}, \"bcopy_rx\": {}, \
-                 \"read_zcopy_tx\": {}, \"read_zcopy_rx\": {}, \"write_zcopy_tx\": {}, \
+                 \"bcopy_tx_direct\": {}, \"bcopy_rx_direct\": {}, \"read_zcopy_tx\": {}, \"read_zcopy_rx\": {}, \"write_zcopy_tx\": {}, \
                  \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}}}",
                 r.fd,
                 json_str(role(r.role)),
@@ -326,6 +328,8 @@ fn json(states: &[ProcessState]) -> String {
                 r.flags & stat_format::FLAG_IPV6 != 0,
                 c[0],
                 c[1],
+                r.direct[0],
+                r.direct[1],
                 c[2],
                 c[3],
                 c[4],
@@ -390,6 +394,7 @@ mod tests {
             local: Some("127.0.0.1:40000".parse().unwrap()),
             peer: Some("127.0.0.1:5201".parse().unwrap()),
             counters: [1, 2, 3, 4, 5, 6],
+            direct: [7, 8],
             local_credits: 0,
             remote_credits: 0,
         }
@@ -424,6 +429,10 @@ mod tests {
         );
         assert!(j.contains("\"reason\": \"pm-deny\""), "{j}");
         assert!(j.contains("\"bcopy_tx\": 1, \"bcopy_rx\": 2"), "{j}");
+        assert!(
+            j.contains("\"bcopy_tx_direct\": 7, \"bcopy_rx_direct\": 8"),
+            "{j}"
+        );
         assert_eq!(json(&[]), "[]\n");
         let t = table(&[]);
         assert!(t.starts_with("    PID PROGRAM"), "{t}");

@@ -1253,6 +1253,38 @@ impl Conn {
         Err(Error::WouldBlock)
     }
 
+    /// Whether a reader that waits now would get the next message's
+    /// payload first: connected, nothing received unread, no urgent mark,
+    /// more may come. A link may then place that payload straight into the
+    /// reader's buffer (DESIGN §7) and report it with
+    /// [`Conn::consume_placed`].
+    pub fn rx_waiting(&self) -> bool {
+        self.state == State::Connected
+            && self.rx.queued() == 0
+            && self.rx.mark.is_none()
+            && !self.at_eof()
+    }
+
+    /// The first `n` unread bytes were placed in the reader's buffer by the
+    /// transport: they are the first bytes of the message just received,
+    /// with `payload` bytes, the stream having been empty before it
+    /// ([`Conn::rx_waiting`]). They count as read — buffers emptied are
+    /// re-posted and credited as by [`Conn::recv`]. False (nothing
+    /// consumed) unless exactly that message's bytes are unread and no mark
+    /// is set.
+    pub fn consume_placed(&mut self, n: usize, payload: usize) -> bool {
+        if n > payload || self.rx.queued() != payload as u64 || self.rx.mark.is_some() {
+            return false;
+        }
+        let mut freed = core::mem::take(&mut self.freed);
+        self.rx.consume(n, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+        true
+    }
+
     /// No more bytes will arrive.
     fn at_eof(&self) -> bool {
         self.peer_disconn.is_some() || self.read_closed || self.state == State::Closed

@@ -173,7 +173,7 @@ impl RxStream {
     }
 
     /// Drops `n` bytes from the front of the stream.
-    fn consume(&mut self, mut n: usize, freed: &mut Vec<usize>) {
+    pub(crate) fn consume(&mut self, mut n: usize, freed: &mut Vec<usize>) {
         while n > 0 {
             let Some(front) = self.segs.front_mut() else {
                 break;

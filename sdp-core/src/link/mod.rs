@@ -19,8 +19,9 @@
 //!   (region = buffer index of [`LinkMemory`]), so the engine places each
 //!   message straight into the pool; [`Op::Send`] becomes an RDMAP Send of
 //!   the kind asked (§14.2) with a gather list: the header from a staging
-//!   slot, then the payload from the staging ring. Completions come back
-//!   in order as [`Event::RecvDone`] / [`Event::SendDone`].
+//!   slot, then the payload from the staging ring or, during a direct
+//!   send, from the caller's buffer. Completions come back in order as
+//!   [`Event::RecvDone`] / [`Event::SendDone`].
 //! * **Failures**: a Terminate sent or received, an MPA reject, a startup
 //!   failure or an LLP reset become [`Event::TransportError`]; the end of
 //!   the peer's byte stream ([`Link::llp_closed`]) becomes
@@ -32,12 +33,26 @@
 //!
 //! # Copies (DESIGN §7)
 //!
-//! Receive: the engine places a message once into a Private Buffer (or the
-//! driver receives it there directly), and [`Link::recv`] copies it once
-//! into the reader's buffer. Send: [`Link::send`] copies once into the
-//! staging ring; the engine hands ring slices to `writev`. Sending straight
-//! from the caller's buffer would save that copy but needs the caller to
-//! keep the buffer until completion (a Zcopy-like contract); not built.
+//! The caller's buffer is lent to the engine for the length of one call
+//! ([`direct`]), as an extra region of [`LinkMemory`]; no `unsafe` needed.
+//!
+//! * Send ([`Link::send_direct`], what `SdpStream::write` uses): the Data
+//!   Messages refer to the caller's bytes, the driver writes what the
+//!   socket takes straight from them (CRC computed over them once), and
+//!   [`Link::finish_direct`] copies into the staging ring only the bytes
+//!   still referred to by unwritten FPDUs or not yet posted (no credit),
+//!   moving the engine's references there ([`iwarp::engine::Rebase`]). The
+//!   progress thread sends those later. [`Link::send`] still copies all.
+//! * Receive ([`Link::lend_recv`], what a waiting `SdpStream::read` uses):
+//!   when nothing is unread, the payload part of the next receive buffer
+//!   is overlaid on the reader's buffer ([`iwarp::engine::RecvOverlay`]):
+//!   the driver's `readv` and the CRC run over the reader's memory, the
+//!   BSDH still lands in the Private Buffer, and a plain Data Message's
+//!   payload counts as read at once. Otherwise (nobody waiting, MSG_PEEK,
+//!   OOB data, other messages) a message lands once in a Private Buffer and
+//!   [`Link::recv`] copies it once into the reader's buffer.
+//!
+//! [`Link::copy_stats`] counts which path each byte took.
 //!
 //! # Using it
 //!
@@ -87,6 +102,7 @@
 //! assert_eq!(&buf[..5], b"hello");
 //! ```
 
+pub mod direct;
 #[cfg(any(test, feature = "testing"))]
 pub mod pair;
 pub mod staging;
@@ -95,7 +111,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use iwarp::engine::{
-    Completion, Connection, ConnectionConfig, Event as QpEvent, Payload, RecvWr,
+    Completion, Connection, ConnectionConfig, Event as QpEvent, Payload, Rebase, RecvWr,
     SendKind as QpSendKind, SendWr, Sge, State as QpState, Status, WcOpcode,
 };
 use iwarp::mem::{Memory, RegionId};
@@ -109,6 +125,7 @@ use crate::conn::{
 };
 use crate::errno::Error;
 use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, WrId};
+use direct::{CopyStats, SendSpan};
 use staging::Staging;
 
 /// The iWARP connection configuration for an SDP link with `config`: the
@@ -155,26 +172,36 @@ enum LlpEnd {
 }
 
 /// The memory the engine transmits from and places into: the receive
-/// Private Buffers (region `i` = buffer `i`) and the send [`Staging`]
+/// Private Buffers (region `i` = buffer `i`), the send [`Staging`]
 /// (regions [`staging::PAYLOAD_REGION`] and [`staging::HEADER_REGION`],
-/// read-only).
+/// read-only), and for the length of one call the caller's buffers
+/// ([`direct::SEND_FROM`], read-only; [`direct::RECV_INTO`]).
 pub struct LinkMemory<'a> {
     pool: &'a mut BufferPool,
     staging: &'a Staging,
+    send_from: Option<&'a [u8]>,
+    recv_into: Option<&'a mut [u8]>,
 }
 
 impl Memory for LinkMemory<'_> {
     fn region(&self, id: RegionId) -> Option<&[u8]> {
-        self.staging
-            .region(id)
-            .or_else(|| self.pool.buffer(id.0 as usize))
+        match id {
+            direct::SEND_FROM => self.send_from,
+            direct::RECV_INTO => self.recv_into.as_deref(),
+            _ => self
+                .staging
+                .region(id)
+                .or_else(|| self.pool.buffer(id.0 as usize)),
+        }
     }
 
     fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
-        if self.staging.region(id).is_some() {
-            return None;
+        match id {
+            direct::SEND_FROM => None,
+            direct::RECV_INTO => self.recv_into.as_deref_mut(),
+            _ if self.staging.region(id).is_some() => None,
+            _ => self.pool.buffer_mut(id.0 as usize),
         }
-        self.pool.buffer_mut(id.0 as usize)
     }
 }
 
@@ -198,6 +225,17 @@ pub struct Link {
     teardown: Option<Teardown>,
     logged_close: bool,
     log: VecDeque<String>,
+    /// A direct send in progress ([`Link::send_direct`]).
+    send_span: Option<SendSpan>,
+    /// A waiting reader's receive ([`Link::lend_recv`]).
+    recv_lend: Option<direct::RecvLend>,
+    /// Receive completions held while the waiting reader is away, the
+    /// first one its own, with its overlay.
+    deferred: VecDeque<(Completion, Option<iwarp::engine::RecvOverlay>)>,
+    /// Bytes placed in the waiting reader's buffer and consumed, not yet
+    /// returned to it ([`Link::take_received_direct`]).
+    received_direct: usize,
+    stats: CopyStats,
 }
 
 impl Link {
@@ -214,6 +252,11 @@ impl Link {
             teardown: None,
             logged_close: false,
             log: VecDeque::new(),
+            send_span: None,
+            recv_lend: None,
+            deferred: VecDeque::new(),
+            received_direct: 0,
+            stats: CopyStats::default(),
         }
     }
 
@@ -267,10 +310,28 @@ impl Link {
     /// The memory to hand the engine (or the driver) for transmit and
     /// receive.
     pub fn memory(&mut self) -> LinkMemory<'_> {
+        self.memory_with(None, None)
+    }
+
+    /// [`Link::memory`] with the caller's buffers lent for one call: the
+    /// bytes of a direct send ([`Link::send_direct`]) and a waiting
+    /// reader's buffer ([`Link::lend_recv`]).
+    pub fn memory_with<'a>(
+        &'a mut self,
+        send_from: Option<&'a [u8]>,
+        recv_into: Option<&'a mut [u8]>,
+    ) -> LinkMemory<'a> {
         LinkMemory {
             pool: self.conn.pool_mut(),
             staging: &self.staging,
+            send_from,
+            recv_into,
         }
+    }
+
+    /// Payload bytes by the way they travelled (DESIGN §7).
+    pub fn copy_stats(&self) -> CopyStats {
+        self.stats
     }
 
     /// Whether setup finished (both half-connections carry data, maybe
@@ -311,17 +372,88 @@ impl Link {
     /// staging ring). See [`Conn::send`] for the errors. The caller drives
     /// the link afterwards so they go out.
     pub fn send(&mut self, data: &[u8], flags: SendFlags) -> Result<usize, Error> {
+        self.finish_pending_span();
         let n = self.conn.send(data.len(), flags)?;
         let at = self.conn.tx().accepted() - n as u64;
         self.staging.write(at, &data[..n]);
+        self.stats.bytes_staged += n as u64;
         Ok(n)
+    }
+
+    /// Offers `data` without copying it (DESIGN §7; [`direct`]): returns
+    /// how many bytes were accepted, which stay in `data` for now. The
+    /// caller then drives the link and pumps the socket with
+    /// [`Link::memory_with`]`(Some(&data[..n]), ..)` — the Data Messages
+    /// carrying them refer to `data` — and before `data` goes away calls
+    /// [`Link::finish_direct`] with the same bytes, which copies what is
+    /// still needed into the staging ring. Errors as [`Conn::send`].
+    pub fn send_direct(&mut self, data: &[u8], flags: SendFlags) -> Result<usize, Error> {
+        self.finish_pending_span();
+        let n = self.conn.send(data.len(), flags)?;
+        let end = self.conn.tx().accepted();
+        if n > 0 {
+            self.send_span = Some(SendSpan {
+                span: end - n as u64..end,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Ends a direct send: the bytes of `data` (what [`Link::send_direct`]
+    /// accepted) that queued FPDUs still refer to, or that are not posted
+    /// yet, are copied into the staging ring and the engine's references
+    /// move there; the rest went to the socket during the call and was
+    /// never copied.
+    pub fn finish_direct(&mut self, data: &[u8], qp: &mut Connection) {
+        let Some(SendSpan { span }) = self.send_span.take() else {
+            return;
+        };
+        let n = (span.end - span.start) as usize;
+        let data = &data[..n.min(data.len())];
+        // Bytes from the first one still referred to; the unposted ones
+        // lie after every posted one.
+        let unposted = self.conn.tx().sent().clamp(span.start, span.end) - span.start;
+        let keep_from = qp
+            .region_low_water(direct::SEND_FROM)
+            .map_or(unposted as usize, |low| low.min(unposted as usize))
+            .min(data.len());
+        self.staging
+            .write(span.start + keep_from as u64, &data[keep_from..]);
+        self.stats.bytes_sent_direct += keep_from as u64;
+        self.stats.bytes_staged += (data.len() - keep_from) as u64;
+        let cap = self.staging.capacity() as u64;
+        let base = span.start;
+        let map = move |off: usize| {
+            let pos = (base.wrapping_add(off as u64) % cap) as usize;
+            (pos, cap as usize - pos)
+        };
+        qp.rebase_region(&Rebase {
+            from: direct::SEND_FROM,
+            to: staging::PAYLOAD_REGION,
+            map: &map,
+        });
+    }
+
+    /// A direct send whose [`Link::finish_direct`] never came: its bytes
+    /// are gone, so what refers to them cannot be sent. Only a caller
+    /// that broke the contract gets here; the engine then fails the stream
+    /// on the missing memory (a local catastrophic error), never reads
+    /// stale bytes.
+    fn finish_pending_span(&mut self) {
+        if self.send_span.take().is_some() {
+            self.log("direct send not finished before the next send".to_string());
+        }
     }
 
     /// Copies received bytes into `buf` (see [`Conn::recv`]). The caller
     /// drives the link afterwards: emptied buffers are re-posted and
     /// credited.
     pub fn recv(&mut self, buf: &mut [u8], flags: RecvFlags) -> Result<usize, Error> {
-        self.conn.recv(buf, flags)
+        let n = self.conn.recv(buf, flags)?;
+        if !flags.contains(RecvFlags::PEEK) && !flags.contains(RecvFlags::OOB) {
+            self.stats.bytes_copied_from_pool += n as u64;
+        }
+        Ok(n)
     }
 
     /// `shutdown(2)` (see [`Conn::shutdown`]).
@@ -402,16 +534,33 @@ impl Link {
     /// iWARP connection: events and completions in, verbs operations out.
     /// Call after every input (bytes received, a socket call, a timer).
     pub fn drive(&mut self, now: Instant, qp: &mut Connection) {
-        self.drive_checked(now, qp, &mut |_, _| {})
+        self.drive_inner(now, qp, &mut |_, _| {}, None)
     }
 
-    /// [`Link::drive`], calling `check` with the credit state before each
-    /// Op is carried out (tests assert §10.5 with it).
+    /// [`Link::drive`] while a waiting reader lends `recv_into`
+    /// ([`Link::lend_recv`]).
+    pub fn drive_lent(&mut self, now: Instant, qp: &mut Connection, recv_into: Option<&[u8]>) {
+        self.drive_inner(now, qp, &mut |_, _| {}, recv_into)
+    }
+
+    /// [`Link::drive_lent`], calling `check` with the credit state before
+    /// each Op is carried out (tests assert §10.5 with it).
     pub fn drive_checked(
         &mut self,
         now: Instant,
         qp: &mut Connection,
         check: &mut dyn FnMut(&CreditState, &Op),
+        recv_into: Option<&[u8]>,
+    ) {
+        self.drive_inner(now, qp, check, recv_into)
+    }
+
+    fn drive_inner(
+        &mut self,
+        now: Instant,
+        qp: &mut Connection,
+        check: &mut dyn FnMut(&CreditState, &Op),
+        recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
             self.on_qp_event(ev);
@@ -427,9 +576,13 @@ impl Link {
             self.conn.handle_event(now, Event::Established);
         }
         while let Some(c) = qp.poll_completion() {
+            if c.opcode == WcOpcode::Recv && self.lent_completion(now, &c, qp, recv_into) {
+                continue;
+            }
             self.on_completion(now, c);
         }
-        if !self.ended {
+        // A transport end comes after the completions held for a reader.
+        if !self.ended && self.deferred.is_empty() {
             let end = self.failure.take().or(match self.llp {
                 Some(LlpEnd::Closed) => Some(Event::TransportClosed),
                 Some(LlpEnd::Failed(kind)) => Some(Event::TransportError(kind)),
@@ -546,13 +699,18 @@ impl Link {
                 payload,
             } => {
                 let slot = self.staging.alloc_header(&header);
-                let mut sges = Vec::with_capacity(3);
+                let mut sges = Vec::with_capacity(4);
                 sges.push(self.staging.header_sge(slot, header.len()));
-                if payload.end > payload.start {
-                    let (a, b) = self.staging.payload_sges(payload);
+                let (ring, lent) = match &self.send_span {
+                    Some(d) => d.split(payload),
+                    None => (payload, None),
+                };
+                if ring.end > ring.start {
+                    let (a, b) = self.staging.payload_sges(ring);
                     sges.push(a);
                     sges.extend(b);
                 }
+                sges.extend(lent);
                 let kind = match kind {
                     SendKind::Send => QpSendKind::Send,
                     SendKind::SendSe => QpSendKind::SendSe,

@@ -62,6 +62,18 @@ pub struct App {
     pub shutdown_when_done: bool,
     /// Largest single `send`/`recv`.
     pub max_io: usize,
+    /// Writes with [`Link::send_direct`]: within the call the socket takes
+    /// a random part straight from the buffer, the rest is staged.
+    pub direct_send: bool,
+    /// Waits in `read` while bytes arrive, with a buffer of random size
+    /// lent to the link ([`Link::lend_recv`]) whenever nothing is unread;
+    /// sometimes another thread pumps meanwhile, sometimes the read ends
+    /// (a timeout) before its message is whole.
+    pub direct_recv: bool,
+    /// The buffer of a read waiting between two pumps.
+    pub waiting: Option<Vec<u8>>,
+    /// Waiting reads lend exactly `max_io` bytes.
+    pub exact_reads: bool,
 }
 
 impl App {
@@ -79,6 +91,10 @@ impl App {
             errors: Vec::new(),
             shutdown_when_done: false,
             max_io: 96 * 1024,
+            direct_send: false,
+            direct_recv: false,
+            waiting: None,
+            exact_reads: false,
         }
     }
 }
@@ -142,6 +158,8 @@ pub struct LinkPair {
     /// Largest chunk moved across the wire at once (chunks are random in
     /// 1..=max, and often tiny).
     pub max_chunk: usize,
+    /// Whether one chunk in eight is tiny (1 to 16 bytes).
+    pub tiny_chunks: bool,
     /// Ops checked against §10.5.
     pub ops_checked: u64,
     config_b: Config,
@@ -180,6 +198,7 @@ impl LinkPair {
             now,
             rng: Rng::new(seed),
             max_chunk: 64 * 1024,
+            tiny_chunks: true,
             ops_checked: 0,
             config_b: b.clone(),
             buf: Vec::new(),
@@ -211,6 +230,11 @@ impl LinkPair {
     /// Drives side `s`'s link (or, for an Accepting Peer without one yet,
     /// waits for the MPA Request), then checks the credit rules.
     pub fn drive(&mut self, s: usize) {
+        self.drive_lent(s, None);
+    }
+
+    /// [`LinkPair::drive`] with a waiting reader's buffer lent.
+    fn drive_lent(&mut self, s: usize, recv_into: Option<&[u8]>) {
         let now = self.now;
         let side = &mut self.sides[s];
         if side.hostile {
@@ -231,15 +255,20 @@ impl LinkPair {
             return;
         };
         let mut checked = 0;
-        link.drive_checked(now, &mut side.qp, &mut |before, op| {
-            checked += 1;
-            if let crate::verbs::Op::Send {
-                header, payload, ..
-            } = op
-            {
-                check_send(s, before, header, payload.end > payload.start);
-            }
-        });
+        link.drive_checked(
+            now,
+            &mut side.qp,
+            &mut |before, op| {
+                checked += 1;
+                if let crate::verbs::Op::Send {
+                    header, payload, ..
+                } = op
+                {
+                    check_send(s, before, header, payload.end > payload.start);
+                }
+            },
+            recv_into,
+        );
         self.ops_checked += checked;
         self.after_drive(s);
     }
@@ -297,7 +326,8 @@ impl LinkPair {
         if side.hostile || side.dead {
             return;
         }
-        check_idle(s, link.conn(), side.qp.datapath().recv_posted());
+        let posted = side.qp.datapath().recv_posted() + link.recv_held();
+        check_idle(s, link.conn(), posted);
         let peer = &self.sides[1 - s];
         let (Some(peer_link), false) = (peer.link.as_ref(), peer.hostile || peer.dead) else {
             return;
@@ -321,7 +351,7 @@ impl LinkPair {
     }
 
     fn chunk(&mut self) -> usize {
-        if self.rng.chance(1, 8) {
+        if self.tiny_chunks && self.rng.chance(1, 8) {
             1 + self.rng.below(16) as usize
         } else {
             1 + self.rng.below(self.max_chunk as u64) as usize
@@ -348,8 +378,20 @@ impl LinkPair {
     /// Side `s` writes up to one chunk of its transmit queue to the wire.
     pub fn transmit(&mut self, s: usize) {
         let n = self.chunk();
+        self.transmit_from(s, n, None);
+        self.drive(s);
+    }
+
+    /// Side `s` frames what it has and writes up to `n` octets of it to the
+    /// wire, with `lent` as the bytes of a direct send in progress; returns
+    /// the octets written.
+    pub fn transmit_from(&mut self, s: usize, n: usize, lent: Option<&[u8]>) -> usize {
         let now = self.now;
         let side = &mut self.sides[s];
+        if let (Some(link), Some(_)) = (side.link.as_mut(), lent) {
+            side.qp
+                .poll_transmit(now, &link.memory_with(lent, None), 256 * 1024);
+        }
         let mut taken = 0;
         {
             let wire = &mut side.wire;
@@ -360,7 +402,10 @@ impl LinkPair {
                 taken < n
             };
             let r = match side.link.as_mut() {
-                Some(link) => side.qp.txq().for_each_slice(&link.memory(), &mut copy),
+                Some(link) => side
+                    .qp
+                    .txq()
+                    .for_each_slice(&link.memory_with(lent, None), &mut copy),
                 None => side
                     .qp
                     .txq()
@@ -369,7 +414,7 @@ impl LinkPair {
             r.expect("transmit queue refers to missing memory");
         }
         side.qp.tx_advance(now, taken);
-        self.drive(s);
+        taken
     }
 
     /// Side `s`'s bytes on the wire: up to one chunk reaches the other
@@ -378,12 +423,16 @@ impl LinkPair {
         let mut n = self.chunk().min(self.sides[s].wire.len());
         let now = self.now;
         let o = 1 - s;
+        let mut lent = self.lend_reader(o);
         let [a, b] = &mut self.sides;
         let (from, to) = if s == 0 { (a, b) } else { (b, a) };
         while n > 0 {
             let target = to.qp.recv_target();
             let mut scratch = iwarp::mem::VecMemory::new();
-            let mut lm = to.link.as_mut().map(Link::memory);
+            let mut lm = to
+                .link
+                .as_mut()
+                .map(|l| l.memory_with(None, lent.as_deref_mut()));
             let mem: &mut dyn Memory = match lm.as_mut() {
                 Some(m) => m,
                 None => &mut scratch,
@@ -424,7 +473,10 @@ impl LinkPair {
                 }
             }
         }
-        self.drive(o);
+        self.drive_lent(o, lent.as_deref());
+        if let Some(buf) = lent {
+            self.reader_done(o, buf, false);
+        }
         if self.sides[s].fin && self.sides[s].wire.is_empty() && !self.sides[s].fin_delivered {
             self.sides[s].fin_delivered = true;
             let to = &mut self.sides[o];
@@ -436,6 +488,84 @@ impl LinkPair {
             }
             self.drive(o);
         }
+    }
+
+    /// A delivery to side `o` whose application reads directly: the
+    /// reader's buffer if it pumps this delivery itself (lent), or `None`
+    /// (not waiting, or another thread pumps).
+    fn lend_reader(&mut self, o: usize) -> Option<Vec<u8>> {
+        let app = &self.apps[o];
+        if !app.direct_recv || !app.reading || app.eof || self.sides[o].hostile {
+            return None;
+        }
+        if app.waiting.is_some() && self.rng.chance(1, 4) {
+            // Another thread (the progress thread) pumps while the reader
+            // waits.
+            return None;
+        }
+        let len = if app.exact_reads {
+            app.max_io
+        } else {
+            1 + self.rng.below(app.max_io as u64) as usize
+        };
+        let mut buf = self.apps[o].waiting.take().unwrap_or_else(|| vec![0; len]);
+        let now = self.now;
+        let side = &mut self.sides[o];
+        let link = side.link.as_mut()?;
+        if link.lend_recv(now, &mut side.qp, &mut buf) {
+            return Some(buf);
+        }
+        self.reader_done(o, buf, false);
+        None
+    }
+
+    /// After a pump for the waiting reader of side `o`: the bytes placed in
+    /// `buf` are checked and counted as read, or the reader goes on
+    /// waiting (unless `leave`, or at random: a timeout).
+    fn reader_done(&mut self, o: usize, buf: Vec<u8>, leave: bool) {
+        let now = self.now;
+        let side = &mut self.sides[o];
+        let Some(link) = side.link.as_mut() else {
+            return;
+        };
+        // Every completion was handled, with its overlay.
+        assert_eq!(side.qp.datapath().overlays_done(), 0, "side {o}");
+        link.park_recv(&mut side.qp);
+        let n = link.take_received_direct();
+        if n > 0 {
+            let app = &mut self.apps[o];
+            self.expect.resize(n, 0);
+            pattern(app.peer_seed, app.read, &mut self.expect);
+            assert!(
+                buf[..n] == self.expect[..],
+                "side {o}: wrong bytes placed directly at offset {}",
+                app.read
+            );
+            app.read_hash.update(&buf[..n]);
+            app.read += n as u64;
+        }
+        if n == 0 && link.recv_lent() && !leave && !self.rng.chance(1, 3) {
+            self.apps[o].waiting = Some(buf);
+            return;
+        }
+        link.recv_done_waiting(now, &mut side.qp, &buf);
+        // Emptied buffers are re-posted and credited.
+        self.drive(o);
+    }
+
+    /// The waiting reader of side `o` wakes without new bytes and ends its
+    /// read.
+    pub fn reader_wakes(&mut self, o: usize) {
+        let Some(mut buf) = self.apps[o].waiting.take() else {
+            return;
+        };
+        let now = self.now;
+        let side = &mut self.sides[o];
+        if let Some(link) = side.link.as_mut() {
+            link.drive(now, &mut side.qp);
+            link.lend_recv(now, &mut side.qp, &mut buf);
+        }
+        self.reader_done(o, buf, true);
     }
 
     /// The application of side `s` writes once.
@@ -459,6 +589,29 @@ impl LinkPair {
         let Some(link) = self.sides[s].link.as_mut() else {
             return;
         };
+        if self.apps[s].direct_send {
+            let buf = core::mem::take(&mut self.buf);
+            match link.send_direct(&buf, SendFlags::EMPTY) {
+                Ok(n) => {
+                    let app = &mut self.apps[s];
+                    app.write_hash.update(&buf[..n]);
+                    app.written += n as u64;
+                    // The call posts and writes what the socket takes.
+                    self.drive(s);
+                    let k = self.chunk();
+                    self.transmit_from(s, k, Some(&buf[..n]));
+                    let side = &mut self.sides[s];
+                    if let Some(link) = side.link.as_mut() {
+                        link.finish_direct(&buf[..n], &mut side.qp);
+                    }
+                }
+                Err(Error::WouldBlock) => {}
+                Err(e) => self.apps[s].errors.push(e),
+            }
+            self.buf = buf;
+            self.drive(s);
+            return;
+        }
         match link.send(&self.buf, SendFlags::EMPTY) {
             Ok(n) => {
                 let app = &mut self.apps[s];
@@ -502,7 +655,7 @@ impl LinkPair {
     /// jump of virtual time to the next timer. False if nothing can happen.
     pub fn step(&mut self) -> bool {
         self.now += Duration::from_micros(self.rng.below(20));
-        let mut choices = [0usize; 8];
+        let mut choices = [0usize; 10];
         let mut count = 0;
         for s in 0..2 {
             if self.has_output(s) {
@@ -525,6 +678,10 @@ impl LinkPair {
                         choices[count] = 6 + s;
                         count += 1;
                     }
+                    if app.waiting.is_some() {
+                        choices[count] = 8 + s;
+                        count += 1;
+                    }
                 }
             }
         }
@@ -536,7 +693,8 @@ impl LinkPair {
             0 | 1 => self.transmit(choice),
             2 | 3 => self.deliver(choice - 2),
             4 | 5 => self.app_write(choice - 4),
-            _ => self.app_read(choice - 6),
+            6 | 7 => self.app_read(choice - 6),
+            _ => self.reader_wakes(choice - 8),
         }
         true
     }

@@ -102,11 +102,25 @@ fn saw_error(pair: &mut LinkPair, s: usize, err: Error) -> bool {
 
 /// Both directions at once, hashes compared; then a graceful close.
 fn transfer(a: &Config, b: &Config, seed: u64, bytes: u64, max_chunk: usize) -> LinkPair {
+    transfer_with(a, b, seed, bytes, max_chunk, (false, false))
+}
+
+/// [`transfer`], writing with `send_direct` and reading into a waiting
+/// buffer as `direct` (send, receive) says.
+fn transfer_with(
+    a: &Config,
+    b: &Config,
+    seed: u64,
+    bytes: u64,
+    max_chunk: usize,
+    direct: (bool, bool),
+) -> LinkPair {
     let mut pair = LinkPair::connected(a, b, seed);
     pair.max_chunk = max_chunk;
     for app in &mut pair.apps {
         app.to_write = bytes;
         app.shutdown_when_done = true;
+        (app.direct_send, app.direct_recv) = direct;
     }
     let done = |p: &LinkPair| p.apps.iter().all(|a| a.eof);
     assert!(pair.run(u64::MAX, done), "seed {seed}: transfer stuck");
@@ -157,6 +171,29 @@ fn gigabyte_each_way() {
     let c = Config::default();
     let pair = transfer(&c, &c, 77, bytes, 256 * 1024);
     assert_eq!(pair.apps[0].read, bytes);
+}
+
+/// The direct paths at scale: every write sends straight from its buffer,
+/// every waiting read lends its buffer; 256 MiB each way under `cargo test
+/// --release` (run with `gigabyte`), 8 MiB in debug builds.
+#[test]
+fn gigabyte_direct_quarter_each_way() {
+    let bytes = if cfg!(debug_assertions) {
+        8 << 20
+    } else {
+        256 << 20
+    };
+    let c = Config::default();
+    let mut pair = transfer_with(&c, &c, 78, bytes, 256 * 1024, (true, true));
+    for s in 0..2 {
+        let st = pair.sides[s].link().copy_stats();
+        assert_eq!(st.bytes_sent_direct + st.bytes_staged, bytes);
+        assert_eq!(st.bytes_received_direct + st.bytes_copied_from_pool, bytes);
+        assert!(
+            st.bytes_sent_direct > 0 && st.bytes_received_direct > 0,
+            "{st:?}"
+        );
+    }
 }
 
 #[test]
@@ -382,4 +419,182 @@ fn hostile_data_after_disconn() {
             message(Mid::DATA, Flags::EMPTY, bufs, mseq + 1, ack, b"late"),
         ]
     });
+}
+
+/// Direct sends (DESIGN §7) with random buffer sizes and chunking: within
+/// each call the "socket" takes a random part straight from the caller's
+/// buffer and the rest is staged and rebased. The bytes arrive intact, and
+/// every byte written was either sent direct or staged, never both.
+#[test]
+fn direct_send_random_partial_writes() {
+    let (mut direct, mut staged) = (0, 0);
+    for seed in 0..12 {
+        let mut rng = crate::testing::Rng::new(seed + 100);
+        let mut cfg = || Config {
+            bufs: 3 + rng.below(6) as u16,
+            buf_size: 37 + rng.below(4000) as u32,
+            send_buffer: 1 + rng.below(20_000),
+            ..Config::default()
+        };
+        let (a, b) = (cfg(), cfg());
+        let max_chunk = [1, 7, 100, 3000, 40_000][seed as usize % 5];
+        let bytes = 30_000 + seed * 1000;
+        let mut pair = transfer_with(&a, &b, seed, bytes, max_chunk, (true, false));
+        for s in 0..2 {
+            let st = pair.sides[s].link().copy_stats();
+            assert_eq!(st.bytes_sent_direct + st.bytes_staged, bytes, "seed {seed}");
+            direct += st.bytes_sent_direct;
+            staged += st.bytes_staged;
+        }
+    }
+    assert!(direct > 0 && staged > 0, "direct {direct} staged {staged}");
+}
+
+/// One direct send of four full Data Messages; the socket takes two
+/// FPDUs and 100 octets of the third within the call. Exactly the payload
+/// not written is staged, the queued references move to the ring, and the
+/// peer reads the bytes intact.
+#[test]
+fn direct_send_stages_exactly_what_the_socket_did_not_take() {
+    let c = Config {
+        bufs: 16,
+        buf_size: 512,
+        desired_remote_buf_size: 512,
+        send_buffer: 4096,
+        ..Config::default()
+    };
+    let mut pair = LinkPair::connected(&c, &c, 21);
+    assert!(pair.settle(100_000));
+    assert!(pair.sides[0].qp.txq().is_empty());
+    // 496 payload octets per message (512 minus the BSDH); each FPDU is
+    // 2 (ULPDU_Length) + 18 (DDP/RDMAP) + 16 (BSDH) + 496 + 4 (CRC) = 536.
+    let payload = 4 * 496;
+    let mut data = vec![0; payload];
+    crate::testing::pattern(pair.apps[0].seed, 0, &mut data);
+    assert_eq!(
+        pair.sides[0].link().send_direct(&data, SendFlags::EMPTY),
+        Ok(payload)
+    );
+    pair.drive(0);
+    assert_eq!(pair.sides[0].link().conn().tx().sent(), payload as u64);
+    // Two whole FPDUs, then the 36 header octets and 64 payload octets of
+    // the third.
+    let took = pair.transmit_from(0, 2 * 536 + 100, Some(&data));
+    assert_eq!(took, 2 * 536 + 100);
+    let side = &mut pair.sides[0];
+    let link = side.link.as_mut().unwrap();
+    assert_eq!(
+        side.qp.region_low_water(super::direct::SEND_FROM),
+        Some(2 * 496 + 64)
+    );
+    link.finish_direct(&data, &mut side.qp);
+    assert_eq!(side.qp.region_low_water(super::direct::SEND_FROM), None);
+    let st = link.copy_stats();
+    assert_eq!(st.bytes_sent_direct, 2 * 496 + 64);
+    assert_eq!(st.bytes_staged, payload as u64 - (2 * 496 + 64));
+    // The rest goes from the ring; the lent buffer is gone.
+    drop(data);
+    pair.apps[0].to_write = payload as u64;
+    pair.apps[0].written = payload as u64;
+    let mut hash = crate::testing::StreamHash::default();
+    let mut again = vec![0; payload];
+    crate::testing::pattern(pair.apps[0].seed, 0, &mut again);
+    hash.update(&again);
+    assert!(pair.run(1_000_000, |p| p.apps[1].read == payload as u64));
+    assert_eq!(pair.apps[1].read_hash, hash);
+}
+
+/// Direct receive (DESIGN §7): readers wait with buffers of random size
+/// while the byte stream arrives in random chunks, so messages land whole
+/// in the reader's buffer, split across calls (copied back into the
+/// Private Buffer), or after a credit update. The bytes arrive intact and
+/// each was either placed direct or copied from a Private Buffer.
+#[test]
+fn direct_recv_random_chunking() {
+    let mut direct = 0;
+    for seed in 0..32 {
+        let mut rng = crate::testing::Rng::new(seed + 200);
+        let mut cfg = || Config {
+            bufs: 3 + rng.below(6) as u16,
+            buf_size: 37 + rng.below(4000) as u32,
+            send_buffer: 1 + rng.below(20_000),
+            ..Config::default()
+        };
+        let (a, b) = (cfg(), cfg());
+        let max_chunk = [1, 7, 100, 3000, 40_000, 1 << 20][seed as usize % 6];
+        let bytes = 30_000 + seed * 1000;
+        let both = seed % 2 == 0;
+        let mut pair = transfer_with(&a, &b, seed, bytes, max_chunk, (both, true));
+        for s in 0..2 {
+            let st = pair.sides[s].link().copy_stats();
+            assert_eq!(
+                st.bytes_received_direct + st.bytes_copied_from_pool,
+                bytes,
+                "seed {seed} side {s}"
+            );
+            direct += st.bytes_received_direct;
+        }
+    }
+    assert!(direct > 0);
+}
+
+/// A 64-byte ping-pong where each reader waits for the message and each
+/// writer's socket takes the whole message during the call: no byte is
+/// staged or copied from a Private Buffer, in either direction.
+#[test]
+fn pingpong_waiting_reader_copies_nothing() {
+    let c = Config::default();
+    let mut pair = LinkPair::connected(&c, &c, 31);
+    assert!(pair.settle(100_000));
+    // Each message reaches the reader in one piece, as from a socket.
+    pair.max_chunk = 1 << 20;
+    pair.tiny_chunks = false;
+    for app in &mut pair.apps {
+        app.direct_recv = true;
+        app.exact_reads = true;
+        app.max_io = 64;
+    }
+    let rounds = 500u64;
+    let mut offsets = [0u64; 2];
+    for i in 0..rounds * 2 {
+        let s = (i % 2) as usize;
+        let o = 1 - s;
+        let mut msg = [0u8; 64];
+        crate::testing::pattern(pair.apps[s].seed, offsets[s], &mut msg);
+        offsets[s] += 64;
+        pair.apps[s].write_hash.update(&msg);
+        let side = &mut pair.sides[s];
+        let link = side.link.as_mut().unwrap();
+        assert_eq!(link.send_direct(&msg, SendFlags::EMPTY), Ok(64));
+        pair.drive(s);
+        pair.transmit_from(s, usize::MAX, Some(&msg));
+        let side = &mut pair.sides[s];
+        side.link
+            .as_mut()
+            .unwrap()
+            .finish_direct(&msg, &mut side.qp);
+        pair.drive(s);
+        // The reader waits with 64 bytes of room; the message arrives.
+        let before = pair.apps[o].read;
+        while !pair.sides[s].wire.is_empty() {
+            pair.deliver(s);
+        }
+        assert_eq!(
+            pair.apps[o].read,
+            before + 64,
+            "round {i}: {:?} {:?} {:?} readable {}",
+            pair.sides[s].link().copy_stats(),
+            pair.sides[o].link().copy_stats(),
+            pair.sides[s].link().credit_state(),
+            pair.sides[o].link().bytes_readable()
+        );
+    }
+    for s in 0..2 {
+        let st = pair.sides[s].link().copy_stats();
+        assert_eq!(st.bytes_staged, 0, "side {s}");
+        assert_eq!(st.bytes_copied_from_pool, 0, "side {s}");
+        assert_eq!(st.bytes_sent_direct, rounds * 64);
+        assert_eq!(st.bytes_received_direct, rounds * 64);
+        assert_eq!(pair.apps[s].read_hash, pair.apps[1 - s].write_hash);
+    }
 }

@@ -23,6 +23,11 @@
 //!   Application threads do the work themselves on the fast path, and a
 //!   blocking read sleeps in `poll` on its own socket ([`shared`] holds the
 //!   locking rules).
+//! * **Copies** (DESIGN §7, [`crate::link::direct`]). `write` sends
+//!   straight from the caller's buffer and stages only what the socket does
+//!   not take during the call; a `read` that waits with nothing unread
+//!   receives the next messages' payload straight into its buffer.
+//!   [`SdpStream::info`] counts both paths.
 //! * **Close.** Dropping the last handle closes gracefully (DisConn after
 //!   the data, §8.2.1) and the progress thread finishes the exchange; a
 //!   blocking stream first waits (at most 10 s) until its accepted bytes
@@ -80,6 +85,7 @@ pub use iwarp::driver::{Endpoint, Progress};
 
 use crate::conn::{Config, CreditState, FlowControlMode, RecvFlags, SendFlags, Shutdown, State};
 use crate::errno::Error;
+use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
 use shared::{Locked, Shared};
 
@@ -160,6 +166,83 @@ fn wait_until(
             return Err(would_block());
         }
         g.wait(deadline)?;
+    }
+}
+
+/// The loop of [`SdpStream::recv_flags`]; `got` counts the bytes in `buf`.
+fn recv_loop(
+    g: &mut Locked<'_>,
+    buf: &mut [u8],
+    flags: RecvFlags,
+    got: &mut usize,
+) -> io::Result<usize> {
+    let deadline = g.read_timeout.map(|t| Instant::now() + t);
+    let mut pumped = false;
+    // A plain read that waits lends its buffer: the next message's
+    // payload may land in it directly (DESIGN §7).
+    let lend = !flags.contains(RecvFlags::PEEK) && !flags.contains(RecvFlags::OOB);
+    let mut direct = 0;
+    loop {
+        let r = if direct > 0 {
+            // Bytes already in place; more may wait in the Private
+            // Buffers behind them, as a TCP read would return.
+            let more = g.link.recv(&mut buf[*got + direct..], flags).unwrap_or(0);
+            Ok(core::mem::take(&mut direct) + more)
+        } else {
+            g.link.recv(&mut buf[*got..], flags)
+        };
+        match r {
+            Ok(n) => {
+                // Emptied buffers are re-posted and credited.
+                g.pump_out(Instant::now());
+                *got += n;
+                let waitall = flags.contains(RecvFlags::WAITALL)
+                    && !flags.contains(RecvFlags::PEEK)
+                    && n > 0
+                    && *got < buf.len();
+                if !waitall {
+                    return Ok(*got);
+                }
+            }
+            Err(e) if *got > 0 && e != Error::WouldBlock => return Ok(*got),
+            // A blocking call goes straight to poll(2), which sees what
+            // the socket holds; a nonblocking one reads it first.
+            Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+                direct = pump_reader(g, lend, &mut buf[*got..]);
+                pumped = true;
+            }
+            Err(Error::WouldBlock) if g.nonblocking => {
+                return if *got > 0 {
+                    Ok(*got)
+                } else {
+                    Err(would_block())
+                };
+            }
+            Err(Error::WouldBlock) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return if *got > 0 {
+                        Ok(*got)
+                    } else {
+                        Err(would_block())
+                    };
+                }
+                g.wait(deadline)?;
+                direct = pump_reader(g, lend, &mut buf[*got..]);
+            }
+            Err(e) => return Err(to_io(e)),
+        }
+    }
+}
+
+/// Pumps for a reader with `buf`: straight into it if `lend` (see
+/// [`shared::Inner::pump_for_reader`]). Returns the bytes placed there.
+fn pump_reader(g: &mut Locked<'_>, lend: bool, buf: &mut [u8]) -> usize {
+    let now = Instant::now();
+    if lend {
+        g.pump_for_reader(now, buf)
+    } else {
+        g.pump(now);
+        0
     }
 }
 
@@ -333,6 +416,7 @@ impl SdpStream {
             bytes_sent: conn.tx().sent(),
             bytes_received: conn.rx_total(),
             credits: conn.credit_state(),
+            copies: g.link.copy_stats(),
         }
     }
 
@@ -375,11 +459,8 @@ impl SdpStream {
         let deadline = g.write_timeout.map(|t| Instant::now() + t);
         let mut pumped = false;
         loop {
-            match g.link.send(buf, flags) {
-                Ok(n) => {
-                    g.pump_out(Instant::now());
-                    return Ok(n);
-                }
+            match g.send_direct(Instant::now(), buf, flags) {
+                Ok(n) => return Ok(n),
                 Err(Error::WouldBlock) if g.nonblocking && !pumped => {
                     // Credits or completions may be waiting in the socket.
                     g.pump(Instant::now());
@@ -403,43 +484,12 @@ impl SdpStream {
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
         let shared = self.shared();
         let mut g = shared.lock();
-        let deadline = g.read_timeout.map(|t| Instant::now() + t);
-        let mut pumped = false;
         let mut got = 0;
-        loop {
-            match g.link.recv(&mut buf[got..], flags) {
-                Ok(n) => {
-                    // Emptied buffers are re-posted and credited.
-                    g.pump_out(Instant::now());
-                    got += n;
-                    let waitall = flags.contains(RecvFlags::WAITALL)
-                        && !flags.contains(RecvFlags::PEEK)
-                        && n > 0
-                        && got < buf.len();
-                    if !waitall {
-                        return Ok(got);
-                    }
-                }
-                Err(e) if got > 0 && e != Error::WouldBlock => return Ok(got),
-                // A blocking call goes straight to poll(2), which sees what
-                // the socket holds; a nonblocking one reads it first.
-                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
-                    g.pump(Instant::now());
-                    pumped = true;
-                }
-                Err(Error::WouldBlock) if g.nonblocking => {
-                    return if got > 0 { Ok(got) } else { Err(would_block()) };
-                }
-                Err(Error::WouldBlock) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return if got > 0 { Ok(got) } else { Err(would_block()) };
-                    }
-                    g.wait(deadline)?;
-                    g.pump(Instant::now());
-                }
-                Err(e) => return Err(to_io(e)),
-            }
-        }
+        let r = recv_loop(&mut g, buf, flags, &mut got);
+        // A message that was landing in `buf[got..]` and is not whole goes
+        // back to the Private Buffers.
+        g.reader_leaves(Instant::now(), &buf[got..]);
+        r
     }
 
     /// `shutdown(2)`. Write: DisConn once every accepted byte is sent
@@ -635,6 +685,10 @@ pub struct StreamInfo {
     pub bytes_received: u64,
     /// The credit state (§10).
     pub credits: CreditState,
+    /// The Bcopy bytes by the copies they took (DESIGN §7): sent straight
+    /// from the caller's buffer or staged, received straight into the
+    /// reader's buffer or copied from a Private Buffer.
+    pub copies: CopyStats,
 }
 
 /// `config` with its receive Private Buffers shrunk, if need be, so that a

@@ -113,13 +113,57 @@ impl Inner {
     /// the teardown and the timers, until nothing moves. True if anything
     /// did.
     pub fn pump(&mut self, now: Instant) -> bool {
+        self.pump_lent(now, None)
+    }
+
+    /// [`Inner::pump`] for a reader waiting with `buf` (no MSG_PEEK or
+    /// MSG_OOB): when nothing is unread, the next message's payload is
+    /// received straight into `buf` (DESIGN §7, [`Link::lend_recv`]).
+    /// Returns the bytes that landed there, from its start, which are
+    /// read; 0 when none did (what arrived is in the Private Buffers). Pass
+    /// the same `buf` on every call of one read, and end the read with
+    /// [`Inner::reader_leaves`].
+    pub fn pump_for_reader(&mut self, now: Instant, buf: &mut [u8]) -> usize {
+        self.link.drive(now, self.ep.connection_mut());
+        if self.reset || !self.link.lend_recv(now, self.ep.connection_mut(), buf) {
+            self.pump(now);
+        } else {
+            self.pump_lent(now, Some(&mut *buf));
+        }
+        let n = self.link.take_received_direct();
+        if n > 0 {
+            // The read returns these; a next message landing behind them
+            // goes back to the Private Buffers.
+            self.reader_leaves(now, buf);
+        } else {
+            self.link.park_recv(self.ep.connection_mut());
+        }
+        n
+    }
+
+    /// The read that [`Inner::pump_for_reader`] served ends with `buf` as
+    /// lent: what was placed there for a message not handed over goes back
+    /// into the Private Buffers.
+    pub fn reader_leaves(&mut self, now: Instant, buf: &[u8]) {
+        if self
+            .link
+            .recv_done_waiting(now, self.ep.connection_mut(), buf)
+        {
+            self.pump_out(now);
+        }
+    }
+
+    fn pump_lent(&mut self, now: Instant, mut recv_into: Option<&mut [u8]>) -> bool {
         let mut any = self.timers(now);
         // A short read means "drained" to the endpoint, but the peer's FIN
         // may wait behind the bytes it read: an edge-triggered event that
         // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
         let mut again = std::mem::take(&mut self.hangup_hint);
         while !self.llp_end && !self.reset {
-            let r = self.ep.pump_recv(now, &mut self.link.memory());
+            let r = self.ep.pump_recv(
+                now,
+                &mut self.link.memory_with(None, recv_into.as_deref_mut()),
+            );
             match r {
                 Ok(Progress::Idle) => break,
                 Ok(Progress::Progressed) => {
@@ -149,18 +193,50 @@ impl Inner {
                 }
             }
         }
-        any |= self.pump_out(now);
+        any |= self.pump_out_from(now, None, recv_into.as_deref());
         any
     }
 
     /// Drives the link and writes until nothing moves (no socket read).
     pub fn pump_out(&mut self, now: Instant) -> bool {
+        self.pump_out_from(now, None, None)
+    }
+
+    /// `send(2)` straight from `buf` (DESIGN §7): the accepted bytes are
+    /// posted and written from `buf` as far as the socket takes them now;
+    /// only the rest is copied into the staging ring, from which the
+    /// progress thread sends it later ([`Link::send_direct`]).
+    pub fn send_direct(
+        &mut self,
+        now: Instant,
+        buf: &[u8],
+        flags: crate::conn::SendFlags,
+    ) -> Result<usize, crate::errno::Error> {
+        let n = self.link.send_direct(buf, flags)?;
+        let buf = &buf[..n];
+        self.pump_out_from(now, Some(buf), None);
+        self.link.finish_direct(buf, self.ep.connection_mut());
+        Ok(n)
+    }
+
+    /// [`Inner::pump_out`], with the bytes of a direct send or a waiting
+    /// reader's buffer lent.
+    fn pump_out_from(
+        &mut self,
+        now: Instant,
+        send_from: Option<&[u8]>,
+        recv_into: Option<&[u8]>,
+    ) -> bool {
         let mut any = false;
         for _ in 0..64 {
-            self.link.drive(now, self.ep.connection_mut());
+            self.link
+                .drive_lent(now, self.ep.connection_mut(), recv_into);
             let mut progressed = false;
             if !self.reset {
-                match self.ep.pump_send(now, &self.link.memory()) {
+                match self
+                    .ep
+                    .pump_send(now, &self.link.memory_with(send_from, None))
+                {
                     Ok(Progress::Progressed) => progressed = true,
                     Ok(_) => {}
                     Err(e) => {
@@ -173,7 +249,7 @@ impl Inner {
                     }
                 }
             }
-            progressed |= self.teardown(now);
+            progressed |= self.teardown(now, send_from);
             any |= progressed;
             if !progressed {
                 break;
@@ -197,7 +273,7 @@ impl Inner {
     }
 
     /// Carries out the link's LLP teardown once it can.
-    fn teardown(&mut self, now: Instant) -> bool {
+    fn teardown(&mut self, now: Instant, send_from: Option<&[u8]>) -> bool {
         match self.link.teardown() {
             Some(Teardown::Graceful)
                 if !self.shut_wr
@@ -217,7 +293,9 @@ impl Inner {
                     self.ep.connection().state(),
                     iwarp::engine::State::Terminate
                 ) {
-                    let _ = self.ep.pump_send(now, &self.link.memory());
+                    let _ = self
+                        .ep
+                        .pump_send(now, &self.link.memory_with(send_from, None));
                 }
                 // §8.2.2: "MUST immediately terminate the LLP connection":
                 // a TCP reset; connect(AF_UNSPEC) sends it and leaves the
