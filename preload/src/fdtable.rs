@@ -21,7 +21,7 @@ use crate::stat;
 use std::cell::UnsafeCell;
 use std::net::SocketAddr;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots per chunk.
@@ -126,8 +126,15 @@ pub struct StreamHandle {
     /// is always nonblocking (the engine needs it, and a `dup` shares the
     /// flag), so `fcntl(F_GETFL/F_SETFL)` and `ioctl(FIONBIO)` use this.
     pub nonblock: AtomicBool,
+    /// `SO_RCVTIMEO` and `SO_SNDTIMEO` in nanoseconds (0: none) as last
+    /// read from the kernel socket, or [`TIMEOUT_UNKNOWN`]: a blocking call
+    /// reads them once, not once per call; `setsockopt` forgets them.
+    pub timeouts: [AtomicU64; 2],
     pub endpoint: Arc<dyn SdpEndpoint>,
 }
+
+/// See [`StreamHandle::timeouts`].
+pub const TIMEOUT_UNKNOWN: u64 = u64::MAX;
 
 /// A hidden SDP listener shared like [`StreamHandle`].
 pub struct ListenerHandle {
@@ -167,6 +174,10 @@ impl SdpSide {
         SdpSide::Stream(Arc::new(StreamHandle {
             fds: AtomicUsize::new(0),
             nonblock: AtomicBool::new(nonblock),
+            timeouts: [
+                AtomicU64::new(TIMEOUT_UNKNOWN),
+                AtomicU64::new(TIMEOUT_UNKNOWN),
+            ],
             endpoint,
         }))
     }

@@ -117,8 +117,23 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSlice<'a>>, Errn
         .collect()
 }
 
-/// `SO_RCVTIMEO` / `SO_SNDTIMEO` (`None`: wait forever).
-fn timeout(fd: c_int, name: c_int) -> Option<Duration> {
+/// `SO_RCVTIMEO` / `SO_SNDTIMEO` of an SDP fd (`None`: wait forever),
+/// from `h`'s copy once read.
+fn timeout(fd: c_int, h: &StreamHandle, name: c_int) -> Option<Duration> {
+    let slot = &h.timeouts[usize::from(name == libc::SO_SNDTIMEO)];
+    let ns = match slot.load(Ordering::Relaxed) {
+        fdtable::TIMEOUT_UNKNOWN => {
+            let t = kernel_timeout(fd, name).map_or(0, |t| t.as_nanos() as u64);
+            slot.store(t, Ordering::Relaxed);
+            t
+        }
+        t => t,
+    };
+    (ns != 0).then(|| Duration::from_nanos(ns))
+}
+
+/// `SO_RCVTIMEO` / `SO_SNDTIMEO` as the kernel socket has it.
+fn kernel_timeout(fd: c_int, name: c_int) -> Option<Duration> {
     let _errno = SavedErrno::save();
     let mut tv = libc::timeval {
         tv_sec: 0,
@@ -215,7 +230,7 @@ fn sdp_recv_inner(
     let deadline = if dontwait {
         None
     } else {
-        timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
+        timeout(fd, h, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
     let result = loop {
@@ -269,7 +284,7 @@ fn sdp_send_inner(
     let deadline = if dontwait {
         None
     } else {
-        timeout(fd, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
+        timeout(fd, h, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
     let result = loop {
@@ -887,13 +902,19 @@ mod tests {
         // SAFETY: a local buffer.
         let n = unsafe { recv(app, b.as_mut_ptr().cast(), 4, libc::MSG_DONTWAIT) };
         assert_eq!((n, real::errno()), (-1, libc::EAGAIN));
+        // A blocking read with data there: no timeout yet (and the handle
+        // keeps that), then the program sets one.
+        ep.deliver(b"ab");
+        // SAFETY: a local buffer.
+        let n = unsafe { read(app, b.as_mut_ptr().cast(), 4) };
+        assert_eq!(n, 2);
         let tv = libc::timeval {
             tv_sec: 0,
             tv_usec: 30_000,
         };
-        // SAFETY: a local timeval.
+        // SAFETY: a local timeval; the hook, as the program would call it.
         let r = unsafe {
-            libc::setsockopt(
+            super::super::socket::setsockopt(
                 app,
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,

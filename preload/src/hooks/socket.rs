@@ -887,6 +887,12 @@ pub unsafe extern "C" fn setsockopt(
     }
     if r == 0 && !val.is_null() {
         if let Some(h) = fdtable::stream(fd) {
+            if level == libc::SOL_SOCKET {
+                // Perhaps a timeout: read again at the next blocking call.
+                for t in &h.timeouts {
+                    t.store(fdtable::TIMEOUT_UNKNOWN, Ordering::Relaxed);
+                }
+            }
             // SAFETY: the kernel just read `len` bytes at `val`.
             let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) };
             let answer = protect(
