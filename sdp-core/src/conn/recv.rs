@@ -34,11 +34,18 @@ pub struct BufferPool {
     count: usize,
 }
 
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        crate::recycle::give(std::mem::take(&mut self.data));
+    }
+}
+
 impl BufferPool {
-    /// Allocates `count` zeroed buffers of `buf_size` bytes.
+    /// Allocates `count` buffers of `buf_size` bytes (recycled from an
+    /// ended connection if one left some: [`crate::recycle`]).
     pub fn new(count: usize, buf_size: usize) -> BufferPool {
         BufferPool {
-            data: vec![0; count.saturating_mul(buf_size)],
+            data: crate::recycle::take(count.saturating_mul(buf_size)),
             buf_size,
             count,
         }

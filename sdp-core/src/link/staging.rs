@@ -48,11 +48,17 @@ pub struct Staging {
     free: Vec<u32>,
 }
 
+impl Drop for Staging {
+    fn drop(&mut self) {
+        crate::recycle::give(std::mem::take(&mut self.ring));
+    }
+}
+
 impl Staging {
     /// A ring of `cap` bytes (at least 1).
     pub fn new(cap: usize) -> Staging {
         Staging {
-            ring: vec![0; cap.max(1)],
+            ring: crate::recycle::take(cap.max(1)),
             headers: Vec::new(),
             free: Vec::new(),
         }
