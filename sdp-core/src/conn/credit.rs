@@ -93,6 +93,9 @@ pub struct Credits {
     /// Buffers posted since our last message, excluding buffers that held
     /// a pure credit update (see [`Credits::must_update`]).
     fresh: u32,
+    /// The highest MSeqAck we may send while a SrcAvailCancel waits for
+    /// In-Process RDMA Reads (§9.5.4).
+    ack_hold: Option<u32>,
 }
 
 impl Credits {
@@ -115,7 +118,23 @@ impl Credits {
             posted: u32::from(posted),
             adverts,
             fresh: 0,
+            ack_hold: None,
         }
+    }
+
+    /// §9.5.4: "The Data Sink MUST NOT update the value of MSeqAck to be
+    /// sent in SDP Messages to greater than or equal to the MSeq value ...
+    /// in the SrcAvailCancel Message until all In-Process SrcAvail
+    /// advertisements have been completed": hold MSeqAck at `cancel_mseq`
+    /// − 1, or (`None`) release it. Gratuitous updates wait meanwhile: a
+    /// held MSeqAck gives the peer no credit back.
+    pub fn hold_ack(&mut self, cancel_mseq: Option<u32>) {
+        self.ack_hold = cancel_mseq.map(|m| m.wrapping_sub(1));
+    }
+
+    /// Whether MSeqAck is held (see [`Credits::hold_ack`]).
+    pub fn ack_held(&self) -> bool {
+        self.ack_hold.is_some()
     }
 
     /// The Connecting Peer received the HelloAck (MSeq 0, a Private Buffer
@@ -139,6 +158,7 @@ impl Credits {
             posted: u32::from(posted),
             adverts: VecDeque::new(),
             fresh: 0,
+            ack_hold: None,
         }
     }
 
@@ -175,7 +195,7 @@ impl Credits {
     /// buffers, trade updates forever. Those buffers still count in
     /// [`Credits::should_update`] once the gain reaches two.
     pub fn must_update(&self) -> bool {
-        self.remote_credit() <= 1 && self.fresh > 0
+        self.ack_hold.is_none() && self.remote_credit() <= 1 && self.fresh > 0
     }
 
     /// Whether to send a gratuitous update (§10.4) now, with `total` the
@@ -188,7 +208,7 @@ impl Credits {
     /// answering each other's updates forever.
     pub fn should_update(&self, total: u16) -> bool {
         let gain = self.gain();
-        if gain <= 0 {
+        if gain <= 0 || self.ack_hold.is_some() {
             return false;
         }
         self.must_update()
@@ -205,7 +225,11 @@ impl Credits {
     /// The BSDH MSeqAck field: the MSeq of the last message received
     /// (§6.1.6).
     pub fn mseq_ack(&self) -> u32 {
-        self.last_rcvd
+        match self.ack_hold {
+            // The hold is below every MSeq received since it began.
+            Some(h) if self.last_rcvd.wrapping_sub(h) < 1 << 31 => h,
+            _ => self.last_rcvd,
+        }
     }
 
     /// MSeq of the last message sent.
@@ -235,7 +259,7 @@ impl Credits {
         let advert = Advert {
             mseq: self.lsseq,
             bufs: self.bufs(),
-            mseq_ack: self.last_rcvd,
+            mseq_ack: self.mseq_ack(),
         };
         self.adverts.push_back(advert);
         self.fresh = 0;
