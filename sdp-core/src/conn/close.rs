@@ -188,7 +188,10 @@ impl fmt::Display for Violation {
             Violation::TooManyAdverts(mid) => write!(f, "{mid} beyond MaxAdverts"),
             Violation::BadModeChange { send, from, to } => {
                 let half = if *send { "send" } else { "receive" };
-                write!(f, "ModeChange of our {half} half from {from:?} to mode {to}")
+                write!(
+                    f,
+                    "ModeChange of our {half} half from {from:?} to mode {to}"
+                )
             }
             Violation::WrongStag { mid, got } => {
                 write!(f, "{mid} invalidated STag {got:#x}, not the advertised one")

@@ -731,7 +731,11 @@ impl Conn {
                     self.emit(Body::SinkAvailCancel, Flags::EMPTY, Sent::Other)
                 }
                 Control::ModeChange { send, mode } => {
-                    let op = self.emit(Conn::mode_change_body(send, mode), Flags::EMPTY, Sent::Other);
+                    let op = self.emit(
+                        Conn::mode_change_body(send, mode),
+                        Flags::EMPTY,
+                        Sent::Other,
+                    );
                     let mseq = self.credits.lsseq();
                     self.on_mode_change_sent(mseq, send, mode);
                     op
@@ -823,7 +827,10 @@ impl Conn {
     /// minus the BSDH (§9.1, §10 constraint 3).
     fn max_payload(&self) -> u64 {
         self.peer.map_or(0, |p| {
-            let size = self.resize.smaller.map_or(p.rcv_size, |s| s.min(p.rcv_size));
+            let size = self
+                .resize
+                .smaller
+                .map_or(p.rcv_size, |s| s.min(p.rcv_size));
             u64::from(size).saturating_sub(wire::BSDH_LEN as u64)
         })
     }
@@ -911,9 +918,7 @@ impl Conn {
                 }
             }
             Event::RecvDone { wr_id, len } => self.on_recv(now, wr_id, len, None),
-            Event::RecvInvalidate { wr_id, len, stag } => {
-                self.on_recv(now, wr_id, len, Some(stag))
-            }
+            Event::RecvInvalidate { wr_id, len, stag } => self.on_recv(now, wr_id, len, Some(stag)),
             Event::SendDone { wr_id } => self.on_send_done(now, wr_id, Sent::Other),
             Event::WriteDone { wr_id } => self.on_send_done(now, wr_id, Sent::Write),
             Event::ReadDone { wr_id } => self.on_send_done(now, wr_id, Sent::Read),
@@ -1142,7 +1147,10 @@ impl Conn {
         // our STags.
         if let Some(stag) = invalidated {
             if !matches!(msg.mid, Mid::RDMA_RD_COMPL | Mid::RDMA_WR_COMPL) {
-                return self.violation(Violation::WrongStag { mid: msg.mid, got: stag });
+                return self.violation(Violation::WrongStag {
+                    mid: msg.mid,
+                    got: stag,
+                });
             }
         }
         if msg.flags.contains(Flags::OOB_PEND) {

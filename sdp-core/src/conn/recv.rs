@@ -173,7 +173,6 @@ impl RxStream {
         len
     }
 
-
     /// Buffers holding unread payload.
     pub fn held_buffers(&self) -> usize {
         self.segs.len()

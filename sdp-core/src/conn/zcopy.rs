@@ -210,6 +210,9 @@ pub(crate) struct Posted {
     reading: bool,
     /// The application took it back.
     cancel: bool,
+    /// Registered for remote write (a SinkAvail), not only as the local
+    /// target of RDMA Reads.
+    remote: bool,
 }
 
 /// The Zcopy and Mode state of one connection.
@@ -355,6 +358,7 @@ impl Conn {
             advertised: false,
             reading: false,
             cancel: false,
+            remote: false,
         });
         self.sink_progress();
         Ok(id)
@@ -441,7 +445,12 @@ impl Conn {
             .z
             .zsends
             .iter()
-            .filter(|z| self.z.srcs.iter().any(|s| s.start < z.end && s.start >= z.start))
+            .filter(|z| {
+                self.z
+                    .srcs
+                    .iter()
+                    .any(|s| s.start < z.end && s.start >= z.start)
+            })
             .filter_map(|z| z.deadline);
         let recvs = self
             .z
@@ -458,7 +467,11 @@ impl Conn {
         let mut expired = false;
         for z in &mut self.z.zsends {
             if z.deadline.is_some_and(|d| d <= now)
-                && self.z.srcs.iter().any(|s| s.start >= z.start && s.start < z.end)
+                && self
+                    .z
+                    .srcs
+                    .iter()
+                    .any(|s| s.start >= z.start && s.start < z.end)
             {
                 z.deadline = None;
                 expired = true;
@@ -475,7 +488,8 @@ impl Conn {
     /// Returns expired posted buffers not in use; cancels expired
     /// SinkAvails (§9.5.5), and buffers the application took back.
     fn expire_posted(&mut self, now: Option<Instant>) {
-        let due = |p: &Posted| p.cancel || matches!((p.deadline, now), (Some(d), Some(n)) if d <= n);
+        let due =
+            |p: &Posted| p.cancel || matches!((p.deadline, now), (Some(d), Some(n)) if d <= n);
         let mut cancel = false;
         let mut i = 0;
         while i < self.z.posted.len() {
@@ -668,6 +682,18 @@ impl Conn {
         let p = self.z.pending_src.as_ref()?;
         let (stag, to) = p.reg?;
         let mode = self.zsend_mode();
+        // §12.4: until our ModeChange to Combined is acknowledged a stale
+        // SinkAvail may still override SrcAvails; send none meanwhile.
+        if self.z.mode_ack.is_some() || mode == FlowControlMode::Buffered {
+            return None;
+        }
+        // §11.2: one SrcAvail at a time in Combined Mode, its payload the
+        // next bytes of the stream.
+        if mode == FlowControlMode::Combined
+            && (!self.z.srcs.is_empty() || p.start != self.tx.sent() || self.z.forced_to.is_some())
+        {
+            return None;
+        }
         let payload = if mode == FlowControlMode::Combined {
             // §9.2 step 1: "In Combined Mode the SrcAvail Message payload
             // MUST contain at least one byte of ULP payload."
@@ -714,7 +740,11 @@ impl Conn {
 
     /// Emits a SrcAvail or SinkAvail carrying the send stream bytes
     /// `range` (none if empty).
-    pub(crate) fn emit_payload(&mut self, body: Body<'_>, range: core::ops::Range<u64>) -> super::Op {
+    pub(crate) fn emit_payload(
+        &mut self,
+        body: Body<'_>,
+        range: core::ops::Range<u64>,
+    ) -> super::Op {
         let (mseq, bufs, mseq_ack) = self.credits.on_send();
         let n = range.end.saturating_sub(range.start);
         let repr = super::MessageRepr {
@@ -834,7 +864,9 @@ impl Conn {
             FlowControlMode::Combined if after > 0 && self.z.send_sms_in_row >= after => {
                 self.want_send_mode(FlowControlMode::Buffered);
             }
-            FlowControlMode::Pipelined if self.config.pipelining == super::Pipelining::OnRequest => {
+            FlowControlMode::Pipelined
+                if self.config.pipelining == super::Pipelining::OnRequest =>
+            {
                 self.want_send_mode(FlowControlMode::Combined);
             }
             _ => {}
@@ -1029,7 +1061,12 @@ impl Conn {
     }
 
     /// Whether ULP payload may arrive now (§11.2, §11.3, §9.2).
-    pub(crate) fn zcopy_payload_ok(&self, mid: Mid, mseq_ack: u32, len: usize) -> Result<(), Violation> {
+    pub(crate) fn zcopy_payload_ok(
+        &self,
+        mid: Mid,
+        mseq_ack: u32,
+        len: usize,
+    ) -> Result<(), Violation> {
         if let Some((until, send_sm)) = self.z.forced_until {
             // The rest of a SendSm'd buffer, once the Data Source saw the
             // SendSm, and no further.
@@ -1129,10 +1166,13 @@ impl Conn {
             }
             return;
         }
-        if self.z.srcs_in.front().is_some_and(|s| s.reading.is_none()) {
-            if self.z.srcs_in.front().is_some_and(|s| s.done > 0 && s.done + s.payload >= s.len) {
-                self.z.srcs_in.pop_front();
-            }
+        if self
+            .z
+            .srcs_in
+            .front()
+            .is_some_and(|s| s.reading.is_none() && s.done > 0 && s.done + s.payload >= s.len)
+        {
+            self.z.srcs_in.pop_front();
         }
         let Some(front) = self.z.srcs_in.front().cloned() else {
             return self.advertise_sinks();
@@ -1168,6 +1208,7 @@ impl Conn {
                 let mem = self.z.mem();
                 if let Some(q) = self.z.posted.get_mut(i) {
                     q.reg = Reg::Pending(mem);
+                    q.remote = false;
                 }
                 self.rdma_out.push_back(RdmaOp::Register {
                     mem,
@@ -1280,6 +1321,9 @@ impl Conn {
         if self.z.srcs_in.is_empty() {
             return;
         }
+        // A SendSm not yet sent becomes the one answering the cancel.
+        self.control
+            .retain(|c| !matches!(c, Control::SendSm { cancel: None }));
         self.z.cancel_in = Some(mseq);
         if self.z.srcs_in.iter().any(|s| s.reading.is_some()) {
             self.credits.hold_ack(Some(mseq));
@@ -1383,10 +1427,19 @@ impl Conn {
         if u64::from(p.len) <= size || p.waitall || p.reading {
             return;
         }
-        if p.reg == Reg::None {
+        if p.reg != Reg::None && !p.remote {
+            // Registered for local access only: the SinkAvail needs an STag
+            // the peer may write through.
+            self.release_posted(&p);
+            if let Some(q) = self.z.posted.get_mut(i) {
+                q.reg = Reg::None;
+            }
+        }
+        if self.z.posted.get(i).is_some_and(|q| q.reg == Reg::None) {
             let mem = self.z.mem();
             if let Some(q) = self.z.posted.get_mut(i) {
                 q.reg = Reg::Pending(mem);
+                q.remote = true;
             }
             self.rdma_out.push_back(RdmaOp::Register {
                 mem,
@@ -1416,7 +1469,11 @@ impl Conn {
         let Reg::Done { stag, to, .. } = p.reg else {
             return None;
         };
-        if p.reading || u64::from(p.len) <= u64::from(self.config.buf_size) || p.waitall {
+        if p.reading
+            || !p.remote
+            || u64::from(p.len) <= u64::from(self.config.buf_size)
+            || p.waitall
+        {
             return None;
         }
         let len = p.len;
@@ -1664,4 +1721,3 @@ impl Conn {
         !self.z.zsends.is_empty()
     }
 }
-
