@@ -228,6 +228,9 @@ pub(crate) struct Zcopy {
     pending_src: Option<PendingSrc>,
     sinks: VecDeque<SinkIn>,
     pub writing: Option<Writing>,
+    /// A SinkAvailCancel canceled SinkAvails while an RDMA Write was
+    /// In-Process: the SinkCancelAck follows its RdmaWrCompl.
+    cancel_ack_after_write: bool,
     /// §9.5.2.1: after a SendSm, the rest of that SrcAvail's buffer goes by
     /// Bcopy, up to this stream offset.
     forced_to: Option<u64>,
@@ -581,6 +584,12 @@ impl Conn {
             .unwrap_or(u64::MAX)
     }
 
+    fn mode_change_queued(&self) -> bool {
+        self.control
+            .iter()
+            .any(|c| matches!(c, Control::ModeChange { .. }))
+    }
+
     fn control_pending_wr_compl(&self) -> bool {
         self.control
             .iter()
@@ -595,7 +604,10 @@ impl Conn {
         if self.z.forced_to.is_some_and(|f| sent >= f) {
             self.z.forced_to = None;
         }
-        if self.z.forced_to.is_some() || self.z.writing.is_some() {
+        // A queued ModeChange goes first: no RDMA Write may precede a
+        // ModeChange to Combined in the stream (§12.4), and no new
+        // SrcAvail is readied for a Mode about to end (§12.1).
+        if self.z.forced_to.is_some() || self.z.writing.is_some() || self.mode_change_queued() {
             return;
         }
         // §11.3 rule 1a: with a SinkAvail in hand, Write Zcopy.
@@ -605,13 +617,10 @@ impl Conn {
             && self.zcopy_from(sent)
             && !self.control_pending_wr_compl()
         {
-            while let Some(sink) = self.z.sinks.pop_front() {
-                // §9.5.1 step 4, at the moment of use: every payload
-                // message sent since may have made it stale.
-                if sink.non_discards != self.z.pnd {
-                    self.z.pnd = self.z.pnd.wrapping_sub(1);
-                    continue;
-                }
+            // §9.5.1 step 4, at the moment of use: every payload message
+            // sent since may have made it stale.
+            self.discard_stale_sinks();
+            if let Some(sink) = self.z.sinks.pop_front() {
                 let end = self.zsend_at(sent).map_or(sent, |z| z.end);
                 let n = end.saturating_sub(sent).min(u64::from(sink.len));
                 let wr = self.next_wr();
@@ -979,24 +988,39 @@ impl Conn {
             self.violation(Violation::TooManyAdverts(Mid::SINK_AVAIL));
             return false;
         }
-        // §11.3: "The Data Source MUST give precedence to discarding stale
-        // SinkAvail advertisements"; §9.5.1 step 4.
-        if stale {
-            self.z.pnd = self.z.pnd.wrapping_sub(1);
-            return true;
-        }
-        // §11.3 rule 1b: "the Data Source MUST treat all outstanding
-        // SrcAvail advertisements as having been discarded by the Data
-        // Sink".
-        self.drop_srcs();
         self.z.sinks.push_back(SinkIn {
             len: header.len,
             stag: header.stag,
             va: header.va,
             non_discards: header.non_discards,
         });
+        // §11.3: "The Data Source MUST give precedence to discarding stale
+        // SinkAvail advertisements"; §9.5.1 step 4, in the order the
+        // SinkAvails came: a later one is judged only after every earlier
+        // one was (each discard takes one from PotentialNonDiscards; judged
+        // out of order, a SinkAvail the Data Sink already completed with a
+        // Data Message would pass for fresh and be written into).
+        self.discard_stale_sinks();
+        if !self.z.sinks.is_empty() {
+            // §11.3 rule 1b: "the Data Source MUST treat all outstanding
+            // SrcAvail advertisements as having been discarded by the Data
+            // Sink".
+            self.drop_srcs();
+        }
         let _ = payload;
         true
+    }
+
+    /// §9.5.1 step 4 for the oldest SinkAvails: discards those a payload
+    /// message we sent since made stale, up to the first fresh one.
+    fn discard_stale_sinks(&mut self) {
+        while let Some(s) = self.z.sinks.front() {
+            if s.non_discards == self.z.pnd {
+                return;
+            }
+            self.z.sinks.pop_front();
+            self.z.pnd = self.z.pnd.wrapping_sub(1);
+        }
     }
 
     /// SinkAvailCancel (§9.5.5).
@@ -1014,7 +1038,15 @@ impl Conn {
         // "If all SinkAvail advertisements have been Processed, the Data
         // Source MUST ignore the SinkAvailCancel Message."
         if canceled > 0 {
-            self.control.push_back(Control::SinkCancelAck);
+            if self.z.writing.is_some() {
+                // The RDMA Write In-Process cannot be canceled; its
+                // RdmaWrCompl completes the oldest SinkAvail and must reach
+                // the Data Sink before the SinkCancelAck that discards the
+                // rest (§9.5.5 steps 1–3).
+                self.z.cancel_ack_after_write = true;
+            } else {
+                self.control.push_back(Control::SinkCancelAck);
+            }
         }
     }
 
@@ -1025,6 +1057,9 @@ impl Conn {
                 len: w.len,
                 stag: w.stag,
             });
+        }
+        if core::mem::take(&mut self.z.cancel_ack_after_write) {
+            self.control.push_back(Control::SinkCancelAck);
         }
     }
 
@@ -1541,11 +1576,7 @@ impl Conn {
         let Some((send, mode)) = self.z.mode_change else {
             return;
         };
-        if self
-            .control
-            .iter()
-            .any(|c| matches!(c, Control::ModeChange { .. }))
-        {
+        if self.mode_change_queued() {
             return;
         }
         if !send {
