@@ -96,6 +96,9 @@ pub struct Credits {
     /// The highest MSeqAck we may send while a SrcAvailCancel waits for
     /// In-Process RDMA Reads (§9.5.4).
     ack_hold: Option<u32>,
+    /// MSeq of our SrcAvailCancel until an MSeqAck reaches it: the peer
+    /// may hold its MSeqAck just below it (§9.5.4).
+    peer_hold: Option<u32>,
 }
 
 impl Credits {
@@ -119,6 +122,7 @@ impl Credits {
             adverts,
             fresh: 0,
             ack_hold: None,
+            peer_hold: None,
         }
     }
 
@@ -130,6 +134,22 @@ impl Credits {
     /// held MSeqAck gives the peer no credit back.
     pub fn hold_ack(&mut self, cancel_mseq: Option<u32>) {
         self.ack_hold = cancel_mseq.map(|m| m.wrapping_sub(1));
+    }
+
+    /// Our SrcAvailCancel went as MSeq `mseq`: until an MSeqAck reaches
+    /// it, the peer may hold its MSeqAck below it while it goes on
+    /// receiving our messages and using the credit they give (§10.2 does
+    /// not depend on what the peer acknowledges), so a message from it
+    /// acknowledging `mseq − 1` is judged by the most its credit can be.
+    pub fn peer_may_hold(&mut self, mseq: u32) {
+        self.peer_hold = Some(mseq);
+    }
+
+    /// Whether `mseq_ack` from the peer may be held below what it received
+    /// (see [`Credits::peer_may_hold`]).
+    pub fn peer_holds_at(&self, mseq_ack: u32) -> bool {
+        self.peer_hold
+            .is_some_and(|c| mseq_ack == c.wrapping_sub(1))
     }
 
     /// Whether MSeqAck is held (see [`Credits::hold_ack`]).
@@ -159,6 +179,7 @@ impl Credits {
             adverts: VecDeque::new(),
             fresh: 0,
             ack_hold: None,
+            peer_hold: None,
         }
     }
 
@@ -181,7 +202,15 @@ impl Credits {
     /// buffers posted since our last message. A message "provides
     /// additional credits" (§10.5) when this is positive.
     pub fn gain(&self) -> i64 {
-        i64::from(self.posted) - self.remote_credit()
+        // The peer sees new − old credit = Bufs − old Bufs + MSeqAck
+        // advance; a held MSeqAck (§9.5.4) does not advance.
+        match self.adverts.back() {
+            Some(a) => {
+                i64::from(self.posted) - i64::from(a.bufs)
+                    + i64::from(self.mseq_ack().wrapping_sub(a.mseq_ack))
+            }
+            None => i64::from(self.posted),
+        }
     }
 
     /// §10.5: "An SDP implementation MUST send an SDP Message that provides
@@ -309,7 +338,18 @@ impl Credits {
             return Err(CreditFault::BadAck);
         };
         let their_lsseq = mseq.wrapping_sub(1);
-        let credit = i64::from(advert.bufs) - i64::from(their_lsseq.wrapping_sub(advert.mseq_ack));
+        let credit_from =
+            |a: &Advert| i64::from(a.bufs) - i64::from(their_lsseq.wrapping_sub(a.mseq_ack));
+        let credit = if self.peer_holds_at(mseq_ack) {
+            // Any of our messages since may have reached it.
+            self.adverts
+                .iter()
+                .map(credit_from)
+                .max()
+                .unwrap_or_else(|| credit_from(advert))
+        } else {
+            credit_from(advert)
+        };
         // §10.5: "If no credits are available, an implementation MUST NOT
         // send any type of SDP Message."
         if credit <= 0 {
@@ -329,6 +369,12 @@ impl Credits {
             return Err(CreditFault::LastCreditMisused);
         }
         self.last_rcvd = mseq;
+        if self
+            .peer_hold
+            .is_some_and(|c| mseq_ack.wrapping_sub(c) < 1 << 31)
+        {
+            self.peer_hold = None;
+        }
         self.peer_bufs = bufs;
         self.peer_mseq_ack = mseq_ack;
         while self.adverts.front().is_some_and(|a| a.mseq != mseq_ack) {

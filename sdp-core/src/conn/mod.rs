@@ -696,6 +696,13 @@ impl Conn {
             self.control.pop_front();
             let op = match control {
                 Control::SendSm { cancel } => {
+                    if cancel.is_some() {
+                        // §9.5.4: the SendSm completing a cancel is the
+                        // first message whose MSeqAck reaches the
+                        // SrcAvailCancel's MSeq — that is how the Data
+                        // Source tells it from an earlier SendSm.
+                        self.credits.hold_ack(None);
+                    }
                     let op = self.emit(Body::SendSm, Flags::EMPTY, Sent::Other);
                     let mseq = self.credits.lsseq();
                     self.on_send_sm_sent(mseq, cancel);
@@ -722,6 +729,7 @@ impl Conn {
                 Control::SinkCancelAck => self.emit(Body::SinkCancelAck, Flags::EMPTY, Sent::Other),
                 Control::SrcAvailCancel => {
                     let op = self.emit(Body::SrcAvailCancel, Flags::EMPTY, Sent::Other);
+                    self.credits.peer_may_hold(self.credits.lsseq());
                     if self.z.src_cancel.is_some() {
                         self.z.src_cancel = Some(Some(self.credits.lsseq()));
                     }

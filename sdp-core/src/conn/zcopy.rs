@@ -123,6 +123,10 @@ pub struct ZcopyState {
     /// A Pipelined → Combined ModeChange of ours is not yet acknowledged
     /// (§12.4): stale SinkAvails may still arrive.
     pub mode_ack_pending: bool,
+    /// Our §9.5.1 PotentialNonDiscards (Data Source).
+    pub potential_non_discards: u32,
+    /// Our §9.5.1 NonDiscards (Data Sink).
+    pub non_discards: u32,
 }
 
 /// A ULP send buffer (Data Source).
@@ -140,6 +144,8 @@ pub(crate) struct ZSend {
 /// A SrcAvail we sent, not yet Processed.
 #[derive(Debug, Clone)]
 pub(crate) struct SrcOut {
+    /// Numbered in sending order.
+    n: u64,
     /// Stream offset of the buffer's first byte.
     start: u64,
     len: u64,
@@ -231,11 +237,19 @@ pub(crate) struct Zcopy {
     /// A SinkAvailCancel canceled SinkAvails while an RDMA Write was
     /// In-Process: the SinkCancelAck follows its RdmaWrCompl.
     cancel_ack_after_write: bool,
+    /// A cancel took back the stream's tail (§9.5.4): the last send buffer
+    /// it cut, until the application polled its completion.
+    cut: Option<SendId>,
     /// §9.5.2.1: after a SendSm, the rest of that SrcAvail's buffer goes by
     /// Bcopy, up to this stream offset.
     forced_to: Option<u64>,
     /// §9.5.1 PotentialNonDiscards.
     pnd: u32,
+    /// PotentialNonDiscards when our Pipelined → Combined ModeChange went,
+    /// less the stale SinkAvails discarded since (§12.4).
+    pnd_at_mode_change: u32,
+    /// The last SrcAvail sent before that ModeChange.
+    last_src_before_mode_change: Option<u64>,
     /// Our SrcAvailCancel: queued (None) or sent as MSeq (Some).
     pub src_cancel: Option<Option<u32>>,
     /// A ModeChange we want to send: (S bit, new Mode).
@@ -257,6 +271,9 @@ pub(crate) struct Zcopy {
     cancel_in: Option<u32>,
     /// Our SinkAvailCancel is out and not yet Processed.
     sink_cancel: bool,
+    /// A ModeChange ended Pipelined Mode while our SinkAvailCancel was
+    /// out: its SinkCancelAck may still come.
+    sink_cancel_crossed: bool,
     completions: VecDeque<Completion>,
     /// Received completions with placed bytes: (stream offset, completion).
     placed: VecDeque<(u64, Completion)>,
@@ -301,6 +318,8 @@ impl Conn {
             sink_out: self.z.posted.iter().filter(|p| p.advertised).count(),
             sink_in: self.z.sinks.len(),
             mode_ack_pending: self.z.mode_ack.is_some(),
+            potential_non_discards: self.z.pnd,
+            non_discards: self.z.nd,
         }
     }
 
@@ -319,6 +338,9 @@ impl Conn {
         self.send_allowed()?;
         if len == 0 {
             return Err(Error::InvalidInput);
+        }
+        if self.z.cut.is_some() {
+            return Err(Error::WouldBlock);
         }
         let start = self.tx.accepted();
         self.tx.accept(len, false);
@@ -384,6 +406,11 @@ impl Conn {
     /// bytes comes once every stream byte before them was read.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         if let Some(c) = self.z.completions.pop_front() {
+            if let Completion::Sent { id, .. } = c {
+                if self.z.cut == Some(id) {
+                    self.z.cut = None;
+                }
+            }
             return Some(c);
         }
         let &(at, c) = self.z.placed.front()?;
@@ -419,7 +446,7 @@ impl Conn {
             (Combined, Buffered) | (Combined, Pipelined) | (Pipelined, Combined) => {}
             _ => return Err(Error::InvalidInput),
         }
-        if self.z.mode_change.is_some() || self.z.mode_ack.is_some() {
+        if self.z.mode_change.is_some() || self.z.mode_ack.is_some() || self.mode_change_queued() {
             return Err(Error::WouldBlock);
         }
         self.z.mode_change = Some((false, mode));
@@ -435,7 +462,7 @@ impl Conn {
         if self.zrecv_mode() != FlowControlMode::Buffered || mode != FlowControlMode::Combined {
             return Err(Error::InvalidInput);
         }
-        if self.z.mode_change.is_some() {
+        if self.z.mode_change.is_some() || self.mode_change_queued() {
             return Err(Error::WouldBlock);
         }
         self.z.mode_change = Some((true, mode));
@@ -650,7 +677,6 @@ impl Conn {
         if mode == FlowControlMode::Buffered
             || self.z.pending_src.is_some()
             || self.z.src_cancel.is_some()
-            || self.z.mode_ack.is_some()
             || self.z.mode_change.is_some()
             || self.control_pending_wr_compl()
         {
@@ -691,9 +717,15 @@ impl Conn {
         let p = self.z.pending_src.as_ref()?;
         let (stag, to) = p.reg?;
         let mode = self.zsend_mode();
-        // §12.4: until our ModeChange to Combined is acknowledged a stale
-        // SinkAvail may still override SrcAvails; send none meanwhile.
-        if self.z.mode_ack.is_some() || mode == FlowControlMode::Buffered {
+        // §9.5.4: "The Data Source, after sending a SrcAvailCancel
+        // Message, MUST NOT send any new SrcAvail Messages until the
+        // SrcAvailCancel Message has been Processed" — not even one whose
+        // buffer was registered before. (While our ModeChange to Combined
+        // waits for its acknowledgement, §12.4, SrcAvails may go: they
+        // reach the Data Sink after the ModeChange, when it holds no
+        // SinkAvail that could make it ignore them — waiting would stall
+        // a connection whose peer has nothing to send.)
+        if mode == FlowControlMode::Buffered || self.z.src_cancel.is_some() {
             return None;
         }
         // §11.2: one SrcAvail at a time in Combined Mode, its payload the
@@ -729,7 +761,9 @@ impl Conn {
             va: to,
         };
         let range = p.start..p.start + payload;
+        let n = self.z.id();
         self.z.srcs.push_back(SrcOut {
+            n,
             start: p.start,
             len: p.len,
             payload,
@@ -887,8 +921,12 @@ impl Conn {
     fn retract(&mut self, point: u64) {
         self.tx.retract(point);
         for z in &mut self.z.zsends {
-            z.end = z.end.min(point.max(z.start));
+            z.start = z.start.min(point);
+            z.end = z.end.min(point);
         }
+        // Until the application learned where its stream now ends, nothing
+        // more may enter it.
+        self.z.cut = self.z.zsends.back().map(|z| z.id);
         self.z.forced_to = self.z.forced_to.map(|f| f.min(point));
     }
 
@@ -955,7 +993,11 @@ impl Conn {
     }
 
     fn want_send_mode(&mut self, mode: FlowControlMode) {
-        if self.z.mode_change.is_none() && self.z.mode_ack.is_none() && self.zsend_mode() != mode {
+        if self.z.mode_change.is_none()
+            && self.z.mode_ack.is_none()
+            && !self.mode_change_queued()
+            && self.zsend_mode() != mode
+        {
             self.z.mode_change = Some((false, mode));
         }
     }
@@ -963,7 +1005,6 @@ impl Conn {
     /// SinkAvail (§9.3, §9.4, §9.5.1, §11.3, §12.4).
     pub(crate) fn on_sink_avail(&mut self, header: SinkAvailRepr, payload: bool) -> bool {
         let mode = self.zsend_mode();
-        let stale = header.non_discards != self.z.pnd;
         if mode != FlowControlMode::Pipelined {
             if self.z.mode_ack.is_none() {
                 let v = if mode == FlowControlMode::Buffered {
@@ -977,9 +1018,21 @@ impl Conn {
             // Figure 28: a SinkAvail before the ModeChange is acknowledged
             // is ignored; one that is not stale means the Data Sink
             // discarded our SrcAvails (§11.3 rule 2b): re-issue them.
-            if stale {
+            // Stale is judged as of the ModeChange: a payload message sent
+            // after it reaches the Data Sink once it dropped its SinkAvails
+            // (Figure 29), so it counts in NonDiscards and discards nothing.
+            // Only SrcAvails sent before the ModeChange can have been
+            // ignored.
+            if header.non_discards != self.z.pnd_at_mode_change {
                 self.z.pnd = self.z.pnd.wrapping_sub(1);
-            } else {
+                self.z.pnd_at_mode_change = self.z.pnd_at_mode_change.wrapping_sub(1);
+            } else if self
+                .z
+                .srcs
+                .front()
+                .zip(self.z.last_src_before_mode_change)
+                .is_some_and(|(s, last)| s.n <= last)
+            {
                 self.drop_srcs();
             }
             return true;
@@ -1105,8 +1158,11 @@ impl Conn {
         if let Some((until, send_sm)) = self.z.forced_until {
             // The rest of a SendSm'd buffer, once the Data Source saw the
             // SendSm, and no further.
+            // (An MSeqAck held for our SrcAvailCancel, §9.5.4, may stay
+            // below the SendSm although the peer saw it.)
             let end = self.rx.total().saturating_add(len as u64);
-            if seq_ge(mseq_ack, send_sm) && end <= until {
+            let seen = seq_ge(mseq_ack, send_sm) || self.credits.peer_holds_at(mseq_ack);
+            if seen && end <= until {
                 return Ok(());
             }
             return Err(self.mode_violation(mid));
@@ -1347,6 +1403,15 @@ impl Conn {
             len: n,
             invalidate: last.then_some(stag),
         });
+        if self.z.cancel_in.is_some() {
+            // §9.5.4: no Read is In-Process any more; what follows (this
+            // RdmaRdCompl, then the SendSm canceling the rest) completes
+            // the canceled SrcAvails, so MSeqAck may advance. Held longer,
+            // it would leave the peer without credit (its credit counts
+            // from our MSeqAck) while we may need its credit update to
+            // send the SendSm.
+            self.credits.hold_ack(None);
+        }
     }
 
     /// SrcAvailCancel (§9.5.4).
@@ -1408,6 +1473,12 @@ impl Conn {
     /// SinkCancelAck (§9.5.5).
     pub(crate) fn on_sink_cancel_ack(&mut self) {
         if !self.z.sink_cancel {
+            // The Data Source's ModeChange to Combined discarded our
+            // SinkAvails (Figure 29) after it had canceled them: its
+            // SinkCancelAck follows the ModeChange.
+            if core::mem::take(&mut self.z.sink_cancel_crossed) {
+                return;
+            }
             return self.violation(Violation::UnexpectedMessage(Mid::SINK_CANCEL_ACK));
         }
         self.drop_advertised();
@@ -1631,6 +1702,8 @@ impl Conn {
                 self.drop_srcs();
             }
             self.z.mode_ack = Some(mseq);
+            self.z.pnd_at_mode_change = self.z.pnd;
+            self.z.last_src_before_mode_change = self.z.srcs.back().map(|s| s.n);
         }
         if mode != FlowControlMode::Combined {
             self.z.send_sms_in_row = 0;
@@ -1684,7 +1757,7 @@ impl Conn {
             // Figure 29: "Stop sending SinkAvail Messages", "Discard all
             // outstanding SinkAvails".
             self.drop_advertised();
-            self.z.sink_cancel = false;
+            self.z.sink_cancel_crossed = core::mem::take(&mut self.z.sink_cancel);
             for p in &mut self.z.posted {
                 if let Reg::Done { mem, .. } | Reg::Pending(mem) = p.reg {
                     self.rdma_out.push_back(RdmaOp::Deregister { mem });
@@ -1749,6 +1822,6 @@ impl Conn {
     /// while a Read Zcopy is In-Process is handled by ordering; this only
     /// keeps a canceled buffer the last thing in the stream).
     pub(crate) fn zsend_pending(&self) -> bool {
-        !self.z.zsends.is_empty()
+        !self.z.zsends.is_empty() || self.z.cut.is_some()
     }
 }

@@ -3,7 +3,7 @@
 //! 25 and every received message against its Accept columns (see
 //! `testing`), on top of the §10.5 credit checks.
 
-use super::{CloseReason, Config, FlowControlMode, Pipelining};
+use super::{CloseReason, Config, FlowControlMode, Pipelining, ZcopyStats};
 use crate::testing::{Pair, ZcopyUse};
 
 fn zconfig() -> Config {
@@ -181,13 +181,14 @@ fn every_mode_transition_both_ways() {
 
 /// Randomized operation sequences: Bcopy and Zcopy sends, posted and
 /// plain receives, MSG_WAITALL, send deadlines that cancel SrcAvails,
-/// Pipelined Mode entered and left on REQ_PIPE hints — in both
-/// directions, 100 000 steps each, the byte streams intact. (Receive
-/// deadlines, i.e. SinkAvailCancel, and application-driven Mode changes
-/// are not in the mix yet: with them a run still ends in an RDMA Write to
-/// a buffer the Data Sink had already deregistered.)
+/// receive deadlines that cancel SinkAvails (§9.5.5), Mode changes asked
+/// by the applications at random and Pipelined Mode entered and left on
+/// REQ_PIPE hints — in both directions, 100 000 steps each, the byte
+/// streams intact. Every work request is checked against Figure 25 and
+/// the two sides' §9.5.1 counters against each other.
 #[test]
 fn randomized_100k_steps_keep_the_streams_intact() {
+    let mut total = ZcopyStats::default();
     for seed in 0..4u64 {
         let a = Config {
             pipelining: if seed % 2 == 0 {
@@ -207,24 +208,36 @@ fn randomized_100k_steps_keep_the_streams_intact() {
                 post_chance: 30,
                 post_max: 20_000,
                 waitall_chance: 20,
-                post_deadline_us: 0,
-                mode_chance: 0,
+                post_deadline_us: 3_000,
+                mode_chance: 2,
             };
             pair.apps[side].to_write = u64::MAX / 2;
         }
-        for _ in 0..100_000 {
-            if !pair.step() {
-                break;
-            }
+        let mut steps = 0;
+        while steps < 100_000 && pair.step() {
+            steps += 1;
         }
+        assert_eq!(
+            steps,
+            100_000,
+            "seed {seed}: nothing left to do: {:?} {:?}",
+            pair.conns[0].zcopy_state(),
+            pair.conns[1].zcopy_state(),
+        );
         for side in 0..2 {
-            assert_eq!(pair.conns[side].close_reason(), None, "seed {seed}");
+            assert_eq!(
+                pair.conns[side].close_reason(),
+                None,
+                "seed {seed} side {side}; peer: {:?}",
+                pair.conns[1 - side].close_reason()
+            );
             assert!(pair.apps[side].errors.is_empty());
         }
         // Stop writing and let everything arrive.
         for side in 0..2 {
             pair.apps[side].to_write = pair.apps[side].written;
             pair.apps[side].zcopy.send_chance = 0;
+            pair.apps[side].zcopy.mode_chance = 0;
         }
         let done = pair.run(2_000_000, |p| {
             p.apps[0].zsends_done()
@@ -234,12 +247,46 @@ fn randomized_100k_steps_keep_the_streams_intact() {
         });
         assert!(
             done,
-            "seed {seed}: {:?} {:?}",
-            pair.apps[0].seen, pair.apps[1].seen
+            "seed {seed}: {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            pair.apps[0].seen,
+            pair.apps[1].seen,
+            pair.conns[0].zcopy_state(),
+            pair.conns[1].zcopy_state(),
+            (pair.conns[0].send_mode(), pair.conns[0].recv_mode()),
+            (pair.conns[1].send_mode(), pair.conns[1].recv_mode()),
+            (
+                pair.apps[0].written,
+                pair.apps[0].read,
+                pair.apps[0].zsends_done()
+            ),
+            (
+                pair.apps[1].written,
+                pair.apps[1].read,
+                pair.apps[1].zsends_done()
+            ),
         );
         assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
         assert_eq!(pair.apps[0].read_hash, pair.apps[1].write_hash);
-        let s = pair.conns[0].zcopy_stats();
-        assert!(s.src_avails > 0, "seed {seed}: {s:?}");
+        for side in 0..2 {
+            let s = pair.conns[side].zcopy_stats();
+            total.src_avails += s.src_avails;
+            total.sink_avails += s.sink_avails;
+            total.cancels += s.cancels;
+            total.mode_changes += s.mode_changes;
+            total.read_zcopy_sent += s.read_zcopy_sent;
+            total.write_zcopy_sent += s.write_zcopy_sent;
+            total.send_sms += s.send_sms;
+        }
     }
+    // Every mechanism was in the mix.
+    assert!(
+        total.src_avails > 0
+            && total.sink_avails > 0
+            && total.cancels > 0
+            && total.mode_changes > 0
+            && total.read_zcopy_sent > 0
+            && total.write_zcopy_sent > 0
+            && total.send_sms > 0,
+        "{total:?}"
+    );
 }
