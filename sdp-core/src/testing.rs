@@ -783,6 +783,90 @@ impl MemTransport {
 }
 
 impl Pair<MemTransport> {
+    /// Delivers the oldest message or RDMA operation side `from` has on
+    /// the wire, feeds what it caused and drains: for tests that script
+    /// the order of events. False if nothing was on the wire.
+    pub fn deliver_next(&mut self, from: usize) -> bool {
+        if self.transport.dirs[from].msgs.is_empty() {
+            return false;
+        }
+        let [a, b] = &mut self.conns;
+        let mut events = core::mem::take(&mut self.events);
+        self.transport
+            .deliver(from, [a.pool_mut(), b.pool_mut()], &mut events);
+        for &(side, ev) in &events {
+            self.feed(side, ev);
+        }
+        events.clear();
+        self.events = events;
+        self.drain();
+        true
+    }
+
+    /// Delivers everything side `from` has on the wire, in order.
+    pub fn deliver_all(&mut self, from: usize) {
+        while self.deliver_next(from) {}
+    }
+
+    /// Reports the completion of every delivered work request of `side`.
+    pub fn complete_delivered(&mut self, side: usize) {
+        let d = &mut self.transport.dirs[side];
+        let n = d.delivered;
+        d.delivered = 0;
+        let done: Vec<_> = d.sends.drain(..n).collect();
+        for (wr_id, kind) in done {
+            self.feed(side, done_event(wr_id, kind));
+        }
+        self.drain();
+    }
+
+    /// What side `from` has on the wire, oldest first: the SDP Messages
+    /// (parsed) and RDMA operations, as text for assertions.
+    pub fn on_wire(&self, from: usize) -> Vec<String> {
+        self.transport.dirs[from]
+            .msgs
+            .iter()
+            .map(|m| match m {
+                Item::Msg(bytes, _) => match MessageRepr::parse(bytes) {
+                    Ok(msg) => match msg.body {
+                        Body::Data { payload } => format!("Data {}", payload.len()),
+                        Body::SinkAvail { header, payload } => format!(
+                            "SinkAvail stag {} nd {} payload {}",
+                            header.stag,
+                            header.non_discards,
+                            payload.len()
+                        ),
+                        Body::SrcAvail { header, payload } => format!(
+                            "SrcAvail stag {} len {} payload {}",
+                            header.stag,
+                            header.len,
+                            payload.len()
+                        ),
+                        body => format!("{body:?}"),
+                    },
+                    Err(e) => format!("unparsable {e:?}"),
+                },
+                Item::Write { stag, bytes, .. } => format!("Write stag {stag} {}", bytes.len()),
+                Item::Read { stag, len, .. } => format!("Read stag {stag} {len}"),
+            })
+            .collect()
+    }
+
+    /// The (MSeq, MSeqAck) of each SDP Message side `from` has on the
+    /// wire, in the order of [`Pair::on_wire`] (RDMA operations: (0, 0)).
+    pub fn on_wire_seq(&self, from: usize) -> Vec<(u32, u32)> {
+        self.transport.dirs[from]
+            .msgs
+            .iter()
+            .map(|m| match m {
+                Item::Msg(bytes, _) => MessageRepr::parse(bytes)
+                    .map(|msg| (msg.mseq, msg.mseq_ack))
+                    .unwrap_or((0, 0)),
+                _ => (0, 0),
+            })
+            .collect()
+    }
+
     /// Places `bytes` (cut or padded to `len`) in the next posted receive
     /// buffer of side `to` and reports a receive of `len` bytes, as if the
     /// peer had sent them: for hostile-peer tests. Returns the buffer

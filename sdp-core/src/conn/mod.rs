@@ -59,6 +59,8 @@ pub mod setup;
 mod tests;
 pub mod zcopy;
 #[cfg(test)]
+mod zcopy_script_tests;
+#[cfg(test)]
 mod zcopy_tests;
 
 use std::collections::VecDeque;
@@ -633,6 +635,8 @@ impl Conn {
         }
         if self.abort_conn == AbortConn::None {
             self.source_progress();
+            // The next posted buffer's SinkAvail once the last one went.
+            self.advertise_sinks();
             if let Some(op) = self.rdma_out.pop_front() {
                 return Some(Work::Rdma(op));
             }
@@ -1244,6 +1248,12 @@ impl Conn {
                 // the ChRcvBuf Message."
                 if !(self.role == Role::Accepting && self.resize.asked.is_some()) {
                     self.control.push_back(Control::ChRcvBufAck);
+                    // "The Connecting Peer MAY re-send its ChRcvBuf Message
+                    // after sending the ChRcvBufAck Message": ours crossed
+                    // this one and the Accepting Peer disregards it.
+                    if let Some(size) = self.resize.asked {
+                        self.control.push_back(Control::ChRcvBuf { size });
+                    }
                 }
                 self.repost(buf, PostKind::Fresh);
             }

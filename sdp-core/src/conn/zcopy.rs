@@ -1504,14 +1504,23 @@ impl Conn {
         }
     }
 
+    /// Whether a SinkAvail may go now: Pipelined Mode, no SinkAvailCancel
+    /// of ours unprocessed (§9.5.5), no SrcAvail to process (§11.3 rule
+    /// 2a), none being canceled, no Bcopy owed after our SendSm (§9.2),
+    /// and every received byte read (placed bytes keep stream order).
+    fn sink_avail_allowed(&self) -> bool {
+        self.config.write_zcopy
+            && self.zrecv_mode() == FlowControlMode::Pipelined
+            && !self.z.sink_cancel
+            && self.z.srcs_in.is_empty()
+            && self.z.cancel_in.is_none()
+            && self.z.forced_until.is_none()
+            && self.rx.read_pos() == self.rx.total()
+    }
+
     /// SinkAvails for posted buffers (§9.3 step 1, §9.5.1, §11.3).
-    fn advertise_sinks(&mut self) {
-        if !self.config.write_zcopy
-            || self.zrecv_mode() != FlowControlMode::Pipelined
-            || self.z.sink_cancel
-            || !self.z.srcs_in.is_empty()
-            || self.rx.read_pos() != self.rx.total()
-        {
+    pub(crate) fn advertise_sinks(&mut self) {
+        if !self.sink_avail_allowed() {
             return;
         }
         let out = self.z.posted.iter().filter(|p| p.advertised).count();
@@ -1561,13 +1570,7 @@ impl Conn {
     /// The SinkAvail of a registered posted buffer, with Transaction
     /// payload when Bcopy bytes wait (§9.4).
     pub(crate) fn next_sink_avail(&mut self, credit: i64, control_ok: bool) -> Option<Work> {
-        if !control_ok
-            || !self.config.write_zcopy
-            || self.zrecv_mode() != FlowControlMode::Pipelined
-            || self.z.sink_cancel
-            || !self.z.srcs_in.is_empty()
-            || self.rx.read_pos() != self.rx.total()
-        {
+        if !control_ok || !self.sink_avail_allowed() {
             return None;
         }
         let i = self.z.posted.iter().position(|p| !p.advertised)?;
