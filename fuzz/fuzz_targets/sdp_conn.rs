@@ -1,22 +1,34 @@
 //! The SDP connection state machine (sdp_core::conn): after a real setup,
 //! arbitrary received messages (raw bytes, or BSDHs with the right sequence
 //! numbers so they get past the first checks), completions, LLP events,
-//! timers and socket calls. Nothing may panic, and every Send the
-//! connection issues must obey the §10.5 credit rules.
+//! timers and socket calls — and, with a Zcopy configuration, the Zcopy and
+//! Mode paths: registrations completed when the input says, RDMA Read and
+//! Write completions, `send_zcopy`, `post_recv`, cancels, Mode changes.
+//! Nothing may panic, and every Send the connection issues must obey the
+//! §10.5 credit rules.
 #![no_main]
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use sdp_core::conn::{Config, Conn, RecvFlags, SendFlags, Shutdown};
-use sdp_core::verbs::{ErrorKind, Event, Op, WrId};
+use sdp_core::conn::{
+    Config, Conn, FlowControlMode, Pipelining, RecvFlags, SendFlags, Shutdown,
+};
+use sdp_core::verbs::{ErrorKind, Event, MemId, Op, RdmaOp, RecvId, Work, WrId};
 
 /// The connection and what the adapter would track for it.
 struct Harness {
     conn: Conn,
     posted: VecDeque<(WrId, usize)>,
-    sends: VecDeque<WrId>,
+    /// Work requests in order, with the completion each reports (0 Send,
+    /// 1 RDMA Write, 2 RDMA Read).
+    sends: VecDeque<(WrId, u8)>,
+    /// Registrations asked for, not yet reported.
+    regs: VecDeque<MemId>,
+    next_stag: u32,
+    /// Receive buffers posted with `post_recv`.
+    ulp_recvs: Vec<RecvId>,
     now: Instant,
 }
 
@@ -24,8 +36,24 @@ impl Harness {
     fn drain(&mut self) {
         loop {
             let before = self.conn.credit_state();
-            let Some(op) = self.conn.poll_op() else {
+            let Some(work) = self.conn.poll_work() else {
                 break;
+            };
+            let op = match work {
+                Work::Op(op) => op,
+                Work::Rdma(RdmaOp::Register { mem, .. }) => {
+                    self.regs.push_back(mem);
+                    continue;
+                }
+                Work::Rdma(RdmaOp::Deregister { .. }) => continue,
+                Work::Rdma(RdmaOp::Write { wr_id, .. }) => {
+                    self.sends.push_back((wr_id, 1));
+                    continue;
+                }
+                Work::Rdma(RdmaOp::Read { wr_id, .. }) => {
+                    self.sends.push_back((wr_id, 2));
+                    continue;
+                }
             };
             match op {
                 Op::PostRecv { wr_id, buf } => self.posted.push_back((wr_id, buf)),
@@ -44,7 +72,7 @@ impl Harness {
                     } else if before.send_credit < 2 {
                         assert!(before.gain > 0, "{before:?}");
                     }
-                    self.sends.push_back(wr_id);
+                    self.sends.push_back((wr_id, 0));
                 }
                 Op::Teardown(_) => {}
             }
@@ -52,6 +80,11 @@ impl Harness {
     }
 
     fn recv_done(&mut self, bytes: &[u8], len: usize) {
+        self.recv_event(bytes, len, None);
+    }
+
+    /// A receive, as Send with Invalidate of `stag` if given.
+    fn recv_event(&mut self, bytes: &[u8], len: usize, stag: Option<u32>) {
         let Some((wr_id, buf)) = self.posted.pop_front() else {
             return;
         };
@@ -59,8 +92,11 @@ impl Harness {
             let n = bytes.len().min(dst.len());
             dst[..n].copy_from_slice(&bytes[..n]);
         }
-        self.conn
-            .handle_event(self.now, Event::RecvDone { wr_id, len });
+        let event = match stag {
+            Some(stag) => Event::RecvInvalidate { wr_id, len, stag },
+            None => Event::RecvDone { wr_id, len },
+        };
+        self.conn.handle_event(self.now, event);
     }
 }
 
@@ -104,6 +140,9 @@ fn setup(config: &Config, client: bool) -> Option<Harness> {
         conn: a,
         posted: VecDeque::new(),
         sends: VecDeque::new(),
+        regs: VecDeque::new(),
+        next_stag: 0,
+        ulp_recvs: Vec::new(),
         now,
     };
     h.drain();
@@ -129,7 +168,7 @@ fuzz_target!(|data: &[u8]| {
     let Some(second) = input.byte() else {
         return;
     };
-    let config = Config {
+    let mut config = Config {
         bufs: 3 + u16::from(first % 8),
         buf_size: 37 + u32::from(second) * 3,
         send_buffer: 1 + u64::from(second) * 50,
@@ -137,12 +176,28 @@ fuzz_target!(|data: &[u8]| {
         close_timeout: Duration::from_secs(1),
         ..Config::default()
     };
+    if first & 0x20 != 0 {
+        // Zcopy: both mechanisms, a Bcopy Threshold at or above the
+        // receive Private Buffer size (§9.5.1), a Pipelining policy.
+        let z = input.byte().unwrap_or(0);
+        config.read_zcopy = z & 1 != 0;
+        config.write_zcopy = z & 2 != 0;
+        config.req_pipe = z & 4 != 0;
+        config.pipelining = match (z >> 3) % 3 {
+            0 => Pipelining::Never,
+            1 => Pipelining::OnRequest,
+            _ => Pipelining::Always,
+        };
+        config.max_adverts = 1 + u16::from((z >> 5) % 4);
+        config.bcopy_threshold = u64::from(config.buf_size) + u64::from(z) * 4;
+        config.buffered_after_send_sm = u32::from(z >> 6);
+    }
     let Some(mut h) = setup(&config, first & 0x80 != 0) else {
         return;
     };
     let mut scratch = vec![0u8; 4096];
     while let Some(cmd) = input.byte() {
-        match cmd % 10 {
+        match cmd % 15 {
             // Raw bytes as a received message, with the length reported as
             // given or as the real length.
             0 => {
@@ -191,15 +246,20 @@ fuzz_target!(|data: &[u8]| {
             }
             // Completions: the right one, or a stray id.
             4 => {
-                let wr_id = if cmd & 0x80 != 0 {
-                    WrId(u64::from(cmd))
+                let (wr_id, kind) = if cmd & 0x80 != 0 {
+                    (WrId(u64::from(cmd)), cmd >> 5 & 3)
                 } else {
                     match h.sends.pop_front() {
-                        Some(id) => id,
+                        Some(s) => s,
                         None => continue,
                     }
                 };
-                h.conn.handle_event(h.now, Event::SendDone { wr_id });
+                let event = match kind {
+                    1 => Event::WriteDone { wr_id },
+                    2 => Event::ReadDone { wr_id },
+                    _ => Event::SendDone { wr_id },
+                };
+                h.conn.handle_event(h.now, event);
             }
             5 => {
                 let event = match cmd >> 4 {
@@ -227,9 +287,79 @@ fuzz_target!(|data: &[u8]| {
                     h.conn.set_oob_inline(cmd & 0x40 != 0);
                 }
             }
-            _ => {
+            9 => {
                 h.now += Duration::from_millis(u64::from(cmd) * 20);
                 h.conn.handle_timeout(h.now);
+            }
+            // A registration completes (or a stray one).
+            10 => {
+                let mem = if cmd & 0x80 != 0 {
+                    MemId(u32::from(input.byte().unwrap_or(0)))
+                } else {
+                    match h.regs.pop_front() {
+                        Some(m) => m,
+                        None => continue,
+                    }
+                };
+                h.next_stag = h.next_stag.wrapping_add(0x100);
+                let stag = h.next_stag | 0x5a;
+                let to = u64::from(stag) << 20;
+                h.conn.handle_event(h.now, Event::Registered { mem, stag, to });
+            }
+            11 => {
+                let n = u64::from(input.byte().unwrap_or(1)) * 61;
+                let deadline = (cmd & 0x80 != 0)
+                    .then(|| h.now + Duration::from_millis(u64::from(cmd >> 4 & 7)));
+                let _ = h.conn.send_zcopy(n, deadline);
+            }
+            12 => {
+                let n = u32::from(input.byte().unwrap_or(1)) * 53;
+                let flags = if cmd & 0x40 != 0 {
+                    RecvFlags::WAITALL
+                } else {
+                    RecvFlags::EMPTY
+                };
+                let deadline = (cmd & 0x80 != 0)
+                    .then(|| h.now + Duration::from_millis(u64::from(cmd >> 4 & 3)));
+                if let Ok(id) = h.conn.post_recv(n, flags, deadline) {
+                    h.ulp_recvs.push(id);
+                }
+            }
+            13 => {
+                let i = usize::from(cmd >> 4);
+                if let Some(&id) = h.ulp_recvs.get(i % h.ulp_recvs.len().max(1)) {
+                    let _ = h.conn.cancel_recv(id);
+                }
+                while h.conn.poll_completion().is_some() {}
+                let _ = (h.conn.zcopy_state(), h.conn.zcopy_stats());
+            }
+            // Mode transitions asked by the application, and messages that
+            // invalidate an STag.
+            _ => {
+                let mode = match cmd >> 4 & 3 {
+                    0 => FlowControlMode::Buffered,
+                    1 => FlowControlMode::Combined,
+                    _ => FlowControlMode::Pipelined,
+                };
+                if cmd & 0x80 != 0 {
+                    let stag = u32::from(input.byte().unwrap_or(0)) << 8 | 0x5a;
+                    let n = usize::from(input.byte().unwrap_or(0));
+                    let body = input.take(n);
+                    let cs = h.conn.credit_state();
+                    let mid = if cmd & 0x40 != 0 { 0x05 } else { 0x06 };
+                    let mut msg = vec![mid, 0x04];
+                    msg.extend_from_slice(&8u16.to_be_bytes());
+                    msg.extend_from_slice(&((16 + body.len()) as u32).to_be_bytes());
+                    msg.extend_from_slice(&cs.mseq_ack.wrapping_add(1).to_be_bytes());
+                    msg.extend_from_slice(&cs.lsseq.to_be_bytes());
+                    msg.extend_from_slice(body);
+                    let len = msg.len();
+                    h.recv_event(&msg, len, Some(stag));
+                } else if cmd & 0x40 != 0 {
+                    let _ = h.conn.set_recv_mode(mode);
+                } else {
+                    let _ = h.conn.set_send_mode(mode);
+                }
             }
         }
         h.drain();

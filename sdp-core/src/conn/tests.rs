@@ -616,7 +616,7 @@ fn inject(pair: &mut Pair, bytes: &[u8], len: usize) -> Option<CloseReason> {
 }
 
 /// A message from side 0 to side 1 with valid sequence numbers.
-fn message(pair: &Pair, flags: Flags, body: Body<'_>) -> Vec<u8> {
+pub(super) fn message(pair: &Pair, flags: Flags, body: Body<'_>) -> Vec<u8> {
     let cs = pair.conns[1].credit_state();
     let msg = MessageRepr {
         bufs: pair.conns[0].credit_state().bufs,
@@ -630,7 +630,7 @@ fn message(pair: &Pair, flags: Flags, body: Body<'_>) -> Vec<u8> {
     out
 }
 
-fn assert_violation(got: Option<CloseReason>, rule: &str) {
+pub(super) fn assert_violation(got: Option<CloseReason>, rule: &str) {
     match got {
         Some(CloseReason::Violation(v)) => assert_eq!(v.rule(), rule, "{v}"),
         other => panic!("expected a violation of {rule}, got {other:?}"),

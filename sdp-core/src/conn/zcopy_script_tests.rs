@@ -1,0 +1,565 @@
+//! Zcopy scenarios with the order of events scripted message by message
+//! (draft §9.4, §9.5.1, §9.5.4, §9.5.5, §10.6.1, §11.3): every work
+//! request is still checked against Figure 25 and §10.5 (see `testing`).
+
+use super::tests::{assert_violation, message};
+use super::{Completion, Config, FlowControlMode, Pipelining, RecvFlags, SendFlags};
+use crate::testing::{pattern, Pair, Transport};
+use crate::verbs::{RdmaOp, RecvId, SendId, Work};
+use crate::wire::{Body, Flags, SinkAvailRepr};
+
+fn zconfig() -> Config {
+    Config {
+        bufs: 8,
+        buf_size: 1024,
+        desired_remote_buf_size: 1024,
+        send_buffer: 16 * 1024,
+        bcopy_threshold: 2048,
+        read_zcopy: true,
+        write_zcopy: true,
+        max_adverts: 4,
+        ..Config::default()
+    }
+}
+
+/// Side 0 → side 1 in Pipelined Mode (side 0's policy), nothing on the
+/// wire.
+fn pipelined(seed: u64) -> Pair {
+    let a = Config {
+        pipelining: Pipelining::Always,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&a, &zconfig(), seed);
+    let ok = pair.run(100_000, |p| {
+        p.conns[0].send_mode() == FlowControlMode::Pipelined
+            && p.conns[1].recv_mode() == FlowControlMode::Pipelined
+            && !Transport::busy(&p.transport)
+    });
+    assert!(ok);
+    quiet(&mut pair);
+    pair
+}
+
+/// Delivers and completes everything in flight.
+fn quiet(pair: &mut Pair) {
+    while Transport::busy(&pair.transport) {
+        pair.deliver_all(0);
+        pair.deliver_all(1);
+        pair.complete_delivered(0);
+        pair.complete_delivered(1);
+    }
+}
+
+/// `n` bytes of side `side`'s stream by `send` (Bcopy).
+fn send_bytes(pair: &mut Pair, side: usize, n: usize) {
+    let mut b = vec![0; n];
+    pattern(pair.apps[side].seed, pair.apps[side].written, &mut b);
+    assert_eq!(pair.conns[side].send(n, SendFlags::EMPTY), Ok(n));
+    pair.stage(side, &b);
+    pair.drain();
+}
+
+/// `n` bytes of side `side`'s stream as one Zcopy send buffer.
+fn send_zcopy(pair: &mut Pair, side: usize, n: usize) -> SendId {
+    let mut b = vec![0; n];
+    pattern(pair.apps[side].seed, pair.apps[side].written, &mut b);
+    let id = pair.conns[side].send_zcopy(n as u64, None).unwrap();
+    pair.stage(side, &b);
+    pair.drain();
+    id
+}
+
+fn post(pair: &mut Pair, side: usize, len: u32) -> RecvId {
+    let id = pair.conns[side]
+        .post_recv(len, RecvFlags::EMPTY, None)
+        .unwrap();
+    pair.drain();
+    id
+}
+
+/// Side `side` reads `n` bytes with `recv`; they must be the peer's next.
+fn read_bytes(pair: &mut Pair, side: usize, n: usize) {
+    let mut got = vec![0; n];
+    assert_eq!(pair.conns[side].recv(&mut got, RecvFlags::EMPTY), Ok(n));
+    let mut want = vec![0; n];
+    pattern(pair.apps[1 - side].seed, pair.apps[side].read, &mut want);
+    assert_eq!(got, want);
+    pair.apps[side].read += n as u64;
+    pair.drain();
+}
+
+/// Side `side`'s completed buffer `id` holds the peer's next `n` bytes.
+fn placed(pair: &mut Pair, side: usize, id: RecvId, n: u32) {
+    let mem = pair.transport.take_recv_memory(side, id).unwrap();
+    let mut want = vec![0; n as usize];
+    pattern(pair.apps[1 - side].seed, pair.apps[side].read, &mut want);
+    assert_eq!(&mem[..n as usize], &want[..]);
+    pair.apps[side].read += u64::from(n);
+}
+
+fn completions(pair: &mut Pair, side: usize) -> Vec<Completion> {
+    let mut v = Vec::new();
+    while let Some(c) = pair.conns[side].poll_completion() {
+        v.push(c);
+    }
+    v
+}
+
+/// The STag a "SinkAvail stag N ..." or "SrcAvail stag N ..." line names.
+fn stag(line: &str) -> u32 {
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn no_close(pair: &Pair) {
+    assert_eq!(pair.conns[0].close_reason(), None);
+    assert_eq!(pair.conns[1].close_reason(), None);
+}
+
+/// §9.5.1's example: "if PotentialNonDiscards=2 and the Data Source has
+/// three SinkAvail advertisements, all with NonDiscards=0, then the first
+/// two advertisements are discarded as stale and RDMA is initiated on the
+/// third." The two Data Messages that made them stale complete the first
+/// two buffers with their payload (one message each, step 1).
+#[test]
+fn stale_sink_avail_worked_example() {
+    let mut pair = pipelined(41);
+    // Step 3: two payload messages, PotentialNonDiscards 2.
+    send_bytes(&mut pair, 0, 100);
+    send_bytes(&mut pair, 0, 100);
+    assert_eq!(pair.on_wire(0), ["Data 100", "Data 100"]);
+    assert_eq!(pair.conns[0].zcopy_state().potential_non_discards, 2);
+    // The Data Sink has not seen them: three SinkAvails, NonDiscards 0.
+    let r: Vec<RecvId> = (0..3).map(|_| post(&mut pair, 1, 3000)).collect();
+    let sinks = pair.on_wire(1);
+    assert_eq!(sinks.len(), 3, "{sinks:?}");
+    for s in &sinks {
+        assert!(
+            s.starts_with("SinkAvail") && s.ends_with("nd 0 payload 0"),
+            "{s}"
+        );
+    }
+    // Step 4 for each, in order: two discards, the third kept.
+    let expect = [(0, 1), (0, 0), (1, 0)];
+    for (sink_in, pnd) in expect {
+        assert!(pair.deliver_next(1));
+        let z = pair.conns[0].zcopy_state();
+        assert_eq!((z.sink_in, z.potential_non_discards), (sink_in, pnd));
+    }
+    // RDMA on the third.
+    let id = send_zcopy(&mut pair, 0, 3000);
+    assert_eq!(
+        pair.on_wire(0),
+        [
+            "Data 100".to_string(),
+            "Data 100".to_string(),
+            format!("Write stag {} 3000", stag(&sinks[2])),
+        ]
+    );
+    quiet(&mut pair);
+    no_close(&pair);
+    // Each Data Message completed one advertised buffer and did not count
+    // in NonDiscards.
+    assert_eq!(pair.conns[1].zcopy_state().non_discards, 0);
+    let got = completions(&mut pair, 1);
+    let copied = |id| Completion::Received {
+        id,
+        placed: 0,
+        copy: 100,
+    };
+    assert_eq!(got, [copied(r[0]), copied(r[1])]);
+    read_bytes(&mut pair, 1, 200);
+    let got = completions(&mut pair, 1);
+    assert_eq!(
+        got,
+        [Completion::Received {
+            id: r[2],
+            placed: 3000,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r[2], 3000);
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: 3000,
+            zcopy: 3000
+        }]
+    );
+}
+
+/// §9.5.5 with an RDMA Write In-Process: the Write completes and its
+/// RdmaWrCompl reaches the Data Sink before the SinkCancelAck that
+/// discards the SinkAvail not yet used.
+#[test]
+fn sink_avail_cancel_while_rdma_write_in_process() {
+    let mut pair = pipelined(42);
+    let r0 = post(&mut pair, 1, 3000);
+    let r1 = post(&mut pair, 1, 3000);
+    let sinks = pair.on_wire(1);
+    assert_eq!(sinks.len(), 2);
+    pair.deliver_all(1);
+    assert_eq!(pair.conns[0].zcopy_state().sink_in, 2);
+    let id = send_zcopy(&mut pair, 0, 3000);
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 3000", stag(&sinks[0]))]
+    );
+    // The read times out: every advertisement is canceled.
+    assert!(pair.conns[1].cancel_recv(r0));
+    pair.drain();
+    assert_eq!(pair.on_wire(1), ["SinkAvailCancel"]);
+    pair.deliver_all(1);
+    // Step 1: no new RDMA Write; nothing answers before the Write is done.
+    assert_eq!(pair.conns[0].zcopy_state().sink_in, 0);
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 3000", stag(&sinks[0]))]
+    );
+    pair.deliver_next(0);
+    pair.complete_delivered(0);
+    // Step 2, then exactly one SinkCancelAck.
+    assert_eq!(
+        pair.on_wire(0),
+        [
+            "RdmaWrCompl(RdmaWrComplRepr { len: 3000 })",
+            "SinkCancelAck"
+        ]
+    );
+    quiet(&mut pair);
+    no_close(&pair);
+    let got = completions(&mut pair, 1);
+    assert_eq!(
+        got,
+        [
+            Completion::Received {
+                id: r1,
+                placed: 0,
+                copy: 0
+            },
+            Completion::Received {
+                id: r0,
+                placed: 3000,
+                copy: 0
+            },
+        ]
+    );
+    placed(&mut pair, 1, r0, 3000);
+    assert_eq!(pair.conns[1].zcopy_state().sink_out, 0);
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: 3000,
+            zcopy: 3000
+        }]
+    );
+}
+
+/// §9.5.4 with an RDMA Read In-Process: the Data Sink holds MSeqAck below
+/// the SrcAvailCancel's MSeq until the Read is done, sends its
+/// RdmaRdCompl, then one SendSm that acknowledges the cancel; the Data
+/// Source's stream ends where the Read stopped.
+#[test]
+fn src_avail_cancel_while_rdma_read_in_process() {
+    let mut pair = Pair::new(&zconfig(), &zconfig(), 43);
+    quiet(&mut pair);
+    let start = pair.now;
+    let mut b = vec![0; 10_000];
+    pattern(pair.apps[0].seed, 0, &mut b);
+    let id = pair.conns[0]
+        .send_zcopy(10_000, Some(start + std::time::Duration::from_millis(1)))
+        .unwrap();
+    pair.stage(0, &b);
+    pair.drain();
+    let wire = pair.on_wire(0);
+    assert_eq!(wire.len(), 1);
+    assert!(wire[0].starts_with("SrcAvail") && wire[0].contains("len 10000"));
+    let payload: usize = wire[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(payload > 0, "Combined Mode: payload in the SrcAvail");
+    pair.deliver_all(0);
+    read_bytes(&mut pair, 1, payload);
+    let r = post(&mut pair, 1, 4000);
+    assert_eq!(
+        pair.on_wire(1),
+        [format!("Read stag {} 4000", stag(&wire[0]))]
+    );
+    // The send times out while the Read is In-Process.
+    pair.now = start + std::time::Duration::from_millis(2);
+    pair.conns[0].handle_timeout(pair.now);
+    pair.drain();
+    assert_eq!(pair.on_wire(0), ["SrcAvailCancel"]);
+    let cancel = pair.conns[0].credit_state().lsseq;
+    pair.deliver_all(0);
+    // A message the Data Sink sends meanwhile: MSeqAck held below it.
+    send_bytes(&mut pair, 1, 10);
+    let seq = pair.on_wire_seq(1);
+    assert_eq!(pair.on_wire(1)[1], "Data 10");
+    assert_eq!(seq[1].1, cancel.wrapping_sub(1));
+    pair.deliver_all(1);
+    pair.complete_delivered(1);
+    assert_eq!(
+        pair.on_wire(1),
+        ["RdmaRdCompl(RdmaRdComplRepr { len: 4000 })", "SendSm"]
+    );
+    assert!(pair.on_wire_seq(1)[1].1 >= cancel);
+    quiet(&mut pair);
+    no_close(&pair);
+    let cut = payload as u32 + 4000;
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: u64::from(cut),
+            zcopy: 4000
+        }]
+    );
+    assert_eq!(pair.conns[0].tx().accepted(), u64::from(cut));
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r,
+            placed: 4000,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r, 4000);
+    assert_eq!(pair.conns[1].zcopy_state().src_in, 0);
+    // Nothing of the canceled rest follows; the stream goes on after it.
+    send_bytes(&mut pair, 0, 50);
+    quiet(&mut pair);
+    read_bytes(&mut pair, 1, 50);
+    no_close(&pair);
+}
+
+/// §9.4: the Data Sink's SinkAvail carries the Data Message of the other
+/// direction; the Data Source fills the buffer with an RDMA Write.
+#[test]
+fn transaction_sink_avail_carries_payload() {
+    let mut pair = pipelined(44);
+    // Side 1 is the Data Sink of side 0's stream and has a command of its
+    // own to send: both go in one SinkAvail.
+    // (The command is handed while the buffer's registration is under
+    // way, as when the application posts its receive and sends at once.)
+    let r = pair.conns[1]
+        .post_recv(3000, RecvFlags::EMPTY, None)
+        .unwrap();
+    let mut registered = Vec::new();
+    while let Some(work) = pair.conns[1].poll_work() {
+        let register = matches!(work, Work::Rdma(RdmaOp::Register { .. }));
+        pair.transport.submit(1, &work, &[], &mut registered);
+        if register {
+            break;
+        }
+    }
+    assert!(!registered.is_empty());
+    let mut b = vec![0; 300];
+    pattern(pair.apps[1].seed, 0, &mut b);
+    assert_eq!(pair.conns[1].send(300, SendFlags::EMPTY), Ok(300));
+    pair.stage(1, &b);
+    for (side, event) in registered {
+        pair.feed(side, event);
+    }
+    pair.drain();
+    let wire = pair.on_wire(1);
+    assert_eq!(wire.len(), 1, "{wire:?}");
+    assert!(wire[0].starts_with("SinkAvail") && wire[0].ends_with("payload 300"));
+    pair.deliver_all(1);
+    read_bytes(&mut pair, 0, 300);
+    // The reply fills the advertised buffer.
+    let id = send_zcopy(&mut pair, 0, 2500);
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 2500", stag(&wire[0]))]
+    );
+    quiet(&mut pair);
+    no_close(&pair);
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r,
+            placed: 2500,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r, 2500);
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: 2500,
+            zcopy: 2500
+        }]
+    );
+    let s1 = pair.conns[1].zcopy_stats();
+    assert_eq!((s1.sink_avails, s1.bcopy_sent), (1, 300));
+}
+
+/// §11.3: a SrcAvail and a SinkAvail cross. The Data Sink ignores the
+/// SrcAvail (rule 2b), the Data Source treats it as discarded and uses
+/// Write Zcopy (rules 1a, 1b), then advertises the rest by a new SrcAvail.
+#[test]
+fn crossing_src_avail_and_sink_avail() {
+    let mut pair = pipelined(45);
+    let id = send_zcopy(&mut pair, 0, 5000);
+    let src = pair.on_wire(0);
+    assert_eq!(src.len(), 1);
+    assert!(src[0].starts_with("SrcAvail") && src[0].ends_with("len 5000 payload 0"));
+    let r0 = post(&mut pair, 1, 3000);
+    let sink = pair.on_wire(1);
+    assert_eq!(sink.len(), 1);
+    assert!(sink[0].starts_with("SinkAvail"));
+    pair.deliver_all(0);
+    assert_eq!(pair.conns[1].zcopy_state().src_in, 0, "rule 2b");
+    pair.deliver_all(1);
+    assert_eq!(pair.conns[0].zcopy_state().src_out, 0, "rule 1b");
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 3000", stag(&sink[0]))]
+    );
+    pair.deliver_next(0);
+    pair.complete_delivered(0);
+    let wire = pair.on_wire(0);
+    assert_eq!(wire[0], "RdmaWrCompl(RdmaWrComplRepr { len: 3000 })");
+    assert!(wire[1].starts_with("SrcAvail") && wire[1].ends_with("len 2000 payload 0"));
+    assert_ne!(stag(&wire[1]), stag(&src[0]));
+    pair.deliver_all(0);
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r0,
+            placed: 3000,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r0, 3000);
+    let r1 = post(&mut pair, 1, 2000);
+    quiet(&mut pair);
+    no_close(&pair);
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r1,
+            placed: 2000,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r1, 2000);
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: 5000,
+            zcopy: 5000
+        }]
+    );
+}
+
+/// §11.3 MaxAdverts: our SinkAvails stay within the peer's MaxAdverts; a
+/// peer sending more than ours is a violation.
+#[test]
+fn max_adverts_limit() {
+    let a = Config {
+        pipelining: Pipelining::Always,
+        max_adverts: 2,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&a, &zconfig(), 46);
+    pair.run(100_000, |p| {
+        p.conns[1].recv_mode() == FlowControlMode::Pipelined && !Transport::busy(&p.transport)
+    });
+    for _ in 0..4 {
+        post(&mut pair, 1, 3000);
+    }
+    assert_eq!(pair.on_wire(1).len(), 2, "{:?}", pair.on_wire(1));
+    assert_eq!(pair.conns[1].zcopy_state().sink_out, 2);
+    quiet(&mut pair);
+    no_close(&pair);
+
+    // Side 1 as Data Source in Pipelined Mode, MaxAdverts 4: a fifth
+    // SinkAvail breaks §11.3.
+    let b = Config {
+        pipelining: Pipelining::Always,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&zconfig(), &b, 47);
+    pair.run(100_000, |p| {
+        p.conns[1].send_mode() == FlowControlMode::Pipelined && !Transport::busy(&p.transport)
+    });
+    for i in 0..5u32 {
+        let header = SinkAvailRepr {
+            len: 3000,
+            stag: 0x100 + i,
+            va: 0,
+            non_discards: 0,
+        };
+        let m = message(
+            &pair,
+            Flags::EMPTY,
+            Body::SinkAvail {
+                header,
+                payload: &[],
+            },
+        );
+        pair.inject(1, &m, m.len()).unwrap();
+        pair.drain();
+        if i < 4 {
+            assert_eq!(pair.conns[1].zcopy_state().sink_in, i as usize + 1);
+            assert_eq!(pair.conns[1].close_reason(), None);
+        }
+    }
+    assert_violation(pair.conns[1].close_reason().copied(), "§11.3");
+}
+
+/// §10.6.1: both peers send ChRcvBuf at once. The Accepting Peer
+/// disregards the Connecting Peer's; the Connecting Peer answers and then
+/// sends its own again, which the Accepting Peer answers.
+#[test]
+fn ch_rcv_buf_conflict() {
+    let mut pair = Pair::new(&zconfig(), &zconfig(), 48);
+    quiet(&mut pair);
+    assert_eq!(pair.conns[0].request_buf_size(2048), Ok(()));
+    assert_eq!(pair.conns[1].request_buf_size(4096), Ok(()));
+    // One unacknowledged request at a time.
+    assert_eq!(
+        pair.conns[0].request_buf_size(512),
+        Err(crate::errno::Error::WouldBlock)
+    );
+    pair.drain();
+    assert_eq!(pair.on_wire(0), ["ChRcvBuf(ChRcvBufRepr { des_sz: 2048 })"]);
+    assert_eq!(pair.on_wire(1), ["ChRcvBuf(ChRcvBufRepr { des_sz: 4096 })"]);
+    pair.deliver_all(0);
+    // The Accepting Peer (side 1) disregards it.
+    assert_eq!(pair.on_wire(1), ["ChRcvBuf(ChRcvBufRepr { des_sz: 4096 })"]);
+    pair.deliver_all(1);
+    // The Connecting Peer answers (its buffers stay 1024) and asks again.
+    assert_eq!(
+        pair.on_wire(0),
+        [
+            "ChRcvBufAck(ChRcvBufAckRepr { act_sz: 1024 })",
+            "ChRcvBuf(ChRcvBufRepr { des_sz: 2048 })"
+        ]
+    );
+    pair.deliver_all(0);
+    assert_eq!(
+        pair.on_wire(1),
+        ["ChRcvBufAck(ChRcvBufAckRepr { act_sz: 1024 })"]
+    );
+    // The Accepting Peer asked for more and got the original size: no
+    // further increases (§10.6).
+    assert_eq!(
+        pair.conns[1].request_buf_size(8192),
+        Err(crate::errno::Error::InvalidInput)
+    );
+    pair.deliver_all(1);
+    assert_eq!(pair.conns[0].peer_buf_size(), Some(1024));
+    assert_eq!(pair.conns[0].request_buf_size(512), Ok(()));
+    quiet(&mut pair);
+    no_close(&pair);
+    // The peer keeps its buffers: the answer is the original size.
+    assert_eq!(pair.conns[0].peer_buf_size(), Some(1024));
+    send_bytes(&mut pair, 0, 100);
+    quiet(&mut pair);
+    read_bytes(&mut pair, 1, 100);
+    no_close(&pair);
+}
