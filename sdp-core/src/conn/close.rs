@@ -35,7 +35,8 @@ pub enum Violation {
     ReservedMid(Mid),
     /// A defined message that may not arrive now: a Hello or HelloAck after
     /// setup, a completion or acknowledgement of something never sent, a
-    /// second DisConn, a first message other than HelloAck.
+    /// second DisConn, a first message other than HelloAck, a SuspComm
+    /// after a DisConn or while one is being answered (§13.1.1).
     UnexpectedMessage(Mid),
     /// A message longer than the receive Private Buffer it landed in
     /// (§10 constraint 3: "A Local Peer MUST NOT send SDP Messages larger
@@ -68,8 +69,8 @@ pub enum Violation {
     /// second SrcAvail or payload while one is In-Process, or a SinkAvail
     /// (Write Zcopy needs Pipelined Mode).
     CombinedMode(Mid),
-    /// A message this implementation does not handle yet (ModeChange,
-    /// SuspComm: Mode transitions §12 and socket duplication §13).
+    /// A message this implementation does not handle yet (ModeChange:
+    /// Mode transitions, §12).
     Unsupported(Mid),
     /// The adapter reported a completion that does not match the oldest
     /// posted work request (RFC 5040 §5: completions are in order).
@@ -90,7 +91,7 @@ impl Violation {
                 Mid::RDMA_WR_COMPL => "§9.3",
                 Mid::SINK_CANCEL_ACK => "§9.5.5",
                 Mid::CH_RCV_BUF_ACK => "§10.6",
-                Mid::SUSP_COMM_ACK => "§13.1",
+                Mid::SUSP_COMM | Mid::SUSP_COMM_ACK => "§13.1.1",
                 _ => "§6.1.1",
             },
             Violation::MessageTooLarge { .. } => "§10",
