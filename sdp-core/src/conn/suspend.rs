@@ -55,11 +55,17 @@ pub(super) enum Suspend {
     None,
     /// SuspComm received (step 3): the SuspCommAck goes once nothing is
     /// In-Process.
-    Requested { port: u16 },
+    Requested {
+        port: u16,
+    },
     /// SuspCommAck posted: no more SDP Messages (step 3).
-    AckSent { port: u16 },
+    AckSent {
+        port: u16,
+    },
     /// Its Send completed: [`Teardown::Resume`] went (step 4).
-    Suspended { port: u16 },
+    Suspended {
+        port: u16,
+    },
 }
 
 impl Suspend {
@@ -74,7 +80,9 @@ impl Suspend {
 pub(super) enum LocalSuspend {
     None,
     /// SuspComm to go once nothing is In-Process.
-    Pending { port: u16 },
+    Pending {
+        port: u16,
+    },
     /// SuspComm sent: no more SDP Messages.
     Sent,
     /// The SuspCommAck arrived; the LLP connection may end.
@@ -112,6 +120,8 @@ impl Conn {
     /// unless [`Conn::resume_port`] is `Some`. The first Ops are the
     /// PostRecvs of the fresh buffers; then the adapter connects and sends
     /// [`Conn::hello`] in the MPA Request, as for [`Conn::connect`].
+    // The connection is handed back whole, as `TryFrom` impls do.
+    #[allow(clippy::result_large_err)]
     pub fn resume(mut self) -> Result<Conn, Conn> {
         if self.resume_in_place() {
             Ok(self)

@@ -587,17 +587,18 @@ impl<'a> Locked<'a> {
             tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(t.subsec_nanos()),
         });
-        let sock = shared.sock();
-        let mut fds = [
-            PollFd::new(&*sock, flags),
-            PollFd::new(&shared.wake, PollFlags::IN),
-        ];
-        let r = match poll(&mut fds, ts.as_ref()) {
-            Ok(_) | Err(Errno::INTR) => Ok(()),
-            Err(e) => Err(e.into()),
+        // The socket's read lock goes before the link's lock is taken.
+        let r = {
+            let sock = shared.sock();
+            let mut fds = [
+                PollFd::new(&*sock, flags),
+                PollFd::new(&shared.wake, PollFlags::IN),
+            ];
+            match poll(&mut fds, ts.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         };
-        drop(fds);
-        drop(sock);
         let mut g = shared.lock_inner();
         g.poller_active = false;
         shared.poller.store(false, Ordering::SeqCst);

@@ -71,7 +71,10 @@ fn susp_comm_ack_waits_for_in_process_sends_and_nothing_follows_it() {
     // In-Process, and none for bytes written now.
     assert_eq!(pair.conns[0].send(500, SendFlags::EMPTY), Ok(500));
     let early = ops(&mut pair.conns[0]);
-    assert!(early.iter().all(|op| matches!(op, Op::PostRecv { .. })), "{early:?}");
+    assert!(
+        early.iter().all(|op| matches!(op, Op::PostRecv { .. })),
+        "{early:?}"
+    );
     for (i, wr_id) in in_process.iter().enumerate() {
         pair.conns[0].handle_event(now, Event::SendDone { wr_id: *wr_id });
         let out = ops(&mut pair.conns[0]);
@@ -159,7 +162,10 @@ fn resumed_conn_sends_a_fresh_hello_and_keeps_unread_bytes_readable() {
     assert_eq!(conn.recv(&mut rest, RecvFlags::EMPTY), Ok(1500));
     got.extend_from_slice(&rest[..1500]);
     assert_eq!(got, data);
-    assert_eq!(conn.recv(&mut rest, RecvFlags::EMPTY), Err(Error::WouldBlock));
+    assert_eq!(
+        conn.recv(&mut rest, RecvFlags::EMPTY),
+        Err(Error::WouldBlock)
+    );
     // Buffers read empty are posted again, credited by the next message.
     assert_eq!(ops(&mut conn).len(), 3);
 }
@@ -179,7 +185,8 @@ fn duplicate_mid_transfer(seed: u64, remote: usize) {
     let mut pair = Pair::new(&config, &config, seed);
     pair.apps[0].to_write = total;
     pair.apps[1].to_write = total;
-    assert!(pair.run(1_000_000, |p| p.apps[0].read > 60_000 && p.apps[1].read > 60_000));
+    assert!(pair.run(1_000_000, |p| p.apps[0].read > 60_000
+        && p.apps[1].read > 60_000));
     // The Local Peer (Controlling Address Space) waits for its In-Process
     // Sends (§13.1.1 step 2); the Remote Peer goes on writing.
     pair.apps[local].to_write = pair.apps[local].written;
@@ -199,7 +206,8 @@ fn duplicate_mid_transfer(seed: u64, remote: usize) {
     // The rest of both streams, over the new connection.
     pair.apps[local].to_write = total;
     assert!(
-        pair.run(5_000_000, |p| p.apps[0].read == total && p.apps[1].read == total),
+        pair.run(5_000_000, |p| p.apps[0].read == total
+            && p.apps[1].read == total),
         "seed {seed}: read {} / {} (unsent at suspension: {unsent})",
         pair.apps[0].read,
         pair.apps[1].read
@@ -310,7 +318,8 @@ fn a_second_susp_comm_is_a_violation() {
     pair.inject(0, &first, first.len()).unwrap();
     let mut second = first.clone();
     // MSeq one further.
-    second[8..12].copy_from_slice(&(u32::from_be_bytes(first[8..12].try_into().unwrap()) + 1).to_be_bytes());
+    second[8..12]
+        .copy_from_slice(&(u32::from_be_bytes(first[8..12].try_into().unwrap()) + 1).to_be_bytes());
     pair.inject(0, &second, second.len()).unwrap();
     assert_eq!(
         violation(&pair.conns[0]),
