@@ -4,7 +4,8 @@
 //! * [`wire`] — the SDP messages of draft §6: the Base Sockets Direct Header
 //!   and every extended header, as checked views and plain structs.
 //! * [`conn`] — the SDP connection: setup (§8.1), Bcopy (§9.1), OOB
-//!   (§9.5.3), credits (§10), close (§8.2), as a sans-IO state machine.
+//!   (§9.5.3), credits (§10), close (§8.2), socket duplication as the
+//!   Remote Peer (§13.1.1), as a sans-IO state machine.
 //! * [`verbs`] — the operations and events it exchanges with the iWARP
 //!   engine's queue pair.
 //! * [`link`] — the adapter between a [`conn::Conn`] and the iWARP

@@ -184,7 +184,13 @@ pub fn check_send(side: usize, before: &crate::conn::CreditState, header: &[u8],
 ///
 /// If either does not hold.
 pub fn check_idle(side: usize, conn: &Conn, rq_len: usize) {
-    if conn.state() != State::Connected || conn.is_aborting() {
+    // A socket duplication stops every message, credit updates included
+    // (draft §13.1.1 steps 2–3).
+    if conn.state() != State::Connected
+        || conn.is_aborting()
+        || conn.is_suspending()
+        || conn.susp_comm_sent()
+    {
         return;
     }
     let cs = conn.credit_state();
@@ -590,7 +596,11 @@ impl Transport for MemTransport {
                 dir.msgs.push_back(Item::Msg(msg, *kind));
                 dir.sends.push_back((*wr_id, DONE_SEND));
             }
-            Op::Teardown(Teardown::Graceful) => self.dirs[side].closing = true,
+            // A socket duplication closes this LLP connection gracefully;
+            // [`Pair::resume`] sets up the next one.
+            Op::Teardown(Teardown::Graceful | Teardown::Resume { .. }) => {
+                self.dirs[side].closing = true
+            }
             Op::Teardown(Teardown::Abortive) => {
                 events.push((1 - side, Event::TransportError(ErrorKind::Reset)));
                 self.kill();
@@ -1031,6 +1041,9 @@ pub struct Pair<T: Transport = MemTransport> {
     pub accepts_checked: u64,
     /// The transport errors and closes each side saw.
     pub transport_events: [Vec<Event>; 2],
+    /// The application stream offset of each connection's send stream
+    /// offset 0 (not 0 after [`Pair::resume`] gave a side a new [`Conn`]).
+    pub tx_base: [u64; 2],
     events: Vec<(usize, Event)>,
     buf: Vec<u8>,
     expect: Vec<u8>,
@@ -1073,6 +1086,7 @@ impl<T: Transport> Pair<T> {
             check_non_discards: true,
             accepts_checked: 0,
             transport_events: [Vec::new(), Vec::new()],
+            tx_base: [0; 2],
             events: Vec::new(),
             buf: Vec::new(),
             expect: Vec::new(),
@@ -1108,6 +1122,7 @@ impl<T: Transport> Pair<T> {
                     }
                     check_modes(side, &view, &work);
                     self.works_checked += 1;
+                    let base = self.tx_base[side];
                     let range = match &work {
                         Work::Op(Op::Send { payload, .. })
                         | Work::Rdma(RdmaOp::Write { payload, .. }) => payload.clone(),
@@ -1118,7 +1133,7 @@ impl<T: Transport> Pair<T> {
                         _ => 0..0,
                     };
                     let payload: &[u8] = if range.end > range.start {
-                        self.apps[side].payload(range)
+                        self.apps[side].payload(range.start + base..range.end + base)
                     } else {
                         &[]
                     };
@@ -1127,7 +1142,7 @@ impl<T: Transport> Pair<T> {
                     self.events = events;
                     self.check_safety(side);
                 }
-                let released = self.conns[side].tx().released();
+                let released = self.conns[side].tx().released() + self.tx_base[side];
                 self.apps[side].release(released);
             }
             let events = core::mem::take(&mut self.events);
@@ -1474,6 +1489,40 @@ impl<T: Transport> Pair<T> {
         }
         self.drain();
         true
+    }
+
+    /// Socket duplication (draft §13.1.1): side `side` answered a SuspComm
+    /// and is suspended ([`Conn::resume_port`]); the other side (the test
+    /// Local Peer, [`Conn::request_suspend`]) got the SuspCommAck. Its
+    /// application reads what the old connection still holds (step 5's
+    /// "buffered receive ULP data"), a new Accepting Peer with `config`
+    /// takes the resumed connection's Hello over a fresh transport (steps
+    /// 6–7), and setup runs until the resumed connection has its HelloAck.
+    /// False if it does not get there.
+    pub fn resume(&mut self, side: usize, config: &Config) -> bool
+    where
+        T: Default,
+    {
+        let other = 1 - side;
+        while self.conns[other].bytes_readable() > 0 {
+            self.app_read(other);
+        }
+        // The old connection's bytes were all sent and completed before
+        // the SuspComm; the new one numbers its send stream from 0.
+        self.tx_base[other] += self.conns[other].tx().accepted();
+        if !self.conns[side].resume_in_place() {
+            return false;
+        }
+        let hello = self.conns[side].hello().map(<[u8]>::to_vec);
+        let Some(Ok(accepted)) = hello.map(|h| Conn::accept(config, &h)) else {
+            return false;
+        };
+        self.conns[other] = accepted;
+        self.transport = T::default();
+        self.drain();
+        self.feed(other, Event::Established);
+        self.drain();
+        self.run(10_000, |p| !p.conns[side].is_resuming())
     }
 
     /// Steps until `done` holds (true) or `max_steps` pass or nothing can

@@ -165,6 +165,15 @@ pub enum Teardown {
     /// reset): "MUST NOT attempt to send additional SDP Messages and MUST
     /// immediately terminate the LLP connection" (§8.2.2).
     Abortive,
+    /// Socket duplication (draft §13.1.1 step 4): the SuspCommAck's Send
+    /// completed; close the LLP connection (FIN, once everything queued
+    /// is written) and connect to the same peer address at `port`, where
+    /// the connection goes on after
+    /// [`Conn::resume`](crate::conn::Conn::resume).
+    Resume {
+        /// The Destination TCP Port of the SuspComm (§6.5.1.1).
+        port: u16,
+    },
 }
 
 /// A verbs operation the connection asks the adapter to perform.

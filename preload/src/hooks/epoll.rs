@@ -32,7 +32,10 @@
 //! * A stream's own socket is registered too (edge-triggered, the third
 //!   token): when bytes arrive, `epoll_wait` has the endpoint read them
 //!   before it looks at the readiness, so the program need not wait for
-//!   the progress thread to do it and wake the wake fd.
+//!   the progress thread to do it and wake the wake fd. After the peer
+//!   moved the connection to a new TCP connection (SuspComm, draft §13.1.1)
+//!   that duplicate still refers to the old socket and stays quiet; the
+//!   wake fd alone reports the connection then.
 //!
 //! Tokens are `0x5D50 << 48 | id << 2 | which`: a non-canonical address,
 //! never a user pointer. Registrations end with `EPOLL_CTL_DEL`, with the

@@ -35,7 +35,8 @@ pub enum Violation {
     ReservedMid(Mid),
     /// A defined message that may not arrive now: a Hello or HelloAck after
     /// setup, a completion or acknowledgement of something never sent, a
-    /// second DisConn, a first message other than HelloAck.
+    /// second DisConn, a first message other than HelloAck, a SuspComm
+    /// after a DisConn or while one is being answered (§13.1.1).
     UnexpectedMessage(Mid),
     /// A message longer than the receive Private Buffer it landed in
     /// (§10 constraint 3: "A Local Peer MUST NOT send SDP Messages larger
@@ -100,8 +101,7 @@ pub enum Violation {
     ZcopyLength(Mid),
     /// A ChRcvBufAck size against the §10.6 rules.
     BadChRcvBufAck(u32),
-    /// A message this implementation does not handle (SuspComm: socket
-    /// duplication §13).
+    /// A message this implementation does not handle.
     Unsupported(Mid),
     /// The adapter reported a completion that does not match the oldest
     /// posted work request (RFC 5040 §5: completions are in order).
@@ -123,7 +123,7 @@ impl Violation {
                 Mid::SINK_CANCEL_ACK => "§9.5.5",
                 Mid::SRC_AVAIL_CANCEL => "§9.5.4",
                 Mid::CH_RCV_BUF_ACK => "§10.6",
-                Mid::SUSP_COMM_ACK => "§13.1",
+                Mid::SUSP_COMM | Mid::SUSP_COMM_ACK => "§13.1.1",
                 _ => "§6.1.1",
             },
             Violation::MessageTooLarge { .. } => "§10",

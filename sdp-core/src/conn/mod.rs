@@ -9,6 +9,8 @@
 //! * [`recv`] — the receive Private Buffer pool and received stream.
 //! * [`send`] — the send stream and Data Message chunking.
 //! * [`close`] — close reasons and protocol violations (§8.2).
+//! * [`suspend`] — socket duplication as the Remote Peer (§13.1.1):
+//!   SuspComm answered, then [`Conn::resume`] on a new LLP connection.
 //!
 //! # Driving a connection
 //!
@@ -55,6 +57,7 @@ pub mod credit;
 pub mod recv;
 pub mod send;
 pub mod setup;
+pub mod suspend;
 #[cfg(test)]
 mod tests;
 pub mod zcopy;
@@ -75,6 +78,7 @@ use credit::{Credits, CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
 use recv::RxStream;
 use send::{Chunk, TxStream, OOB_PEND_REACH};
 use setup::PeerParams;
+use suspend::{LocalSuspend, Suspend};
 
 use crate::errno::Error;
 use crate::verbs::{
@@ -274,6 +278,8 @@ enum Sent {
     Other,
     DisConn,
     AbortConn,
+    /// Our SuspCommAck (§13.1.1 step 4 waits for its completion).
+    SuspCommAck,
     /// An RDMA Write (completes as WriteDone).
     Write,
     /// An RDMA Read Request (completes as ReadDone).
@@ -333,6 +339,8 @@ struct Received {
     sink_avail: Option<wire::SinkAvailRepr>,
     src_avail: Option<wire::SrcAvailRepr>,
     mode_change: Option<wire::ModeChangeRepr>,
+    /// The Destination TCP Port of a SuspComm (§6.5.1.1).
+    susp_port: Option<u16>,
 }
 
 /// `a` is at or after `b` in 32-bit sequence space.
@@ -384,12 +392,32 @@ pub struct Conn {
     error: Option<Error>,
     deadline: Option<Instant>,
     freed: Vec<usize>,
+    /// Socket duplication as the Remote Peer (§13.1.1 steps 3–4).
+    suspend: Suspend,
+    /// A resumed connection waiting for the HelloAck on its new LLP
+    /// connection (§13.1.1 steps 4, 8).
+    resuming: bool,
+    /// The Local Peer's side, for tests only (see [`suspend`]).
+    local_suspend: LocalSuspend,
 }
 
 impl Conn {
     fn new(role: Role, config: Config, credits: Credits, state: State) -> Conn {
         let count = usize::from(config.bufs);
         let pool = BufferPool::new(count, config.buf_size as usize);
+        Conn::with_pool(role, config, credits, state, pool)
+    }
+
+    /// A connection whose receive buffers are `pool`, the first
+    /// `config.bufs` of them to be posted.
+    fn with_pool(
+        role: Role,
+        config: Config,
+        credits: Credits,
+        state: State,
+        pool: BufferPool,
+    ) -> Conn {
+        let count = usize::from(config.bufs);
         Conn {
             role,
             ird: config.ird,
@@ -427,6 +455,9 @@ impl Conn {
             error: None,
             deadline: None,
             freed: Vec::new(),
+            suspend: Suspend::None,
+            resuming: false,
+            local_suspend: LocalSuspend::None,
         }
     }
 
@@ -677,6 +708,9 @@ impl Conn {
             AbortConn::Sent => return None,
             AbortConn::None => {}
         }
+        if let Some(op) = self.suspend_gate(control_ok) {
+            return op.map(Work::Op);
+        }
         // §10.5: "If no credits are available, an implementation MUST NOT
         // send any type of SDP Message."
         if credit <= 0 {
@@ -919,6 +953,11 @@ impl Conn {
 
     /// Feeds one verbs or LLP event.
     pub fn handle_event(&mut self, now: Instant, event: Event) {
+        if self.is_suspended() {
+            // §13.1.1 step 4: this LLP connection is done with; the
+            // connection goes on with [`Conn::resume`].
+            return;
+        }
         match event {
             Event::Established => {
                 if self.state == State::HelloReceived {
@@ -996,6 +1035,7 @@ impl Conn {
             // an SDP implementation MUST use the normal LLP connection
             // teardown protocol to complete the teardown."
             Sent::AbortConn => self.finish(Teardown::Graceful),
+            Sent::SuspCommAck => self.on_susp_comm_ack_done(),
         }
     }
 
@@ -1004,6 +1044,9 @@ impl Conn {
             return;
         }
         let error = match (self.state, kind) {
+            // The reconnection of a socket duplication failed: the
+            // application's connection is lost (see [`suspend`]).
+            _ if self.resuming => Error::ConnectionReset,
             (State::HelloSent, _) | (_, ErrorKind::Refused) => Error::ConnectionRefused,
             (_, ErrorKind::TimedOut) => Error::TimedOut,
             _ => Error::ConnectionReset,
@@ -1018,7 +1061,11 @@ impl Conn {
         if self.state == State::Closed {
             return;
         }
-        if self.state == State::Connected
+        if self.local_suspend == LocalSuspend::Acked {
+            // The test-only Local Peer: the suspended LLP connection ends.
+            self.reason.get_or_insert(CloseReason::Graceful);
+            self.finish(Teardown::Graceful);
+        } else if self.state == State::Connected
             && self.peer_disconn.is_some()
             && self.abort_conn == AbortConn::None
         {
@@ -1078,12 +1125,16 @@ impl Conn {
             return Err(Violation::ReservedMid(mid));
         }
         msg.validate()?;
-        let hello_ack = if self.state == State::HelloSent {
+        let hello_ack = if self.state == State::HelloSent || self.resuming {
             // §8.1.1 step 2: the Accepting Peer's first iWARP Message is the
             // HelloAck; step 7a checks.
             Some(setup::check_hello_ack(&msg)?)
         } else {
             None
+        };
+        let susp_port = match msg.body {
+            Body::SuspComm(sch) => Some(sch.port),
+            _ => None,
         };
         let payload = msg.body.payload();
         let start = msg.header_len();
@@ -1115,10 +1166,14 @@ impl Conn {
             payload: start..start + payload.len(),
             last: payload.last().copied().unwrap_or(0),
             hello_ack,
+            susp_port,
         })
     }
 
     fn on_message(&mut self, now: Instant, buf: usize, msg: Received, invalidated: Option<u32>) {
+        if self.resuming {
+            return self.on_resumed_hello_ack(buf, &msg);
+        }
         match self.state {
             State::HelloSent => {
                 let Some(peer) = msg.hello_ack else {
@@ -1257,9 +1312,13 @@ impl Conn {
                 }
                 self.repost(buf, PostKind::Fresh);
             }
-            Mid::SUSP_COMM => self.violation(Violation::Unsupported(msg.mid)),
+            Mid::SUSP_COMM => self.on_susp_comm(buf, msg.susp_port),
+            Mid::SUSP_COMM_ACK if self.local_suspend == LocalSuspend::Sent => {
+                self.on_local_susp_comm_ack(buf)
+            }
             // Hello and HelloAck after setup; SuspCommAck answers something
-            // we never sent.
+            // we never sent (a SuspCommAck is expected only by the
+            // test-only Local Peer, see [`suspend`]).
             mid => self.violation(Violation::UnexpectedMessage(mid)),
         }
         if self.state == State::Connected {
@@ -1365,7 +1424,9 @@ impl Conn {
     }
 
     fn repost(&mut self, buf: usize, kind: PostKind) {
-        if self.state != State::Closed {
+        // After a SuspCommAck, buffers freed stay unposted: the new LLP
+        // connection posts its own (see [`Conn::resume`]).
+        if self.state != State::Closed && !self.suspend.ack_sent() {
             self.to_post.push_back((buf, kind));
         }
     }

@@ -310,6 +310,24 @@ impl RxStream {
         copied
     }
 
+    /// This stream in a new pool for a resumed connection (draft §13.1.1
+    /// step 4): the buffers holding unread payload are copied to the first
+    /// buffers of a pool of `held + fresh` buffers of `pool`'s size, the
+    /// segments renumbered; buffers `held..` are free for the new
+    /// connection to post.
+    pub(crate) fn carry_over(&self, pool: &BufferPool, fresh: usize) -> (BufferPool, RxStream) {
+        let held = self.segs.len();
+        let mut new_pool = BufferPool::new(held.saturating_add(fresh), pool.buf_size());
+        let mut rx = self.clone();
+        for (i, seg) in rx.segs.iter_mut().enumerate() {
+            if let (Some(src), Some(dst)) = (pool.buffer(seg.buf), new_pool.buffer_mut(i)) {
+                dst.copy_from_slice(src);
+            }
+            seg.buf = i;
+        }
+        (new_pool, rx)
+    }
+
     /// Moves a cursor `n` bytes on; false if the stream ends first.
     fn advance(&self, idx: &mut usize, in_seg: &mut usize, mut n: usize) -> bool {
         while n > 0 {

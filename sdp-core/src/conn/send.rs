@@ -192,6 +192,15 @@ impl TxStream {
         }
     }
 
+    /// On a new LLP connection (draft §13.1.1 step 4): the peer's new
+    /// connection has seen no OOB_PEND, so each OOB byte not yet sent is
+    /// announced again.
+    pub(crate) fn renotify_urgent(&mut self) {
+        for u in &mut self.urgent {
+            u.pend_sent = false;
+        }
+    }
+
     /// Releases stream bytes up to `end` (a Send completed).
     pub fn release(&mut self, end: u64) {
         self.released = self.released.max(end.min(self.sent));

@@ -297,6 +297,27 @@ impl Link {
         Ok(link)
     }
 
+    /// After [`Teardown::Resume`] (socket duplication, draft §13.1.1 step
+    /// 4): the link of the new LLP connection, in place. The connection
+    /// carries its streams over ([`Conn::resume`]) and the staging keeps
+    /// the unsent bytes at their offsets. Create the iWARP initiator on
+    /// the new TCP connection with [`Link::hello`] and drive, as after
+    /// [`Link::connect`]. False (nothing changed) before the teardown.
+    pub fn resume(&mut self) -> bool {
+        if !self.conn.resume_in_place() {
+            return false;
+        }
+        self.established = false;
+        self.failure = None;
+        self.llp = None;
+        self.ended = false;
+        // Every Send completed before the SuspCommAck's did.
+        self.sends.clear();
+        self.teardown = None;
+        self.logged_close = false;
+        true
+    }
+
     /// The SDP connection.
     pub fn conn(&self) -> &Conn {
         &self.conn

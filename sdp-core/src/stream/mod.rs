@@ -17,6 +17,11 @@
 //!   ([`readiness`] explains the socket-pair construction and why not an
 //!   eventfd or the kernel socket). The kernel socket itself is
 //!   [`SdpStream::socket_fd`]; SO_KEEPALIVE is on (draft §14.3).
+//! * **Socket duplication.** A peer's SuspComm (draft §13.1.1) is answered
+//!   and the connection moves to a new TCP connection to the port it
+//!   names, under the same stream: nothing is lost, the application sees
+//!   nothing but a pause; the readiness descriptor, `socket_fd` and the
+//!   addresses stay ([`shared`]'s `resume`).
 //! * **Progress.** Bytes accepted by `write` reach the peer without further
 //!   calls: a process-wide progress thread ([`progress`]) writes them as
 //!   the socket takes them, takes in the peer's messages and fires timers.
@@ -69,6 +74,8 @@
 pub mod progress;
 pub mod readiness;
 pub mod shared;
+#[cfg(any(test, feature = "testing"))]
+mod suspend;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -629,9 +636,11 @@ impl SdpStream {
         self.shared().readiness()
     }
 
-    /// The kernel TCP socket.
+    /// The kernel TCP socket: a duplicate the stream keeps, whose number
+    /// stays valid for the stream's life and follows a socket duplication
+    /// (draft §13.1.1, the connection moved to a new TCP connection).
     pub fn socket_fd(&self) -> RawFd {
-        self.shared().lock().ep.raw_fd()
+        self.shared().sock().as_raw_fd()
     }
 
     /// Blocks until every byte accepted so far is handed to the kernel

@@ -208,7 +208,7 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
     }
     let r = epoll::add(
         &t.epoll,
-        shared.sock(),
+        &*shared.sock(),
         EventData::new_u64(shared.id),
         INTEREST,
     );
@@ -226,8 +226,36 @@ pub fn deregister(id: u64) {
         return;
     };
     if let Some(shared) = lock(&t.links).remove(&id) {
-        let _ = epoll::delete(&t.epoll, shared.sock());
+        let _ = epoll::delete(&t.epoll, &*shared.sock());
     }
+}
+
+/// Points `sock`, link `id`'s stable socket descriptor, at `new` (a
+/// socket duplication, draft §13.1.1 step 4), keeping the thread's
+/// registration: the old socket's is removed before the number changes
+/// and the new one's added after. The caller holds the link's lock and
+/// no application thread polls `sock`. Lock order: the table, then
+/// `sock` — as the thread takes them.
+pub(super) fn swap_socket(
+    id: u64,
+    sock: &std::sync::RwLock<OwnedFd>,
+    new: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let t = running();
+    let links = t.map(|t| lock(&t.links));
+    let registered = links.as_ref().is_some_and(|l| l.contains_key(&id));
+    let mut fd = sock.write().unwrap_or_else(|p| p.into_inner());
+    if let (Some(t), true) = (t, registered) {
+        let _ = epoll::delete(&t.epoll, &*fd);
+    }
+    let r = rustix::io::dup3(new, &mut fd, rustix::io::DupFlags::CLOEXEC);
+    if let (Some(t), true) = (t, registered) {
+        epoll::add(&t.epoll, &*fd, EventData::new_u64(id), INTEREST)?;
+    }
+    drop(fd);
+    drop(links);
+    wake();
+    Ok(r?)
 }
 
 /// Makes the thread recompute its timeout (a link's deadline moved
@@ -297,7 +325,7 @@ impl Thread {
                         if s.polled() {
                             // Its application thread reads the socket.
                             let data = EventData::new_u64(s.id);
-                            let _ = epoll::modify(&self.epoll, s.sock(), data, EventFlags::ET);
+                            let _ = epoll::modify(&self.epoll, &*s.sock(), data, EventFlags::ET);
                             parked.push((now + PARK, s.clone()));
                         } else {
                             due.push(s.clone());
@@ -315,7 +343,7 @@ impl Thread {
                 for (_, s) in parked.drain(..back) {
                     if links.contains_key(&s.id) {
                         let data = EventData::new_u64(s.id);
-                        let _ = epoll::modify(&self.epoll, s.sock(), data, INTEREST);
+                        let _ = epoll::modify(&self.epoll, &*s.sock(), data, INTEREST);
                     }
                 }
             }
@@ -330,7 +358,7 @@ impl Thread {
 
     fn remove(&self, s: &Shared) {
         if lock(&self.links).remove(&s.id).is_some() {
-            let _ = epoll::delete(&self.epoll, s.sock());
+            let _ = epoll::delete(&self.epoll, &*s.sock());
         }
     }
 }

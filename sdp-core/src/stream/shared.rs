@@ -28,7 +28,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
@@ -38,6 +38,8 @@ use super::readiness::Readiness;
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
+
+mod resume;
 
 /// How long a closed link keeps reading after its FIN, waiting for the
 /// peer's (see [`Inner::finished`]).
@@ -99,6 +101,11 @@ pub struct Inner {
     pub nonblocking: bool,
     /// SO_RCVTIMEO.
     pub read_timeout: Option<Duration>,
+    /// [`Shared`]'s duplicate of the socket, which a socket duplication
+    /// points at the new one ([`resume`]).
+    sock: Arc<RwLock<OwnedFd>>,
+    /// [`Shared::id`].
+    id: u64,
     /// SO_SNDTIMEO.
     pub write_timeout: Option<Duration>,
     /// SO_LINGER: zero aborts on close, more waits for the close.
@@ -287,6 +294,18 @@ impl Inner {
                 self.drain_until = Some(now + DRAIN);
                 true
             }
+            // Socket duplication (draft §13.1.1 step 4): once the
+            // SuspCommAck is written. Not while an application thread
+            // sleeps in poll(2) on the socket: it is woken when the lock
+            // goes and carries the resumption out itself.
+            Some(Teardown::Resume { port })
+                if !self.poller_active
+                    && self.ep.connection().txq().is_empty()
+                    && self.ep.connection().datapath().send_outstanding() == 0 =>
+            {
+                self.resume(now, port);
+                true
+            }
             Some(Teardown::Abortive) if !self.reset => {
                 // A Terminate we queued still goes, if the socket takes it.
                 if matches!(
@@ -381,8 +400,11 @@ pub struct Shared {
     poller: AtomicBool,
     kick: AtomicBool,
     wake: OwnedFd,
-    /// A duplicate of the socket, to poll it without the lock.
-    sock: OwnedFd,
+    /// A duplicate of the socket, to poll it without the lock: a stable
+    /// descriptor number, pointed at the new socket by a socket
+    /// duplication (written under the link's lock, and only while no
+    /// application thread polls it).
+    sock: Arc<RwLock<OwnedFd>>,
     deadline: AtomicU64,
     /// The readiness descriptor the application polls, once asked for.
     readiness: OnceLock<OwnedFd>,
@@ -410,7 +432,7 @@ impl Shared {
         id: u64,
         readiness: Option<Readiness>,
     ) -> io::Result<Shared> {
-        let sock = ep.stream().as_fd().try_clone_to_owned()?;
+        let sock = Arc::new(RwLock::new(ep.stream().as_fd().try_clone_to_owned()?));
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let user = match &readiness {
             Some(r) => Some(r.user_fd().try_clone_to_owned()?),
@@ -434,6 +456,8 @@ impl Shared {
             write_timeout: None,
             linger: None,
             hangup_hint: false,
+            sock: sock.clone(),
+            id,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -495,9 +519,10 @@ impl Shared {
         self.lock_inner().written_out()
     }
 
-    /// The socket (a duplicate), for epoll.
-    pub fn sock(&self) -> &OwnedFd {
-        &self.sock
+    /// The socket (a duplicate, whose number stays the same across a
+    /// socket duplication), for epoll.
+    pub fn sock(&self) -> RwLockReadGuard<'_, OwnedFd> {
+        self.sock.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The readiness descriptor (see [`super::readiness`]), created and
@@ -640,13 +665,17 @@ impl<'a> Locked<'a> {
             tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(t.subsec_nanos()),
         });
-        let mut fds = [
-            PollFd::new(&shared.sock, flags),
-            PollFd::new(&shared.wake, PollFlags::IN),
-        ];
-        let r = match poll(&mut fds, ts.as_ref()) {
-            Ok(_) | Err(Errno::INTR) => Ok(()),
-            Err(e) => Err(e.into()),
+        // The socket's read lock goes before the link's lock is taken.
+        let r = {
+            let sock = shared.sock();
+            let mut fds = [
+                PollFd::new(&*sock, flags),
+                PollFd::new(&shared.wake, PollFlags::IN),
+            ];
+            match poll(&mut fds, ts.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         };
         let mut g = shared.lock_inner();
         g.poller_active = false;

@@ -1,0 +1,101 @@
+//! Socket duplication at the I/O layer (draft §13.1.1 step 4): the link
+//! answered a SuspComm and its SuspCommAck is in the socket
+//! ([`Teardown::Resume`](crate::verbs::Teardown::Resume)). Here the old TCP
+//! connection is closed, a new one opened to the same peer address at the
+//! SuspComm's port, the MPA startup begun as initiator with the resumed
+//! connection's Hello, and the endpoint swapped under the stream.
+//!
+//! What stays: the [`Link`](crate::link::Link) (its streams, staging and
+//! the application's options), the readiness descriptor, the waiting
+//! threads, the progress thread's registration, and the stream's socket
+//! descriptor number ([`super::Shared::sock`], what
+//! [`SdpStream::socket_fd`](crate::stream::SdpStream::socket_fd) reports),
+//! which is pointed at the new socket. The stream's addresses are the
+//! original ones.
+//!
+//! The new TCP connection is opened nonblocking from the old local
+//! address (port chosen by the kernel): the MPA Request waits in the
+//! engine until the socket is connected, a refusal comes as the socket's
+//! error, and the MPA startup timer bounds the rest. Any failure is an
+//! abortive close with ECONNRESET ([`crate::conn::suspend`]).
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::Inner;
+use crate::link::connection_config;
+use crate::verbs::ErrorKind;
+use iwarp::driver::Endpoint;
+
+/// A nonblocking TCP connection from `local`'s address to `peer`.
+fn reconnect(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(peer), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_cloexec(true)?;
+    socket.set_nonblocking(true)?;
+    // §14.3: keepalive, as on the first connection.
+    socket.set_keepalive(true)?;
+    socket.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
+    match socket.connect(&SockAddr::from(peer)) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INPROGRESS.raw_os_error()) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(socket.into())
+}
+
+impl Inner {
+    /// See the module documentation.
+    pub(super) fn resume(&mut self, now: Instant, port: u16) {
+        let addrs = self
+            .ep
+            .stream()
+            .local_addr()
+            .and_then(|l| Ok((l, self.ep.stream().peer_addr()?)));
+        // §13.1.1 step 4: "MUST wait for completion of the send of the
+        // SuspCommAck Message, then close the LLP connection."
+        let _ = self.ep.stream().shutdown(std::net::Shutdown::Write);
+        if !self.link.resume() {
+            return;
+        }
+        // "... initiate the new connection to the destination TCP port
+        // number received through the SuspComm Message, utilizing the same
+        // IP address specified in the prior connection setup sequence."
+        let config = connection_config(self.link.conn().config());
+        let ep = addrs
+            .and_then(|(local, peer)| reconnect(local, SocketAddr::new(peer.ip(), port)))
+            .and_then(|tcp| Endpoint::initiator(tcp, config, self.link.hello(), now));
+        let ep = match ep {
+            Ok(ep) => ep,
+            Err(e) => {
+                crate::log::emit(format_args!("SuspComm: reconnection to port {port}: {e}"));
+                // The old socket stands in until the reset.
+                self.llp_end = true;
+                let qp = self.ep.connection_mut();
+                self.link.llp_failed(now, ErrorKind::Reset, qp);
+                return;
+            }
+        };
+        let swapped = super::super::progress::swap_socket(self.id, &self.sock, ep.stream().as_fd());
+        let old = std::mem::replace(&mut self.ep, ep);
+        drop(old);
+        self.llp_end = false;
+        self.shut_wr = false;
+        self.reset = false;
+        self.drain_until = None;
+        self.hangup_hint = false;
+        if let Err(e) = swapped {
+            crate::log::emit(format_args!("SuspComm: socket descriptor not moved: {e}"));
+            self.llp_end = true;
+            let qp = self.ep.connection_mut();
+            self.link.llp_failed(now, ErrorKind::Reset, qp);
+            return;
+        }
+        // Posts the fresh receive buffers before the Request can be
+        // answered (§8.1.1 step 1c).
+        self.link.drive(now, self.ep.connection_mut());
+    }
+}
