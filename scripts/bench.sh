@@ -40,7 +40,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
 fi
 
-cargo build --release --quiet --workspace --bins
+cargo build --release --quiet --workspace --lib --bins
 bin=${CARGO_TARGET_DIR:-$PWD/target}/release
 for f in sdprun libsdp_preload.so sdp-portmapper sdp-stat sdp-connbench; do
     [ -e "$bin/$f" ] || { echo "bench: $bin/$f was not built" >&2; exit 1; }
