@@ -7,8 +7,13 @@
 //! [`MemTransport`] obeys RDMA Send semantics (RFC 5040 §5.3): a Send
 //! consumes the peer's oldest posted receive buffer; with none posted, or
 //! a message longer than the buffer, the iWARP layer would Terminate, so
-//! both ends get a transport error. Another [`Transport`] (the real iWARP
-//! engine over a byte pipe) can run the same scenarios.
+//! both ends get a transport error. It also holds registered memory: RDMA
+//! Reads and Writes are checked against the STag, its access rights, its
+//! bounds and its validity (a Send with Invalidate or a deregistration
+//! ends it), and anything else Terminates (RFC 5040 §4.8). Every work
+//! request is checked against Figure 25 of the draft for the Modes its
+//! side is in ([`check_modes`]), and every received message against what
+//! the receiver may accept ([`check_accept`]).
 //!
 //! ```
 //! use sdp_core::conn::Config;
@@ -24,9 +29,16 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::conn::{BufferPool, Config, Conn, RecvFlags, SendFlags, State};
+use std::collections::HashMap;
+
+use crate::conn::{
+    BufferPool, Completion, Config, Conn, FlowControlMode, RecvFlags, SendFlags, State, ZcopyState,
+};
 use crate::errno::Error;
-use crate::verbs::{ErrorKind, Event, Op, Teardown, WrId};
+use crate::verbs::{
+    Access, ErrorKind, Event, MemId, Memory, Op, RdmaOp, RecvId, SendKind, Teardown, Work, WrId,
+};
+use crate::wire::{Body, MessageRepr, Mode};
 
 /// A small seeded generator (xorshift64*).
 #[derive(Debug, Clone)]
@@ -184,11 +196,139 @@ pub fn check_idle(side: usize, conn: &Conn, rq_len: usize) {
     );
 }
 
+/// The Modes and advertisements of one side, as seen before it issues a
+/// work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeView {
+    /// Our send half-connection (A to B in Figure 25).
+    pub send: FlowControlMode,
+    /// Our receive half-connection (B to A).
+    pub recv: FlowControlMode,
+    /// Outstanding advertisements.
+    pub z: ZcopyState,
+}
+
+impl ModeView {
+    /// The view of `conn` now.
+    pub fn of(conn: &Conn) -> ModeView {
+        ModeView {
+            send: conn.send_mode(),
+            recv: conn.recv_mode(),
+            z: conn.zcopy_state(),
+        }
+    }
+}
+
+/// Figure 25 of the draft ("Summary of Permitted Actions By Mode Pair")
+/// for one work request issued by `side` in the Modes `v`: RDMA Read
+/// Requests only when the peer's half towards us is Combined or Pipelined,
+/// RDMA Writes only when ours is Pipelined, SrcAvail only when ours is not
+/// Buffered (one at a time with payload in Combined, without payload in
+/// Pipelined), SinkAvail and Transaction only when the peer's half is
+/// Pipelined, ModeChange only from the Mode Master (Figure 27).
+///
+/// # Panics
+///
+/// If the rule is broken.
+pub fn check_modes(side: usize, v: &ModeView, work: &Work) {
+    use FlowControlMode::*;
+    match work {
+        Work::Rdma(RdmaOp::Read { .. }) => {
+            assert!(v.recv != Buffered, "side {side}: RDMA Read in {v:?}");
+        }
+        Work::Rdma(RdmaOp::Write { .. }) => {
+            assert!(v.send == Pipelined, "side {side}: RDMA Write in {v:?}");
+        }
+        Work::Op(Op::Send {
+            header, payload, ..
+        }) => {
+            let with_payload = payload.end > payload.start;
+            if !matches!(header.first(), Some(0xfe | 0xfd | 0x07)) {
+                return;
+            }
+            // The header with room for its payload, to parse.
+            let mut bytes = header.to_vec();
+            bytes.resize(header.len() + (payload.end - payload.start) as usize, 0);
+            let Ok(msg) = MessageRepr::parse(&bytes) else {
+                panic!("side {side}: unparsable header {header:?}");
+            };
+            match msg.body {
+                Body::SrcAvail { .. } => {
+                    assert!(v.send != Buffered, "side {side}: SrcAvail in {v:?}");
+                    if v.send == Combined {
+                        assert!(
+                            with_payload,
+                            "side {side}: Combined SrcAvail without payload"
+                        );
+                        assert_eq!(v.z.src_out, 0, "side {side}: a second SrcAvail in Combined");
+                    } else {
+                        assert!(
+                            !with_payload,
+                            "side {side}: Pipelined SrcAvail with payload"
+                        );
+                    }
+                }
+                Body::SinkAvail { .. } => {
+                    assert!(v.recv == Pipelined, "side {side}: SinkAvail in {v:?}");
+                }
+                Body::ModeChange(m) => {
+                    if m.send {
+                        assert!(
+                            v.recv == Buffered && m.mode == Mode::COMB_MODE,
+                            "side {side}: ModeChange S=1 {m:?} in {v:?}"
+                        );
+                    } else {
+                        assert!(v.send != Buffered, "side {side}: ModeChange S=0 in {v:?}");
+                    }
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Figure 25's "Accept" columns for a message `bytes` arriving at a side in
+/// the Modes `v`: SrcAvail only if the peer's half towards us is Combined
+/// (one at a time) or Pipelined; SinkAvail (and Transaction) only if our
+/// half is Pipelined — or was, with our ModeChange to Combined not yet
+/// acknowledged (Figure 30, §12.4).
+///
+/// # Panics
+///
+/// If the rule is broken.
+pub fn check_accept(side: usize, v: &ModeView, bytes: &[u8]) {
+    use FlowControlMode::*;
+    let Ok(msg) = MessageRepr::parse(bytes) else {
+        return;
+    };
+    match msg.body {
+        Body::SrcAvail { .. } => {
+            assert!(v.recv != Buffered, "side {side}: SrcAvail arrives in {v:?}");
+            if v.recv == Combined {
+                assert_eq!(v.z.src_in, 0, "side {side}: second SrcAvail in Combined");
+            }
+        }
+        Body::SinkAvail { .. } => assert!(
+            v.send == Pipelined || v.z.mode_ack_pending,
+            "side {side}: SinkAvail arrives in {v:?}"
+        ),
+        _ => {}
+    }
+}
+
 /// What carries verbs operations between the two connections.
 pub trait Transport {
-    /// Carries out `op`, issued by side `side` (0 or 1); for a Send,
-    /// `payload` holds the bytes of its payload range.
-    fn submit(&mut self, side: usize, op: &Op, payload: &[u8], events: &mut Vec<(usize, Event)>);
+    /// Carries out `work`, issued by side `side` (0 or 1); for a Send, an
+    /// RDMA Write or the registration of send stream bytes, `payload`
+    /// holds the bytes of its stream range.
+    fn submit(
+        &mut self,
+        side: usize,
+        work: &Work,
+        payload: &[u8],
+        events: &mut Vec<(usize, Event)>,
+    );
     /// Makes one random step of progress (delivers a message, completes a
     /// Send, closes a half), writing received messages into `pools` and
     /// reporting what happened in `events`. False if nothing was pending.
@@ -204,15 +344,50 @@ pub trait Transport {
     fn rq_len(&self, side: usize) -> usize;
     /// Messages from `side` not yet delivered.
     fn in_flight(&self, side: usize) -> usize;
+    /// The bytes of side `side`'s posted receive buffer `id` (placed by
+    /// RDMA), forgetting them.
+    fn take_recv_memory(&mut self, side: usize, id: RecvId) -> Option<Vec<u8>>;
+}
+
+/// One thing on the wire from a side.
+#[derive(Debug)]
+enum Item {
+    /// A Send: the message and its kind.
+    Msg(Vec<u8>, SendKind),
+    /// An RDMA Write.
+    Write { stag: u32, to: u64, bytes: Vec<u8> },
+    /// An RDMA Read Request.
+    Read {
+        stag: u32,
+        to: u64,
+        len: u32,
+        into: RecvId,
+        offset: u32,
+    },
+}
+
+/// Registered memory of one side.
+#[derive(Debug)]
+struct Region {
+    side: usize,
+    mem: MemId,
+    to: u64,
+    len: u64,
+    access: Access,
+    valid: bool,
+    /// A snapshot of send stream bytes, or the posted buffer it names.
+    source: Option<Vec<u8>>,
+    recv: Option<RecvId>,
 }
 
 /// Messages and Sends of one direction.
 #[derive(Debug, Default)]
 struct Dir {
     /// Messages posted, not delivered.
-    msgs: VecDeque<Vec<u8>>,
-    /// Send ids posted, not completed, oldest first.
-    sends: VecDeque<WrId>,
+    msgs: VecDeque<Item>,
+    /// Work requests posted, not completed, oldest first, with the
+    /// completion each reports.
+    sends: VecDeque<(WrId, u8)>,
     /// How many of `sends` were delivered (may complete).
     delivered: usize,
     /// Graceful LLP close requested: FIN after the messages.
@@ -227,9 +402,43 @@ pub struct MemTransport {
     /// Receive queues per side.
     rq: [VecDeque<(WrId, usize)>; 2],
     dead: bool,
+    /// Registered memory by STag.
+    regions: HashMap<u32, Region>,
+    next_stag: u32,
+    /// Posted receive buffers' memory per side.
+    recv_mem: [HashMap<RecvId, Vec<u8>>; 2],
+    /// RDMA bytes moved (Read, Write).
+    pub rdma_bytes: [u64; 2],
 }
 
+/// Completion kinds in [`Dir::sends`].
+const DONE_SEND: u8 = 0;
+const DONE_WRITE: u8 = 1;
+const DONE_READ: u8 = 2;
+
 impl MemTransport {
+    fn terminate(&mut self, events: &mut Vec<(usize, Event)>) {
+        // RFC 5040 §4.8: a tagged access fault Terminates the stream.
+        events.push((0, Event::TransportError(ErrorKind::Terminated)));
+        events.push((1, Event::TransportError(ErrorKind::Terminated)));
+        self.kill();
+    }
+
+    /// The region `stag` of side `side` if valid, allowing `access`, and
+    /// holding `to .. to + len`.
+    fn region(
+        &mut self,
+        side: usize,
+        stag: u32,
+        to: u64,
+        len: u64,
+        access: Access,
+    ) -> Option<&mut Region> {
+        let r = self.regions.get_mut(&stag)?;
+        let inside = to >= r.to && to.checked_add(len)? <= r.to.checked_add(r.len)?;
+        (r.side == side && r.valid && r.access == access && inside).then_some(r)
+    }
+
     fn kill(&mut self) {
         self.dead = true;
         for d in &mut self.dirs {
@@ -247,9 +456,78 @@ impl MemTransport {
         events: &mut Vec<(usize, Event)>,
     ) {
         let to = 1 - from;
-        let Some(msg) = self.dirs[from].msgs.pop_front() else {
+        let Some(item) = self.dirs[from].msgs.pop_front() else {
             return;
         };
+        let (msg, kind) = match item {
+            Item::Msg(msg, kind) => (msg, kind),
+            Item::Write {
+                stag,
+                to: at,
+                bytes,
+            } => {
+                let n = bytes.len() as u64;
+                let Some(r) = self.region(to, stag, at, n, Access::RemoteWrite) else {
+                    return self.terminate(events);
+                };
+                let off = (at - r.to) as usize;
+                let Some(id) = r.recv else {
+                    return self.terminate(events);
+                };
+                let Some(dst) = self.recv_mem[to]
+                    .get_mut(&id)
+                    .and_then(|m| m.get_mut(off..off + bytes.len()))
+                else {
+                    return self.terminate(events);
+                };
+                dst.copy_from_slice(&bytes);
+                self.rdma_bytes[from] += n;
+                self.dirs[from].delivered += 1;
+                return;
+            }
+            Item::Read {
+                stag,
+                to: at,
+                len,
+                into,
+                offset,
+            } => {
+                let Some(r) = self.region(to, stag, at, u64::from(len), Access::RemoteRead) else {
+                    return self.terminate(events);
+                };
+                let off = (at - r.to) as usize;
+                let Some(src) = r
+                    .source
+                    .as_ref()
+                    .and_then(|b| b.get(off..off + len as usize))
+                    .map(<[u8]>::to_vec)
+                else {
+                    return self.terminate(events);
+                };
+                let offset = offset as usize;
+                let Some(dst) = self.recv_mem[from]
+                    .get_mut(&into)
+                    .and_then(|m| m.get_mut(offset..offset + src.len()))
+                else {
+                    return self.terminate(events);
+                };
+                dst.copy_from_slice(&src);
+                self.rdma_bytes[to] += u64::from(len);
+                self.dirs[from].delivered += 1;
+                return;
+            }
+        };
+        let invalidate = match kind {
+            SendKind::SendInvalidate(s) | SendKind::SendSeInvalidate(s) => Some(s),
+            _ => None,
+        };
+        if let Some(stag) = invalidate {
+            // RFC 5040 §6.1: the STag must be the receiver's and valid.
+            match self.regions.get_mut(&stag) {
+                Some(r) if r.side == to && r.valid => r.valid = false,
+                _ => return self.terminate(events),
+            }
+        }
         let Some((wr_id, buf)) = self.rq[to].pop_front() else {
             // RFC 5040 §5.3: no receive buffer posted → Terminate.
             events.push((0, Event::TransportError(ErrorKind::NoReceiveBuffer)));
@@ -268,24 +546,40 @@ impl MemTransport {
             }
         }
         self.dirs[from].delivered += 1;
+        let len = msg.len();
         events.push((
             to,
-            Event::RecvDone {
-                wr_id,
-                len: msg.len(),
+            match invalidate {
+                Some(stag) => Event::RecvInvalidate { wr_id, len, stag },
+                None => Event::RecvDone { wr_id, len },
             },
         ));
     }
 }
 
 impl Transport for MemTransport {
-    fn submit(&mut self, side: usize, op: &Op, payload: &[u8], events: &mut Vec<(usize, Event)>) {
+    fn submit(
+        &mut self,
+        side: usize,
+        work: &Work,
+        payload: &[u8],
+        events: &mut Vec<(usize, Event)>,
+    ) {
         if self.dead {
             return;
         }
+        let op = match work {
+            Work::Op(op) => op,
+            Work::Rdma(rdma) => return self.submit_rdma(side, rdma, payload, events),
+        };
         match op {
             Op::PostRecv { wr_id, buf } => self.rq[side].push_back((*wr_id, *buf)),
-            Op::Send { wr_id, header, .. } => {
+            Op::Send {
+                wr_id,
+                header,
+                kind,
+                ..
+            } => {
                 let dir = &mut self.dirs[side];
                 if dir.closing {
                     return;
@@ -293,8 +587,8 @@ impl Transport for MemTransport {
                 let mut msg = Vec::with_capacity(header.len() + payload.len());
                 msg.extend_from_slice(header);
                 msg.extend_from_slice(payload);
-                dir.msgs.push_back(msg);
-                dir.sends.push_back(*wr_id);
+                dir.msgs.push_back(Item::Msg(msg, *kind));
+                dir.sends.push_back((*wr_id, DONE_SEND));
             }
             Op::Teardown(Teardown::Graceful) => self.dirs[side].closing = true,
             Op::Teardown(Teardown::Abortive) => {
@@ -341,9 +635,9 @@ impl Transport for MemTransport {
             0 | 1 => self.deliver(action, pools, events),
             2 | 3 => {
                 let d = &mut self.dirs[action - 2];
-                if let Some(wr_id) = d.sends.pop_front() {
+                if let Some((wr_id, kind)) = d.sends.pop_front() {
                     d.delivered -= 1;
-                    events.push((action - 2, Event::SendDone { wr_id }));
+                    events.push((action - 2, done_event(wr_id, kind)));
                 }
             }
             _ => {
@@ -351,8 +645,8 @@ impl Transport for MemTransport {
                 // Every Send of the closing side completes before its FIN.
                 let d = &mut self.dirs[from];
                 d.closing = false;
-                for wr_id in d.sends.drain(..) {
-                    events.push((from, Event::SendDone { wr_id }));
+                for (wr_id, kind) in d.sends.drain(..) {
+                    events.push((from, done_event(wr_id, kind)));
                 }
                 d.delivered = 0;
                 events.push((1 - from, Event::TransportClosed));
@@ -374,7 +668,117 @@ impl Transport for MemTransport {
     }
 
     fn in_flight(&self, side: usize) -> usize {
-        self.dirs[side].msgs.len()
+        self.dirs[side]
+            .msgs
+            .iter()
+            .filter(|m| matches!(m, Item::Msg(..)))
+            .count()
+    }
+
+    fn take_recv_memory(&mut self, side: usize, id: RecvId) -> Option<Vec<u8>> {
+        self.recv_mem[side].remove(&id)
+    }
+}
+
+fn done_event(wr_id: WrId, kind: u8) -> Event {
+    match kind {
+        DONE_WRITE => Event::WriteDone { wr_id },
+        DONE_READ => Event::ReadDone { wr_id },
+        _ => Event::SendDone { wr_id },
+    }
+}
+
+impl MemTransport {
+    fn submit_rdma(
+        &mut self,
+        side: usize,
+        op: &RdmaOp,
+        payload: &[u8],
+        events: &mut Vec<(usize, Event)>,
+    ) {
+        match op {
+            RdmaOp::Register {
+                mem,
+                memory,
+                access,
+            } => {
+                self.next_stag = self.next_stag.wrapping_add(0x100);
+                let stag = self.next_stag | 0x5a;
+                // Tagged Offsets that are not zero-based, to catch VA
+                // arithmetic errors.
+                let to = u64::from(stag) << 24;
+                let (len, source, recv) = match memory {
+                    Memory::Stream(r) => (r.end - r.start, Some(payload.to_vec()), None),
+                    Memory::Recv { id, len } => {
+                        let buf = self.recv_mem[side].entry(*id).or_default();
+                        if buf.len() < *len as usize {
+                            buf.resize(*len as usize, 0);
+                        }
+                        (u64::from(*len), None, Some(*id))
+                    }
+                };
+                self.regions.insert(
+                    stag,
+                    Region {
+                        side,
+                        mem: *mem,
+                        to,
+                        len,
+                        access: *access,
+                        valid: true,
+                        source,
+                        recv,
+                    },
+                );
+                events.push((
+                    side,
+                    Event::Registered {
+                        mem: *mem,
+                        stag,
+                        to,
+                    },
+                ));
+            }
+            RdmaOp::Deregister { mem } => {
+                self.regions
+                    .retain(|_, r| !(r.side == side && r.mem == *mem));
+            }
+            RdmaOp::Write {
+                wr_id, stag, to, ..
+            } => {
+                let dir = &mut self.dirs[side];
+                dir.msgs.push_back(Item::Write {
+                    stag: *stag,
+                    to: *to,
+                    bytes: payload.to_vec(),
+                });
+                dir.sends.push_back((*wr_id, DONE_WRITE));
+            }
+            RdmaOp::Read {
+                wr_id,
+                stag,
+                to,
+                len,
+                into,
+                offset,
+            } => {
+                let Some(buf) = self.recv_mem[side].get(into) else {
+                    return self.terminate(events);
+                };
+                if (*offset as usize).saturating_add(*len as usize) > buf.len() {
+                    return self.terminate(events);
+                }
+                let dir = &mut self.dirs[side];
+                dir.msgs.push_back(Item::Read {
+                    stag: *stag,
+                    to: *to,
+                    len: *len,
+                    into: *into,
+                    offset: *offset,
+                });
+                dir.sends.push_back((*wr_id, DONE_READ));
+            }
+        }
     }
 }
 
@@ -384,12 +788,15 @@ impl Pair<MemTransport> {
     /// peer had sent them: for hostile-peer tests. Returns the buffer
     /// index, or `None` if `to` has no buffer posted.
     pub fn inject(&mut self, to: usize, bytes: &[u8], len: usize) -> Option<usize> {
+        self.check_non_discards = false;
         let (wr_id, buf) = self.transport.rq[to].pop_front()?;
         if let Some(dst) = self.conns[to].pool_mut().buffer_mut(buf) {
             let n = bytes.len().min(dst.len());
             dst[..n].copy_from_slice(&bytes[..n]);
         }
-        self.feed(to, Event::RecvDone { wr_id, len });
+        // A hostile peer: not held to Figure 25 here, the connection
+        // under test judges it.
+        self.conns[to].handle_event(self.now, Event::RecvDone { wr_id, len });
         Some(buf)
     }
 }
@@ -422,6 +829,19 @@ pub struct App {
     pub shutdown_when_done: bool,
     /// Largest single `send`/`recv`.
     pub max_io: usize,
+    /// How this application uses the Zcopy calls.
+    pub zcopy: ZcopyUse,
+    /// Zcopy send buffers handed and not completed: (id, start, length,
+    /// write hash before it).
+    zsends: Vec<(crate::verbs::SendId, u64, u64, StreamHash)>,
+    /// Posted receive buffers not returned.
+    pub posted: Vec<RecvId>,
+    /// Bytes of the last returned buffer still to copy with `recv`
+    /// (§9.5.1: one SDP Message's payload).
+    copy_left: u32,
+    /// Completions seen: Zcopy sends, sends cut by a cancel, receive
+    /// buffers with placed bytes, with bytes to copy, unused.
+    pub seen: [u64; 5],
     /// Bytes accepted and not yet released, from offset `staged_base`.
     staged: Vec<u8>,
     staged_start: usize,
@@ -443,10 +863,20 @@ impl App {
             errors: Vec::new(),
             shutdown_when_done: false,
             max_io: 96 * 1024,
+            zcopy: ZcopyUse::default(),
+            zsends: Vec::new(),
+            posted: Vec::new(),
+            copy_left: 0,
+            seen: [0; 5],
             staged: Vec::new(),
             staged_start: 0,
             staged_base: 0,
         }
+    }
+
+    /// Whether every Zcopy send buffer came back.
+    pub fn zsends_done(&self) -> bool {
+        self.zsends.is_empty()
     }
 
     /// The staged bytes of send stream `range`.
@@ -470,6 +900,29 @@ impl App {
     }
 }
 
+/// How an [`App`] uses [`Conn::send_zcopy`], [`Conn::post_recv`] and the
+/// Mode calls: chances in percent per action.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ZcopyUse {
+    /// A write is a `send_zcopy` of up to `send_max` bytes.
+    pub send_chance: u64,
+    /// Largest `send_zcopy` buffer.
+    pub send_max: u64,
+    /// Deadline of a `send_zcopy`, in microseconds of virtual time (0:
+    /// none).
+    pub send_deadline_us: u64,
+    /// Post a receive buffer of up to `post_max` bytes when none is posted.
+    pub post_chance: u64,
+    /// Largest posted buffer.
+    pub post_max: u32,
+    /// A posted buffer is MSG_WAITALL.
+    pub waitall_chance: u64,
+    /// Deadline of a posted buffer, in microseconds (0: none).
+    pub post_deadline_us: u64,
+    /// A step asks for a Mode transition.
+    pub mode_chance: u64,
+}
+
 /// Two connected [`Conn`]s with their applications; see the module
 /// documentation.
 pub struct Pair<T: Transport = MemTransport> {
@@ -485,6 +938,13 @@ pub struct Pair<T: Transport = MemTransport> {
     pub rng: Rng,
     /// Sends checked against §10.5.
     pub sends_checked: u64,
+    /// Work requests checked against Figure 25.
+    pub works_checked: u64,
+    /// Whether every work request also checks the §9.5.1 counters of the
+    /// two sides against each other (off once a test injects messages).
+    pub check_non_discards: bool,
+    /// Messages checked against Figure 25's Accept columns.
+    pub accepts_checked: u64,
     /// The transport errors and closes each side saw.
     pub transport_events: [Vec<Event>; 2],
     events: Vec<(usize, Event)>,
@@ -525,6 +985,9 @@ impl<T: Transport> Pair<T> {
             now: Instant::now(),
             rng: Rng::new(seed),
             sends_checked: 0,
+            works_checked: 0,
+            check_non_discards: true,
+            accepts_checked: 0,
             transport_events: [Vec::new(), Vec::new()],
             events: Vec::new(),
             buf: Vec::new(),
@@ -546,26 +1009,37 @@ impl<T: Transport> Pair<T> {
             let mut any = false;
             for side in 0..2 {
                 while let Some(before) = Some(self.conns[side].credit_state()) {
-                    let Some(op) = self.conns[side].poll_op() else {
+                    let view = ModeView::of(&self.conns[side]);
+                    let Some(work) = self.conns[side].poll_work() else {
                         break;
                     };
                     any = true;
-                    if let Op::Send {
+                    if let Work::Op(Op::Send {
                         ref payload,
                         ref header,
                         ..
-                    } = op
+                    }) = work
                     {
                         self.check_send(side, &before, header, payload.end > payload.start);
                     }
-                    let payload: &[u8] = match &op {
-                        Op::Send { payload, .. } if payload.end > payload.start => {
-                            self.apps[side].payload(payload.clone())
-                        }
-                        _ => &[],
+                    check_modes(side, &view, &work);
+                    self.works_checked += 1;
+                    let range = match &work {
+                        Work::Op(Op::Send { payload, .. })
+                        | Work::Rdma(RdmaOp::Write { payload, .. }) => payload.clone(),
+                        Work::Rdma(RdmaOp::Register {
+                            memory: Memory::Stream(r),
+                            ..
+                        }) => r.clone(),
+                        _ => 0..0,
+                    };
+                    let payload: &[u8] = if range.end > range.start {
+                        self.apps[side].payload(range)
+                    } else {
+                        &[]
                     };
                     let mut events = core::mem::take(&mut self.events);
-                    self.transport.submit(side, &op, payload, &mut events);
+                    self.transport.submit(side, &work, payload, &mut events);
                     self.events = events;
                     self.check_safety(side);
                 }
@@ -612,6 +1086,21 @@ impl<T: Transport> Pair<T> {
             credit <= room,
             "side {side}: credit {credit} > peer buffers {room}"
         );
+        let peer = &self.conns[1 - side];
+        if self.check_non_discards && peer.state() == State::Connected {
+            // §9.5.1: PotentialNonDiscards counts every payload message
+            // sent less the stale SinkAvails discarded, each of which the
+            // Data Sink completed (or will) with one of those messages
+            // instead of counting it: it never falls below the peer's
+            // NonDiscards. Below it, a SinkAvail the Data Sink already
+            // returned would pass for fresh.
+            let pnd = conn.zcopy_state().potential_non_discards;
+            let nd = peer.zcopy_state().non_discards;
+            assert!(
+                pnd.wrapping_sub(nd) as i32 >= 0,
+                "side {side}: PotentialNonDiscards {pnd} < peer NonDiscards {nd}"
+            );
+        }
     }
 
     /// After a drain (see [`check_idle`]).
@@ -629,10 +1118,24 @@ impl<T: Transport> Pair<T> {
         app.written += bytes.len() as u64;
     }
 
-    /// Feeds one event to a side.
+    /// Feeds one event to a side, checking a received message against
+    /// what the side's Modes let it accept.
     pub fn feed(&mut self, side: usize, event: Event) {
         if matches!(event, Event::TransportError(_) | Event::TransportClosed) {
             self.transport_events[side].push(event);
+        }
+        if let Event::RecvDone { wr_id, len } | Event::RecvInvalidate { wr_id, len, .. } = event {
+            let conn = &self.conns[side];
+            if conn.state() == State::Connected {
+                let bytes = conn
+                    .pool()
+                    .buffer(wr_id.0 as usize)
+                    .and_then(|b| b.get(..len));
+                if let Some(bytes) = bytes {
+                    check_accept(side, &ModeView::of(conn), bytes);
+                    self.accepts_checked += 1;
+                }
+            }
         }
         self.conns[side].handle_event(self.now, event);
     }
@@ -645,6 +1148,26 @@ impl<T: Transport> Pair<T> {
             if app.shutdown_when_done && self.conns[side].state() == State::Connected {
                 let _ = self.conns[side].shutdown(crate::conn::Shutdown::Write);
                 self.apps[side].shutdown_when_done = false;
+            }
+            return;
+        }
+        if app.zcopy.send_chance > 0 && self.rng.chance(app.zcopy.send_chance, 100) {
+            let len = (1 + self.rng.below(app.zcopy.send_max.max(1))).min(left);
+            let deadline = (app.zcopy.send_deadline_us > 0).then(|| {
+                self.now + Duration::from_micros(1 + self.rng.below(app.zcopy.send_deadline_us))
+            });
+            match self.conns[side].send_zcopy(len, deadline) {
+                Ok(id) => {
+                    let app = &mut self.apps[side];
+                    app.zsends.push((id, app.written, len, app.write_hash));
+                    let start = app.staged.len();
+                    app.staged.resize(start + len as usize, 0);
+                    pattern(app.seed, app.written, &mut app.staged[start..]);
+                    app.write_hash.update(&app.staged[start..]);
+                    app.written += len;
+                }
+                Err(Error::WouldBlock) => {}
+                Err(e) => self.apps[side].errors.push(e),
             }
             return;
         }
@@ -663,14 +1186,113 @@ impl<T: Transport> Pair<T> {
         }
     }
 
+    /// The application of `side` takes its finished Zcopy buffers: checks
+    /// the placed bytes, notes the bytes to copy, rolls its stream back to
+    /// what a canceled send left in it.
+    pub fn app_completions(&mut self, side: usize) {
+        while let Some(c) = self.conns[side].poll_completion() {
+            match c {
+                Completion::Sent { id, len, .. } => {
+                    let app = &mut self.apps[side];
+                    let Some(i) = app.zsends.iter().position(|z| z.0 == id) else {
+                        panic!("side {side}: completion of unknown send {id:?}");
+                    };
+                    let (_, start, asked, hash) = app.zsends.remove(i);
+                    app.seen[0] += 1;
+                    if len < asked && start < app.written {
+                        // §9.5.4: the rest of it, and everything after,
+                        // never entered the stream.
+                        app.seen[1] += 1;
+                        let point = start + len;
+                        let keep = (point - app.staged_base) as usize + app.staged_start;
+                        app.staged.truncate(keep);
+                        // Its bytes that went (maybe released already).
+                        let mut went = vec![0; len as usize];
+                        pattern(app.seed, start, &mut went);
+                        app.write_hash = hash;
+                        app.write_hash.update(&went);
+                        app.written = point;
+                    } else if start >= app.written {
+                        // A later buffer of the same cut: none of it went.
+                        assert_eq!(len, 0, "side {side}: {id:?} after a cut");
+                    } else {
+                        assert_eq!(len, asked, "side {side}: {id:?}");
+                    }
+                }
+                Completion::Received { id, placed, copy } => {
+                    let app = &mut self.apps[side];
+                    app.posted.retain(|p| *p != id);
+                    let mem = self.transport.take_recv_memory(side, id);
+                    if placed > 0 {
+                        let Some(bytes) = mem.as_ref().and_then(|m| m.get(..placed as usize))
+                        else {
+                            panic!("side {side}: no placed bytes for {id:?}");
+                        };
+                        self.expect.resize(placed as usize, 0);
+                        pattern(app.peer_seed, app.read, &mut self.expect);
+                        assert!(
+                            bytes == &self.expect[..],
+                            "side {side}: wrong placed bytes at offset {}",
+                            app.read
+                        );
+                        app.read_hash.update(bytes);
+                        app.read += u64::from(placed);
+                        app.seen[2] += 1;
+                    } else if copy > 0 {
+                        app.copy_left = copy;
+                        app.seen[3] += 1;
+                    } else {
+                        app.seen[4] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The application of `side` posts a receive buffer.
+    pub fn app_post(&mut self, side: usize) {
+        let z = self.apps[side].zcopy;
+        let len = 1 + self.rng.below(u64::from(z.post_max.max(1))) as u32;
+        let flags = if self.rng.chance(z.waitall_chance, 100) {
+            RecvFlags::WAITALL
+        } else {
+            RecvFlags::EMPTY
+        };
+        let deadline = (z.post_deadline_us > 0)
+            .then(|| self.now + Duration::from_micros(1 + self.rng.below(z.post_deadline_us)));
+        match self.conns[side].post_recv(len, flags, deadline) {
+            Ok(id) => self.apps[side].posted.push(id),
+            Err(e) => self.apps[side].errors.push(e),
+        }
+    }
+
+    /// The application of `side` asks for a random Mode transition.
+    pub fn app_mode(&mut self, side: usize) {
+        use FlowControlMode::*;
+        let modes = [Buffered, Combined, Pipelined];
+        let m = modes[self.rng.below(3) as usize];
+        let conn = &mut self.conns[side];
+        let _ = if self.rng.chance(1, 2) {
+            conn.set_send_mode(m)
+        } else {
+            conn.set_recv_mode(m)
+        };
+    }
+
     /// The application of `side` reads once and checks the bytes.
     pub fn app_read(&mut self, side: usize) {
-        let want = 1 + self.rng.below(self.apps[side].max_io as u64) as usize;
+        self.app_completions(side);
+        let mut want = 1 + self.rng.below(self.apps[side].max_io as u64) as usize;
+        let copy = self.apps[side].copy_left;
+        if copy > 0 {
+            want = copy as usize;
+        }
         self.buf.resize(want, 0);
         match self.conns[side].recv(&mut self.buf, RecvFlags::EMPTY) {
             Ok(0) => self.apps[side].eof = true,
             Ok(n) => {
                 let app = &mut self.apps[side];
+                app.copy_left = app.copy_left.saturating_sub(n as u32);
                 self.expect.resize(n, 0);
                 pattern(app.peer_seed, app.read, &mut self.expect);
                 assert!(
@@ -690,6 +1312,17 @@ impl<T: Transport> Pair<T> {
     /// of virtual time to the next timer. False if nothing could happen.
     pub fn step(&mut self) -> bool {
         self.now += Duration::from_micros(self.rng.below(20));
+        // Timers that came due fire, busy or not.
+        let mut fired = false;
+        for c in &mut self.conns {
+            if c.poll_timeout().is_some_and(|t| t <= self.now) {
+                c.handle_timeout(self.now);
+                fired = true;
+            }
+        }
+        if fired {
+            self.drain();
+        }
         let mut choices = Vec::with_capacity(5);
         if self.transport.busy() {
             choices.push(0);
@@ -700,8 +1333,28 @@ impl<T: Transport> Pair<T> {
             if (app.written < app.to_write || app.shutdown_when_done) && conn.writable() {
                 choices.push(1 + side);
             }
-            if app.reading && !app.eof && conn.readable() {
+            // A reader blocked in recv while a SrcAvail waits also calls.
+            let blocked = conn.state() == State::Connected && conn.zcopy_state().src_in > 0;
+            if app.reading && !app.eof && (conn.readable() || blocked) {
                 choices.push(3 + side);
+            }
+            let z = app.zcopy;
+            if app.reading
+                && z.post_chance > 0
+                && app.posted.len() < 2
+                && conn.state() == State::Connected
+                && self.rng.chance(z.post_chance, 100)
+            {
+                choices.push(5 + side);
+            }
+            if z.mode_chance > 0
+                && conn.state() == State::Connected
+                && self.rng.chance(z.mode_chance, 100)
+            {
+                choices.push(7 + side);
+            }
+            if !app.zsends.is_empty() && conn.completion_ready() {
+                choices.push(9 + side);
             }
         }
         let Some(&choice) = choices.get(self.rng.below(choices.len() as u64) as usize) else {
@@ -730,7 +1383,10 @@ impl<T: Transport> Pair<T> {
                 self.events = events;
             }
             1 | 2 => self.app_write(choice - 1),
-            _ => self.app_read(choice - 3),
+            3 | 4 => self.app_read(choice - 3),
+            5 | 6 => self.app_post(choice - 5),
+            7 | 8 => self.app_mode(choice - 7),
+            _ => self.app_completions(choice - 9),
         }
         self.drain();
         true

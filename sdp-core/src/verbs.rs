@@ -197,7 +197,113 @@ pub enum Op {
     /// Close the LLP connection. The connection emits this once, as its
     /// last Op.
     Teardown(Teardown),
-    // RDMA Read / RDMA Write for Zcopy (§9.2, §9.3) will join here.
+}
+
+/// Names one memory registration of the connection; the adapter maps it
+/// to the STag it got for that memory (RFC 5040 §2, tagged buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemId(pub u32);
+
+/// Names one ULP send buffer handed to
+/// [`Conn::send_zcopy`](crate::conn::Conn::send_zcopy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SendId(pub u64);
+
+/// Names one ULP receive buffer posted with
+/// [`Conn::post_recv`](crate::conn::Conn::post_recv); the adapter holds
+/// its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecvId(pub u64);
+
+/// Memory the connection asks the adapter to register.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Memory {
+    /// Send stream bytes (the application's, kept until released): the
+    /// Data Source's RDMA Buffer of a SrcAvail (§9.2). The adapter tells
+    /// the Tagged Offset of its first byte in [`Event::Registered`].
+    Stream(Range<u64>),
+    /// The posted ULP receive buffer `id` of `len` bytes: the target of
+    /// RDMA Reads (§9.2) or the RDMA Buffer of a SinkAvail (§9.3).
+    Recv {
+        /// The posted buffer.
+        id: RecvId,
+        /// Its size.
+        len: u32,
+    },
+}
+
+/// Who may access registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Only local work requests (the target of our RDMA Reads).
+    Local,
+    /// The peer may RDMA Read it (SrcAvail).
+    RemoteRead,
+    /// The peer may RDMA Write it (SinkAvail).
+    RemoteWrite,
+}
+
+/// An RDMA operation for the Zcopy mechanisms (§9.2, §9.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RdmaOp {
+    /// Register `memory` with `access`. The adapter answers at once (before
+    /// the next `poll_work`) with [`Event::Registered`] naming `mem`.
+    Register {
+        /// The registration's name.
+        mem: MemId,
+        /// What to register.
+        memory: Memory,
+        /// Who may access it.
+        access: Access,
+    },
+    /// RDMA Read Request (RFC 5040 §4.4): `len` bytes of the peer's buffer
+    /// `stag` at Tagged Offset `to` into the posted receive buffer `into`
+    /// at byte `offset`. Completes as [`Event::ReadDone`], in order with
+    /// the Sends.
+    Read {
+        /// Returned in [`Event::ReadDone`].
+        wr_id: WrId,
+        /// The Data Source's STag (SrcAH).
+        stag: u32,
+        /// Tagged Offset of the first byte.
+        to: u64,
+        /// Bytes to read.
+        len: u32,
+        /// The local buffer.
+        into: RecvId,
+        /// Where in it.
+        offset: u32,
+    },
+    /// RDMA Write (RFC 5040 §4.2) of the send stream bytes `payload` to
+    /// the peer's buffer `stag` at Tagged Offset `to`. Completes as
+    /// [`Event::WriteDone`], in order with the Sends.
+    Write {
+        /// Returned in [`Event::WriteDone`].
+        wr_id: WrId,
+        /// The Data Sink's STag (SinkAH).
+        stag: u32,
+        /// Tagged Offset of the first byte.
+        to: u64,
+        /// Send stream offsets of the bytes.
+        payload: Range<u64>,
+    },
+    /// Invalidate the STag of `mem` locally and deregister it (unless the
+    /// peer already invalidated it with a Send with Invalidate).
+    Deregister {
+        /// The registration.
+        mem: MemId,
+    },
+}
+
+/// Everything the connection asks of the adapter, in order: the Bcopy
+/// [`Op`]s and the Zcopy [`RdmaOp`]s
+/// ([`Conn::poll_work`](crate::conn::Conn::poll_work)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    /// A receive, Send or teardown.
+    Op(Op),
+    /// A memory registration or an RDMA operation.
+    Rdma(RdmaOp),
 }
 
 /// Why the transport failed.
@@ -254,6 +360,36 @@ pub enum Event {
     TransportError(ErrorKind),
     /// The peer closed its TCP half (FIN).
     TransportClosed,
+    /// [`RdmaOp::Register`] of `mem` succeeded: the peer names it with
+    /// `stag`, its first byte has Tagged Offset `to`.
+    Registered {
+        /// The registration.
+        mem: MemId,
+        /// Its STag.
+        stag: u32,
+        /// Tagged Offset of its first byte.
+        to: u64,
+    },
+    /// As [`Event::RecvDone`] for a Send with Invalidate: the peer
+    /// invalidated our STag `stag` (RFC 5040 §4.3, §6.1).
+    RecvInvalidate {
+        /// The PostRecv's id.
+        wr_id: WrId,
+        /// Message length.
+        len: usize,
+        /// The STag invalidated.
+        stag: u32,
+    },
+    /// An [`RdmaOp::Read`] completed: its bytes are placed.
+    ReadDone {
+        /// The Read's id.
+        wr_id: WrId,
+    },
+    /// An [`RdmaOp::Write`] completed.
+    WriteDone {
+        /// The Write's id.
+        wr_id: WrId,
+    },
 }
 
 #[cfg(test)]

@@ -68,8 +68,40 @@ pub enum Violation {
     /// second SrcAvail or payload while one is In-Process, or a SinkAvail
     /// (Write Zcopy needs Pipelined Mode).
     CombinedMode(Mid),
-    /// A message this implementation does not handle yet (ModeChange,
-    /// SuspComm: Mode transitions §12 and socket duplication §13).
+    /// A Buffered Mode rule broken (§11.1): a SrcAvail towards a Buffered
+    /// receive half, a SinkAvail towards a Buffered send half.
+    BufferedMode(Mid),
+    /// A Pipelined Mode rule broken (§11.3): ULP payload in a SrcAvail, or
+    /// payload while SrcAvails are outstanding.
+    PipelinedMode(Mid),
+    /// More SrcAvail or SinkAvail advertisements outstanding than our
+    /// MaxAdverts (§11.3).
+    TooManyAdverts(Mid),
+    /// A ModeChange outside Figure 26, from the Mode Slave, or naming the
+    /// current Mode (§12).
+    BadModeChange {
+        /// The S bit: our send half-connection.
+        send: bool,
+        /// Our Mode of that half-connection.
+        from: super::FlowControlMode,
+        /// The Mode asked for (MCH value).
+        to: u8,
+    },
+    /// A Send with Invalidate naming another STag than the advertised one
+    /// (§9.2, §9.3), or invalidating one where none was advertised.
+    WrongStag {
+        /// The message that carried it.
+        mid: Mid,
+        /// The STag it invalidated.
+        got: u32,
+    },
+    /// An RdmaRdCompl or RdmaWrCompl Len beyond what the advertisement left
+    /// (§6.3.6.1, §6.3.7.1).
+    ZcopyLength(Mid),
+    /// A ChRcvBufAck size against the §10.6 rules.
+    BadChRcvBufAck(u32),
+    /// A message this implementation does not handle (SuspComm: socket
+    /// duplication §13).
     Unsupported(Mid),
     /// The adapter reported a completion that does not match the oldest
     /// posted work request (RFC 5040 §5: completions are in order).
@@ -89,6 +121,7 @@ impl Violation {
                 Mid::RDMA_RD_COMPL => "§9.2",
                 Mid::RDMA_WR_COMPL => "§9.3",
                 Mid::SINK_CANCEL_ACK => "§9.5.5",
+                Mid::SRC_AVAIL_CANCEL => "§9.5.4",
                 Mid::CH_RCV_BUF_ACK => "§10.6",
                 Mid::SUSP_COMM_ACK => "§13.1",
                 _ => "§6.1.1",
@@ -102,6 +135,14 @@ impl Violation {
             Violation::TooFewBufs(_) => "§10.3",
             Violation::BufferTooSmall(_) => "§10",
             Violation::CombinedMode(_) => "§11.2",
+            Violation::BufferedMode(_) => "§11.1",
+            Violation::PipelinedMode(_) | Violation::TooManyAdverts(_) => "§11.3",
+            Violation::BadModeChange { .. } => "§12",
+            Violation::WrongStag { mid, .. } if *mid == Mid::RDMA_WR_COMPL => "§9.3",
+            Violation::WrongStag { .. } => "§9.2",
+            Violation::ZcopyLength(mid) if *mid == Mid::RDMA_WR_COMPL => "§6.3.6.1",
+            Violation::ZcopyLength(_) => "§6.3.7.1",
+            Violation::BadChRcvBufAck(_) => "§10.6",
             Violation::Unsupported(Mid::MODE_CHANGE) => "§12",
             Violation::Unsupported(_) => "§13",
             Violation::BadCompletion => "RFC 5040 §5",
@@ -142,6 +183,21 @@ impl fmt::Display for Violation {
                 write!(f, "receive Private Buffer size {n} below 37 bytes")
             }
             Violation::CombinedMode(mid) => write!(f, "{mid} breaks Combined Mode"),
+            Violation::BufferedMode(mid) => write!(f, "{mid} breaks Buffered Mode"),
+            Violation::PipelinedMode(mid) => write!(f, "{mid} breaks Pipelined Mode"),
+            Violation::TooManyAdverts(mid) => write!(f, "{mid} beyond MaxAdverts"),
+            Violation::BadModeChange { send, from, to } => {
+                let half = if *send { "send" } else { "receive" };
+                write!(
+                    f,
+                    "ModeChange of our {half} half from {from:?} to mode {to}"
+                )
+            }
+            Violation::WrongStag { mid, got } => {
+                write!(f, "{mid} invalidated STag {got:#x}, not the advertised one")
+            }
+            Violation::ZcopyLength(mid) => write!(f, "{mid} Len beyond the advertised buffer"),
+            Violation::BadChRcvBufAck(n) => write!(f, "ChRcvBufAck size {n} against the request"),
             Violation::Unsupported(mid) => write!(f, "{mid} not supported yet"),
             Violation::BadCompletion => write!(f, "completion out of order"),
         }?;

@@ -93,6 +93,12 @@ pub struct Credits {
     /// Buffers posted since our last message, excluding buffers that held
     /// a pure credit update (see [`Credits::must_update`]).
     fresh: u32,
+    /// The highest MSeqAck we may send while a SrcAvailCancel waits for
+    /// In-Process RDMA Reads (§9.5.4).
+    ack_hold: Option<u32>,
+    /// MSeq of our SrcAvailCancel until an MSeqAck reaches it: the peer
+    /// may hold its MSeqAck just below it (§9.5.4).
+    peer_hold: Option<u32>,
 }
 
 impl Credits {
@@ -115,7 +121,40 @@ impl Credits {
             posted: u32::from(posted),
             adverts,
             fresh: 0,
+            ack_hold: None,
+            peer_hold: None,
         }
+    }
+
+    /// §9.5.4: "The Data Sink MUST NOT update the value of MSeqAck to be
+    /// sent in SDP Messages to greater than or equal to the MSeq value ...
+    /// in the SrcAvailCancel Message until all In-Process SrcAvail
+    /// advertisements have been completed": hold MSeqAck at `cancel_mseq`
+    /// − 1, or (`None`) release it. Gratuitous updates wait meanwhile: a
+    /// held MSeqAck gives the peer no credit back.
+    pub fn hold_ack(&mut self, cancel_mseq: Option<u32>) {
+        self.ack_hold = cancel_mseq.map(|m| m.wrapping_sub(1));
+    }
+
+    /// Our SrcAvailCancel went as MSeq `mseq`: until an MSeqAck reaches
+    /// it, the peer may hold its MSeqAck below it while it goes on
+    /// receiving our messages and using the credit they give (§10.2 does
+    /// not depend on what the peer acknowledges), so a message from it
+    /// acknowledging `mseq − 1` is judged by the most its credit can be.
+    pub fn peer_may_hold(&mut self, mseq: u32) {
+        self.peer_hold = Some(mseq);
+    }
+
+    /// Whether `mseq_ack` from the peer may be held below what it received
+    /// (see [`Credits::peer_may_hold`]).
+    pub fn peer_holds_at(&self, mseq_ack: u32) -> bool {
+        self.peer_hold
+            .is_some_and(|c| mseq_ack == c.wrapping_sub(1))
+    }
+
+    /// Whether MSeqAck is held (see [`Credits::hold_ack`]).
+    pub fn ack_held(&self) -> bool {
+        self.ack_hold.is_some()
     }
 
     /// The Connecting Peer received the HelloAck (MSeq 0, a Private Buffer
@@ -139,6 +178,8 @@ impl Credits {
             posted: u32::from(posted),
             adverts: VecDeque::new(),
             fresh: 0,
+            ack_hold: None,
+            peer_hold: None,
         }
     }
 
@@ -161,7 +202,15 @@ impl Credits {
     /// buffers posted since our last message. A message "provides
     /// additional credits" (§10.5) when this is positive.
     pub fn gain(&self) -> i64 {
-        i64::from(self.posted) - self.remote_credit()
+        // The peer sees new − old credit = Bufs − old Bufs + MSeqAck
+        // advance; a held MSeqAck (§9.5.4) does not advance.
+        match self.adverts.back() {
+            Some(a) => {
+                i64::from(self.posted) - i64::from(a.bufs)
+                    + i64::from(self.mseq_ack().wrapping_sub(a.mseq_ack))
+            }
+            None => i64::from(self.posted),
+        }
     }
 
     /// §10.5: "An SDP implementation MUST send an SDP Message that provides
@@ -175,7 +224,7 @@ impl Credits {
     /// buffers, trade updates forever. Those buffers still count in
     /// [`Credits::should_update`] once the gain reaches two.
     pub fn must_update(&self) -> bool {
-        self.remote_credit() <= 1 && self.fresh > 0
+        self.ack_hold.is_none() && self.remote_credit() <= 1 && self.fresh > 0
     }
 
     /// Whether to send a gratuitous update (§10.4) now, with `total` the
@@ -188,7 +237,7 @@ impl Credits {
     /// answering each other's updates forever.
     pub fn should_update(&self, total: u16) -> bool {
         let gain = self.gain();
-        if gain <= 0 {
+        if gain <= 0 || self.ack_hold.is_some() {
             return false;
         }
         self.must_update()
@@ -205,7 +254,11 @@ impl Credits {
     /// The BSDH MSeqAck field: the MSeq of the last message received
     /// (§6.1.6).
     pub fn mseq_ack(&self) -> u32 {
-        self.last_rcvd
+        match self.ack_hold {
+            // The hold is below every MSeq received since it began.
+            Some(h) if self.last_rcvd.wrapping_sub(h) < 1 << 31 => h,
+            _ => self.last_rcvd,
+        }
     }
 
     /// MSeq of the last message sent.
@@ -235,7 +288,7 @@ impl Credits {
         let advert = Advert {
             mseq: self.lsseq,
             bufs: self.bufs(),
-            mseq_ack: self.last_rcvd,
+            mseq_ack: self.mseq_ack(),
         };
         self.adverts.push_back(advert);
         self.fresh = 0;
@@ -285,7 +338,18 @@ impl Credits {
             return Err(CreditFault::BadAck);
         };
         let their_lsseq = mseq.wrapping_sub(1);
-        let credit = i64::from(advert.bufs) - i64::from(their_lsseq.wrapping_sub(advert.mseq_ack));
+        let credit_from =
+            |a: &Advert| i64::from(a.bufs) - i64::from(their_lsseq.wrapping_sub(a.mseq_ack));
+        let credit = if self.peer_holds_at(mseq_ack) {
+            // Any of our messages since may have reached it.
+            self.adverts
+                .iter()
+                .map(credit_from)
+                .max()
+                .unwrap_or_else(|| credit_from(advert))
+        } else {
+            credit_from(advert)
+        };
         // §10.5: "If no credits are available, an implementation MUST NOT
         // send any type of SDP Message."
         if credit <= 0 {
@@ -305,6 +369,12 @@ impl Credits {
             return Err(CreditFault::LastCreditMisused);
         }
         self.last_rcvd = mseq;
+        if self
+            .peer_hold
+            .is_some_and(|c| mseq_ack.wrapping_sub(c) < 1 << 31)
+        {
+            self.peer_hold = None;
+        }
         self.peer_bufs = bufs;
         self.peer_mseq_ack = mseq_ack;
         while self.adverts.front().is_some_and(|a| a.mseq != mseq_ack) {

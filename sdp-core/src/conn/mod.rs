@@ -57,13 +57,17 @@ pub mod send;
 pub mod setup;
 #[cfg(test)]
 mod tests;
+pub mod zcopy;
+#[cfg(test)]
+mod zcopy_tests;
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 pub use close::{CloseReason, Violation};
 pub use recv::BufferPool;
-pub use setup::Config;
+pub use setup::{Config, Pipelining};
+pub use zcopy::{Completion, ZcopyState, ZcopyStats};
 
 use credit::{Credits, CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
 use recv::RxStream;
@@ -71,9 +75,12 @@ use send::{Chunk, TxStream, OOB_PEND_REACH};
 use setup::PeerParams;
 
 use crate::errno::Error;
-use crate::verbs::{ErrorKind, Event, Op, SendHeader, SendKind, Teardown, WrId, MAX_HEADER_LEN};
+use crate::verbs::{
+    ErrorKind, Event, Op, RdmaOp, SendHeader, SendKind, Teardown, Work, WrId, MAX_HEADER_LEN,
+};
 use crate::wire::{
-    self, Body, Bsdh, BsdhRepr, ChRcvBufAckRepr, Flags, MessageRepr, Mid, HELLO_MSG_LEN,
+    self, Body, Bsdh, BsdhRepr, ChRcvBufAckRepr, ChRcvBufRepr, Flags, MessageRepr, Mid,
+    HELLO_MSG_LEN,
 };
 
 /// Which end of the connection setup this is (§5).
@@ -231,21 +238,33 @@ enum AbortConn {
     Sent,
 }
 
-/// A SrcAvail from the peer (§9.2, §11.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SrcAvail {
-    None,
-    /// Received; our SendSm is queued.
-    NeedSendSm,
-    /// SendSm sent as MSeq `0`; the peer sends no payload until it saw it.
-    SendSmSent(u32),
-}
-
 /// Control messages waiting for credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Control {
-    SendSm,
+    /// For the oldest incomplete SrcAvail; `cancel`: answering the
+    /// SrcAvailCancel of that MSeq (§9.5.4).
+    SendSm {
+        cancel: Option<u32>,
+    },
     ChRcvBufAck,
+    RdmaRdCompl {
+        len: u32,
+        invalidate: Option<u32>,
+    },
+    RdmaWrCompl {
+        len: u32,
+        stag: u32,
+    },
+    SinkCancelAck,
+    SrcAvailCancel,
+    SinkAvailCancel,
+    ModeChange {
+        send: bool,
+        mode: FlowControlMode,
+    },
+    ChRcvBuf {
+        size: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +272,32 @@ enum Sent {
     Other,
     DisConn,
     AbortConn,
+    /// An RDMA Write (completes as WriteDone).
+    Write,
+    /// An RDMA Read Request (completes as ReadDone).
+    Read,
+}
+
+impl Sent {
+    /// The completion a work request of this kind reports.
+    fn completes_as(self) -> Sent {
+        match self {
+            Sent::Write | Sent::Read => self,
+            _ => Sent::Other,
+        }
+    }
+}
+
+/// Our ChRcvBuf (§10.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Resize {
+    /// Size asked for, unacknowledged.
+    asked: Option<u32>,
+    /// A smaller size in use at once (§10.6: "MUST begin using the smaller
+    /// size immediately after sending").
+    smaller: Option<u32>,
+    no_more_increase: bool,
+    no_more_decrease: bool,
 }
 
 /// A Send posted and not completed.
@@ -280,6 +325,12 @@ struct Received {
     last: u8,
     /// HelloAck parameters, when this is the expected HelloAck.
     hello_ack: Option<PeerParams>,
+    /// The Len of an RdmaRdCompl or RdmaWrCompl, the ActSz of a
+    /// ChRcvBufAck.
+    compl_len: u32,
+    sink_avail: Option<wire::SinkAvailRepr>,
+    src_avail: Option<wire::SrcAvailRepr>,
+    mode_change: Option<wire::ModeChangeRepr>,
 }
 
 /// `a` is at or after `b` in 32-bit sequence space.
@@ -315,7 +366,9 @@ pub struct Conn {
     /// Stream offsets at which OOB_PEND notices arrived, oldest first.
     oob_pend: VecDeque<u64>,
     urgent_notice: bool,
-    src_avail: SrcAvail,
+    z: zcopy::Zcopy,
+    rdma_out: VecDeque<RdmaOp>,
+    resize: Resize,
     send_closed: bool,
     read_closed: bool,
     orphaned: bool,
@@ -357,7 +410,9 @@ impl Conn {
             rx: RxStream::default(),
             oob_pend: VecDeque::new(),
             urgent_notice: false,
-            src_avail: SrcAvail::None,
+            z: zcopy::Zcopy::default(),
+            rdma_out: VecDeque::new(),
+            resize: Resize::default(),
             send_closed: false,
             read_closed: false,
             orphaned: false,
@@ -420,14 +475,15 @@ impl Conn {
         self.state
     }
 
-    /// The Flow Control Mode of our sending half-connection.
+    /// The Flow Control Mode of our sending half-connection (§11; Combined
+    /// after setup, §8.1.1).
     pub fn send_mode(&self) -> FlowControlMode {
-        FlowControlMode::Combined
+        self.zsend_mode()
     }
 
     /// The Flow Control Mode of our receiving half-connection.
     pub fn recv_mode(&self) -> FlowControlMode {
-        FlowControlMode::Combined
+        self.zrecv_mode()
     }
 
     /// The IRD to use on the queue pair, after the §8.1.1 adjustment.
@@ -534,15 +590,31 @@ impl Conn {
 
     // ----- outputs -----------------------------------------------------
 
-    /// The next verbs operation, or `None` when there is nothing to do
-    /// until the next input.
+    /// The next Bcopy verbs operation, for an adapter without Zcopy
+    /// support: with the default [`Config`] (Bcopy Threshold infinite, no
+    /// Read or Write Zcopy, no Pipelining) the connection never needs an
+    /// [`RdmaOp`]. Should one come up anyway, the connection is aborted.
     pub fn poll_op(&mut self) -> Option<Op> {
+        loop {
+            match self.poll_work()? {
+                Work::Op(op) => return Some(op),
+                Work::Rdma(_) => {
+                    self.rdma_out.clear();
+                    self.abort_with(CloseReason::LocalAbort, Some(Error::ConnectionReset));
+                }
+            }
+        }
+    }
+
+    /// The next verbs operation or RDMA operation, or `None` when there is
+    /// nothing to do until the next input.
+    pub fn poll_work(&mut self) -> Option<Work> {
         if self.torn_down {
             return None;
         }
         if let Some(t) = self.teardown.take() {
             self.torn_down = true;
-            return Some(Op::Teardown(t));
+            return Some(Work::Op(Op::Teardown(t)));
         }
         if let Some((buf, kind)) = self.to_post.pop_front() {
             match kind {
@@ -551,24 +623,33 @@ impl Conn {
                 PostKind::Pure => self.credits.on_post(false),
             }
             self.posted.push_back(buf);
-            return Some(Op::PostRecv {
+            return Some(Work::Op(Op::PostRecv {
                 wr_id: WrId(buf as u64),
                 buf,
-            });
+            }));
         }
         if self.state != State::Connected {
             return None;
+        }
+        if self.abort_conn == AbortConn::None {
+            self.source_progress();
+            if let Some(op) = self.rdma_out.pop_front() {
+                return Some(Work::Rdma(op));
+            }
         }
         self.next_message()
     }
 
     /// When [`Conn::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadline
+        match (self.deadline, self.zcopy_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next SDP Message to send, if §10.5 allows one.
-    fn next_message(&mut self) -> Option<Op> {
+    fn next_message(&mut self) -> Option<Work> {
         let credit = self.credits.send_credit();
         let gain = self.credits.gain();
         // §10.5: "If one credit is available, an implementation MUST only
@@ -578,12 +659,16 @@ impl Conn {
         match self.abort_conn {
             AbortConn::Pending if control_ok => {
                 self.abort_conn = AbortConn::Sent;
-                return Some(self.emit(Body::AbortConn, Flags::EMPTY, Sent::AbortConn));
+                return Some(Work::Op(self.emit(
+                    Body::AbortConn,
+                    Flags::EMPTY,
+                    Sent::AbortConn,
+                )));
             }
             AbortConn::Pending => {
                 // No credit for the AbortConn: the LLP reset says the same.
                 self.finish(Teardown::Abortive);
-                return self.poll_op();
+                return self.poll_work();
             }
             AbortConn::Sent => return None,
             AbortConn::None => {}
@@ -598,7 +683,11 @@ impl Conn {
             // Send with SE Message." The credit is the Hello's Bufs, ≥ 3.
             self.hello_ack_due = false;
             let hah = setup::hello_ack_repr(&self.config, self.ird, self.ord);
-            return Some(self.emit(Body::HelloAck(hah), Flags::EMPTY, Sent::Other));
+            return Some(Work::Op(self.emit(
+                Body::HelloAck(hah),
+                Flags::EMPTY,
+                Sent::Other,
+            )));
         }
         if let Some(&control) = self.control.front() {
             if !control_ok {
@@ -606,10 +695,62 @@ impl Conn {
             }
             self.control.pop_front();
             let op = match control {
-                Control::SendSm => {
+                Control::SendSm { cancel } => {
+                    if cancel.is_some() {
+                        // §9.5.4: the SendSm completing a cancel is the
+                        // first message whose MSeqAck reaches the
+                        // SrcAvailCancel's MSeq — that is how the Data
+                        // Source tells it from an earlier SendSm.
+                        self.credits.hold_ack(None);
+                    }
                     let op = self.emit(Body::SendSm, Flags::EMPTY, Sent::Other);
-                    self.src_avail = SrcAvail::SendSmSent(self.credits.lsseq());
+                    let mseq = self.credits.lsseq();
+                    self.on_send_sm_sent(mseq, cancel);
                     op
+                }
+                Control::RdmaRdCompl { len, invalidate } => {
+                    let flags = self.req_pipe_flag();
+                    let mut op = self.emit(Conn::rd_compl(len), flags, Sent::Other);
+                    if let Op::Send { kind, .. } = &mut op {
+                        *kind = Conn::compl_kind(invalidate);
+                    }
+                    op
+                }
+                Control::RdmaWrCompl { len, stag } => {
+                    // §9.3: "The Data Source SHOULD send the RdmaWrCompl
+                    // Message using Send with SE and Invalidate".
+                    let flags = self.req_pipe_flag();
+                    let mut op = self.emit(Conn::wr_compl(len), flags, Sent::Other);
+                    if let Op::Send { kind, .. } = &mut op {
+                        *kind = Conn::compl_kind(Some(stag));
+                    }
+                    op
+                }
+                Control::SinkCancelAck => self.emit(Body::SinkCancelAck, Flags::EMPTY, Sent::Other),
+                Control::SrcAvailCancel => {
+                    let op = self.emit(Body::SrcAvailCancel, Flags::EMPTY, Sent::Other);
+                    self.credits.peer_may_hold(self.credits.lsseq());
+                    if self.z.src_cancel.is_some() {
+                        self.z.src_cancel = Some(Some(self.credits.lsseq()));
+                    }
+                    op
+                }
+                Control::SinkAvailCancel => {
+                    self.emit(Body::SinkAvailCancel, Flags::EMPTY, Sent::Other)
+                }
+                Control::ModeChange { send, mode } => {
+                    let op = self.emit(
+                        Conn::mode_change_body(send, mode),
+                        Flags::EMPTY,
+                        Sent::Other,
+                    );
+                    let mseq = self.credits.lsseq();
+                    self.on_mode_change_sent(mseq, send, mode);
+                    op
+                }
+                Control::ChRcvBuf { size } => {
+                    let crbh = ChRcvBufRepr { des_sz: size };
+                    self.emit(Body::ChRcvBuf(crbh), Flags::EMPTY, Sent::Other)
                 }
                 Control::ChRcvBufAck => {
                     // §10.6: "If the Remote Peer is unable to resize its
@@ -622,17 +763,29 @@ impl Conn {
                     self.emit(Body::ChRcvBufAck(crbah), Flags::EMPTY, Sent::Other)
                 }
             };
-            return Some(op);
+            return Some(Work::Op(op));
+        }
+        if let Some(w) = self.next_src_avail(credit, control_ok) {
+            return Some(w);
+        }
+        if let Some(w) = self.next_sink_avail(credit, control_ok) {
+            return Some(w);
         }
         // §10.5: "If two credits are available, an implementation MUST only
         // send SDP Messages that do not contain ULP payload."
         if credit >= PAYLOAD_MIN_CREDIT {
-            if let Some(chunk) = self.tx.next_chunk(self.max_payload()) {
-                return Some(self.emit_data(chunk));
+            let limit = self.bcopy_limit();
+            if let Some(chunk) = self.tx.next_chunk_until(self.max_payload(), limit) {
+                return Some(Work::Op(self.emit_data(chunk)));
             }
         }
         // §8.2.1 steps 1–2: DisConn after all data posted before the close.
-        if self.send_closed && self.disconn == DisConn::NotSent && self.tx.unsent() == 0 {
+        if self.send_closed
+            && self.disconn == DisConn::NotSent
+            && self.tx.unsent() == 0
+            && self.z.srcs.is_empty()
+            && self.z.writing.is_none()
+        {
             if !control_ok {
                 return None;
             }
@@ -642,18 +795,26 @@ impl Conn {
                 mseq: self.credits.lsseq(),
                 after_peer,
             };
-            return Some(op);
+            return Some(Work::Op(op));
         }
         // §9.5.3: "It is RECOMMENDED that this notification be accomplished
         // in an expeditious fashion"; "an implementation MAY send an SDP
         // Message with the OOB_PEND flag using a reserved credit".
         if control_ok && self.tx.pend_due() {
             self.tx.on_pend_sent();
-            return Some(self.emit(Body::Data { payload: &[] }, Flags::OOB_PEND, Sent::Other));
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::OOB_PEND,
+                Sent::Other,
+            )));
         }
         // §10.4: gratuitous credit update.
         if self.credits.should_update(self.config.bufs) {
-            return Some(self.emit(Body::Data { payload: &[] }, Flags::EMPTY, Sent::Other));
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::EMPTY,
+                Sent::Other,
+            )));
         }
         // Two credits and data waiting: the peer may have buffers it has
         // not told us about but cannot see that we are stuck. One empty
@@ -661,7 +822,11 @@ impl Conn {
         // peer sees it and so triggers its update.
         if credit == CONTROL_MIN_CREDIT && !self.asked && self.tx.unsent() > 0 {
             self.asked = true;
-            return Some(self.emit(Body::Data { payload: &[] }, Flags::EMPTY, Sent::Other));
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::EMPTY,
+                Sent::Other,
+            )));
         }
         None
     }
@@ -670,7 +835,11 @@ impl Conn {
     /// minus the BSDH (§9.1, §10 constraint 3).
     fn max_payload(&self) -> u64 {
         self.peer.map_or(0, |p| {
-            u64::from(p.rcv_size).saturating_sub(wire::BSDH_LEN as u64)
+            let size = self
+                .resize
+                .smaller
+                .map_or(p.rcv_size, |s| s.min(p.rcv_size));
+            u64::from(size).saturating_sub(wire::BSDH_LEN as u64)
         })
     }
 
@@ -716,6 +885,7 @@ impl Conn {
         bsdh.emit(&mut Bsdh::new_unchecked(&mut buf[..wire::BSDH_LEN]));
         let header = SendHeader::from_array(buf, wire::BSDH_LEN);
         self.tx.on_chunk_sent(&chunk);
+        self.on_payload_sent(payload_len);
         self.post_send(Mid::DATA, chunk.flags, header, chunk.range, Sent::Other)
     }
 
@@ -755,15 +925,26 @@ impl Conn {
                     self.hello_ack_due = true;
                 }
             }
-            Event::RecvDone { wr_id, len } => self.on_recv(now, wr_id, len),
-            Event::SendDone { wr_id } => self.on_send_done(now, wr_id),
+            Event::RecvDone { wr_id, len } => self.on_recv(now, wr_id, len, None),
+            Event::RecvInvalidate { wr_id, len, stag } => self.on_recv(now, wr_id, len, Some(stag)),
+            Event::SendDone { wr_id } => self.on_send_done(now, wr_id, Sent::Other),
+            Event::WriteDone { wr_id } => self.on_send_done(now, wr_id, Sent::Write),
+            Event::ReadDone { wr_id } => self.on_send_done(now, wr_id, Sent::Read),
+            Event::Registered { mem, stag, to } => self.on_registered(mem, stag, to),
             Event::TransportError(kind) => self.on_transport_error(kind),
             Event::TransportClosed => self.on_transport_closed(),
+        }
+        if self.state == State::Connected {
+            self.sink_progress();
+            self.source_settle();
         }
     }
 
     /// Acts on an expired timer.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == State::Connected {
+            self.zcopy_timeout(now);
+        }
         let Some(deadline) = self.deadline else {
             return;
         };
@@ -783,12 +964,14 @@ impl Conn {
         }
     }
 
-    fn on_send_done(&mut self, now: Instant, wr_id: WrId) {
+    fn on_send_done(&mut self, now: Instant, wr_id: WrId, kind: Sent) {
         if self.state == State::Closed {
             return;
         }
+        // Send Queue work requests complete in order (RFC 5040 §5), each
+        // with its own kind of completion.
         match self.sends.front() {
-            Some(s) if s.wr_id == wr_id.0 => {}
+            Some(s) if s.wr_id == wr_id.0 && s.what.completes_as() == kind => {}
             _ => return self.violation(Violation::BadCompletion),
         }
         let Some(record) = self.sends.pop_front() else {
@@ -797,6 +980,8 @@ impl Conn {
         self.tx.release(record.stream_end);
         match record.what {
             Sent::Other => {}
+            Sent::Write => self.on_write_done(),
+            Sent::Read => self.on_read_done(),
             Sent::DisConn => {
                 if let DisConn::Sent { mseq, after_peer } = self.disconn {
                     self.disconn = DisConn::Done { mseq, after_peer };
@@ -852,7 +1037,7 @@ impl Conn {
         }
     }
 
-    fn on_recv(&mut self, now: Instant, wr_id: WrId, len: usize) {
+    fn on_recv(&mut self, now: Instant, wr_id: WrId, len: usize, invalidated: Option<u32>) {
         if self.state == State::Closed {
             return;
         }
@@ -870,7 +1055,7 @@ impl Conn {
             return self.violation(Violation::MessageTooLarge { len, size });
         }
         match self.parse(buf, len) {
-            Ok(msg) => self.on_message(now, buf, msg),
+            Ok(msg) => self.on_message(now, buf, msg, invalidated),
             Err(v) => self.violation(v),
         }
     }
@@ -898,7 +1083,26 @@ impl Conn {
         };
         let payload = msg.body.payload();
         let start = msg.header_len();
+        let compl_len = match msg.body {
+            Body::RdmaRdCompl(r) => r.len,
+            Body::RdmaWrCompl(r) => r.len,
+            Body::ChRcvBufAck(r) => r.act_sz,
+            _ => 0,
+        };
+        let (sink_avail, src_avail) = match msg.body {
+            Body::SinkAvail { header, .. } => (Some(header), None),
+            Body::SrcAvail { header, .. } => (None, Some(header)),
+            _ => (None, None),
+        };
+        let mode_change = match msg.body {
+            Body::ModeChange(m) => Some(m),
+            _ => None,
+        };
         Ok(Received {
+            compl_len,
+            sink_avail,
+            src_avail,
+            mode_change,
             bufs: msg.bufs,
             flags: msg.flags,
             mseq: msg.mseq,
@@ -910,7 +1114,7 @@ impl Conn {
         })
     }
 
-    fn on_message(&mut self, now: Instant, buf: usize, msg: Received) {
+    fn on_message(&mut self, now: Instant, buf: usize, msg: Received, invalidated: Option<u32>) {
         match self.state {
             State::HelloSent => {
                 let Some(peer) = msg.hello_ack else {
@@ -946,9 +1150,15 @@ impl Conn {
             // New credit: a credit request may go again if we are stuck.
             self.asked = false;
         }
-        if let SrcAvail::SendSmSent(mseq) = self.src_avail {
-            if seq_ge(msg.mseq_ack, mseq) {
-                self.src_avail = SrcAvail::None;
+        self.on_mseq_ack(msg.mseq_ack);
+        // RFC 5040 §6.1: only the completions of §9.2 and §9.3 invalidate
+        // our STags.
+        if let Some(stag) = invalidated {
+            if !matches!(msg.mid, Mid::RDMA_RD_COMPL | Mid::RDMA_WR_COMPL) {
+                return self.violation(Violation::WrongStag {
+                    mid: msg.mid,
+                    got: stag,
+                });
             }
         }
         if msg.flags.contains(Flags::OOB_PEND) {
@@ -962,6 +1172,52 @@ impl Conn {
         match msg.mid {
             Mid::DATA => self.on_data(buf, &msg),
             Mid::SRC_AVAIL => self.on_src_avail(buf, &msg),
+            Mid::SINK_AVAIL => {
+                let Some(header) = msg.sink_avail else {
+                    return;
+                };
+                if !self.on_sink_avail(header, !msg.payload.is_empty()) {
+                    return;
+                }
+                // §9.4: "the Data Source MUST process the ULP payload
+                // normally regardless of whether the SinkAvail was
+                // discarded".
+                self.take_payload(buf, &msg);
+            }
+            Mid::SEND_SM => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_send_sm(msg.mseq_ack);
+            }
+            Mid::RDMA_RD_COMPL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_rdma_rd_compl(msg.compl_len, msg.flags, invalidated);
+            }
+            Mid::RDMA_WR_COMPL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_rdma_wr_compl(msg.compl_len, msg.flags, invalidated);
+            }
+            Mid::SRC_AVAIL_CANCEL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_src_avail_cancel(msg.mseq);
+            }
+            Mid::SINK_AVAIL_CANCEL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_sink_avail_cancel();
+            }
+            Mid::SINK_CANCEL_ACK => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_sink_cancel_ack();
+            }
+            Mid::MODE_CHANGE => {
+                self.repost(buf, PostKind::Fresh);
+                if let Some(mch) = msg.mode_change {
+                    self.on_mode_change(mch);
+                }
+            }
+            Mid::CH_RCV_BUF_ACK => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_ch_rcv_buf_ack(msg.compl_len);
+            }
             Mid::DIS_CONN => {
                 // A second DisConn.
                 if self.peer_disconn.is_some() {
@@ -983,19 +1239,17 @@ impl Conn {
                 self.finish(Teardown::Abortive);
             }
             Mid::CH_RCV_BUF => {
-                self.control.push_back(Control::ChRcvBufAck);
+                // §10.6.1: "If both peers concurrently send each other
+                // ChRcvBuf Messages, then the Accepting Peer MUST disregard
+                // the ChRcvBuf Message."
+                if !(self.role == Role::Accepting && self.resize.asked.is_some()) {
+                    self.control.push_back(Control::ChRcvBufAck);
+                }
                 self.repost(buf, PostKind::Fresh);
             }
-            // §9.5.4, §9.5.5: with every advertisement Processed (we answer
-            // each SrcAvail with SendSm and never see a SinkAvail), the
-            // cancels "MUST" be ignored.
-            Mid::SRC_AVAIL_CANCEL | Mid::SINK_AVAIL_CANCEL => self.repost(buf, PostKind::Fresh),
-            // §11.2: Write Zcopy (SinkAvail) needs Pipelined Mode.
-            Mid::SINK_AVAIL => self.violation(Violation::CombinedMode(Mid::SINK_AVAIL)),
-            Mid::MODE_CHANGE | Mid::SUSP_COMM => self.violation(Violation::Unsupported(msg.mid)),
-            // Hello and HelloAck after setup; SendSm, RdmaRdCompl,
-            // RdmaWrCompl, SinkCancelAck, ChRcvBufAck, SuspCommAck answer
-            // something we never sent.
+            Mid::SUSP_COMM => self.violation(Violation::Unsupported(msg.mid)),
+            // Hello and HelloAck after setup; SuspCommAck answers something
+            // we never sent.
             mid => self.violation(Violation::UnexpectedMessage(mid)),
         }
         if self.state == State::Connected {
@@ -1017,9 +1271,10 @@ impl Conn {
             };
             return self.repost(buf, kind);
         }
-        if !self.accept_payload(Mid::DATA) {
+        if !self.accept_payload(Mid::DATA, msg) {
             return;
         }
+        self.on_payload_received(msg.payload.len());
         if !msg.flags.contains(Flags::OOB_PRES) {
             self.rx.push(buf, msg.payload.start, msg.payload.end);
             return;
@@ -1045,35 +1300,49 @@ impl Conn {
         self.freed = freed;
     }
 
-    /// §9.2, §9.5.2.1, §11.2: a SrcAvail in Combined Mode carries the first
-    /// bytes of the buffer; we take them as Bcopy data and force the rest
-    /// to come as Data Messages with SendSm.
+    /// §9.2, §11.2, §11.3: a SrcAvail; in Combined Mode it carries the
+    /// first bytes of the buffer as stream data.
     fn on_src_avail(&mut self, buf: usize, msg: &Received) {
-        // §11.2: "only a single SrcAvail Message may be In-Process at any
-        // one time"; "In Combined Mode, the SrcAvail Message MUST contain
-        // greater than zero bytes of ULP payload."
-        if self.src_avail != SrcAvail::None || msg.payload.is_empty() {
-            return self.violation(Violation::CombinedMode(Mid::SRC_AVAIL));
-        }
-        if !self.accept_payload(Mid::SRC_AVAIL) {
+        let Some(header) = msg.src_avail else {
+            return;
+        };
+        if !msg.payload.is_empty() && !self.accept_payload(Mid::SRC_AVAIL, msg) {
             return;
         }
+        if !self.on_src_avail_z(header, msg.payload.len()) {
+            return;
+        }
+        if msg.payload.is_empty() {
+            self.repost(buf, PostKind::Fresh);
+        } else {
+            self.on_payload_received(msg.payload.len());
+            self.rx.push(buf, msg.payload.start, msg.payload.end);
+        }
+    }
+
+    /// The ULP payload of a SinkAvail (§9.4), or its buffer back.
+    fn take_payload(&mut self, buf: usize, msg: &Received) {
+        if msg.payload.is_empty() {
+            return self.repost(buf, PostKind::Fresh);
+        }
+        if !self.accept_payload(Mid::SINK_AVAIL, msg) {
+            return;
+        }
+        self.on_payload_received(msg.payload.len());
         self.rx.push(buf, msg.payload.start, msg.payload.end);
-        self.control.push_back(Control::SendSm);
-        self.src_avail = SrcAvail::NeedSendSm;
     }
 
     /// Whether ULP payload may arrive now; closes the connection if not.
-    fn accept_payload(&mut self, mid: Mid) -> bool {
+    fn accept_payload(&mut self, mid: Mid, msg: &Received) -> bool {
         if self.peer_disconn.is_some() {
             self.violation(Violation::DataAfterDisConn);
             return false;
         }
         // §11.2: after a SrcAvail the Data Source "MUST NOT send any SDP
         // Messages containing a ULP payload until ... a RdmaRdCompl or
-        // SendSm Message is received".
-        if self.src_avail != SrcAvail::None {
-            self.violation(Violation::CombinedMode(mid));
+        // SendSm Message is received"; §11.3 likewise.
+        if let Err(v) = self.zcopy_payload_ok(mid, msg.mseq_ack, msg.payload.len()) {
+            self.violation(v);
             return false;
         }
         if self.orphaned {
@@ -1179,6 +1448,26 @@ impl Conn {
     /// "MUST reject any send data posted by the ULP after the ULP close
     /// call").
     pub fn send(&mut self, len: usize, flags: SendFlags) -> Result<usize, Error> {
+        self.send_allowed()?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // A ULP buffer handed to send_zcopy is still in flight: its call
+        // has not returned (a cancel may take back its tail, §9.5.4).
+        if self.zsend_pending() {
+            return Err(Error::WouldBlock);
+        }
+        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
+        if room == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let n = (len as u64).min(room);
+        self.tx.accept(n, flags.contains(SendFlags::OOB));
+        Ok(n as usize)
+    }
+
+    /// The checks every send call makes.
+    fn send_allowed(&mut self) -> Result<(), Error> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -1190,16 +1479,75 @@ impl Conn {
         if self.send_closed || self.abort_conn != AbortConn::None {
             return Err(Error::BrokenPipe);
         }
-        if len == 0 {
-            return Ok(0);
+        Ok(())
+    }
+
+    /// Asks the peer to change its receive Private Buffer size to `size`
+    /// (§10.6). EAGAIN while a request is unacknowledged, EINVAL for a
+    /// direction §10.6 no longer allows or a size below the §10 minimum.
+    pub fn request_buf_size(&mut self, size: u32) -> Result<(), Error> {
+        let Some(peer) = self.peer else {
+            return Err(Error::NotConnected);
+        };
+        if self.state != State::Connected {
+            return Err(Error::NotConnected);
         }
-        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
-        if room == 0 {
+        // §10.6: "The Local Peer MUST NOT send a new ChRcvBuf Message if
+        // there is an unacknowledged ChRcvBuf Message."
+        if self.resize.asked.is_some() {
             return Err(Error::WouldBlock);
         }
-        let n = (len as u64).min(room);
-        self.tx.accept(n, flags.contains(SendFlags::OOB));
-        Ok(n as usize)
+        let current = self.resize.smaller.unwrap_or(peer.rcv_size);
+        let larger = size > current;
+        if size < setup::MIN_BUF_SIZE
+            || size == current
+            || (larger && self.resize.no_more_increase)
+            || (!larger && self.resize.no_more_decrease)
+        {
+            return Err(Error::InvalidInput);
+        }
+        self.resize.asked = Some(size);
+        if !larger {
+            // "If the Local Peer requests a smaller receive Private Buffer
+            // in the ChRcvBuf Message, the Local Peer MUST begin using the
+            // smaller size immediately after sending the ChRcvBuf Message."
+            self.resize.smaller = Some(size);
+        }
+        self.control.push_back(Control::ChRcvBuf { size });
+        Ok(())
+    }
+
+    /// ChRcvBufAck (§10.6).
+    fn on_ch_rcv_buf_ack(&mut self, act_sz: u32) {
+        let (Some(asked), Some(peer)) = (self.resize.asked, self.peer.as_mut()) else {
+            return self.violation(Violation::UnexpectedMessage(Mid::CH_RCV_BUF_ACK));
+        };
+        let original = peer.rcv_size;
+        let larger = asked > original;
+        // "if the Local Peer requests a decrease, the Remote Peer MUST
+        // either decrease the size or leave it unchanged, and it MUST NOT
+        // decrease the Private Buffer size to be smaller than that
+        // requested. Conversely, if the Local Peer requests an increase,
+        // the Remote Peer MUST either increase the size or leave it
+        // unchanged."
+        let ok = if larger {
+            act_sz >= original
+        } else {
+            act_sz <= original && act_sz >= asked
+        };
+        if !ok || act_sz < setup::MIN_BUF_SIZE {
+            return self.violation(Violation::BadChRcvBufAck(act_sz));
+        }
+        if act_sz == original {
+            if larger {
+                self.resize.no_more_increase = true;
+            } else {
+                self.resize.no_more_decrease = true;
+            }
+        }
+        peer.rcv_size = act_sz;
+        self.resize.asked = None;
+        self.resize.smaller = None;
     }
 
     /// Copies received bytes into `buf` and gives emptied receive buffers
@@ -1242,6 +1590,7 @@ impl Conn {
         }
         self.freed = freed;
         if n > 0 {
+            self.sink_progress();
             return Ok(n);
         }
         if let Some(e) = self.error.take() {
@@ -1249,6 +1598,9 @@ impl Conn {
         }
         if self.at_eof() {
             return Ok(0);
+        }
+        if self.state == State::Connected && self.rx.queued() == 0 {
+            self.recv_would_block();
         }
         Err(Error::WouldBlock)
     }
@@ -1345,6 +1697,7 @@ impl Conn {
             State::HelloSent | State::HelloReceived => false,
             _ => {
                 self.rx.readable(self.config.oob_inline) > 0
+                    || self.completion_ready()
                     || self.error.is_some()
                     || self.at_eof()
             }

@@ -115,6 +115,10 @@ pub(crate) struct RxStream {
     total: u64,
     /// The urgent mark, until a read passes it.
     pub mark: Option<Mark>,
+    /// Bytes placed by RDMA into posted ULP buffers (§9.2, §9.3), as
+    /// (stream offset, length), oldest first: they are in the stream but
+    /// not in the pool, so a read stops in front of them.
+    placed: VecDeque<(u64, u64)>,
 }
 
 impl RxStream {
@@ -128,6 +132,47 @@ impl RxStream {
         self.total.saturating_sub(self.read)
     }
 
+    /// Stream offset of the next byte to read.
+    pub fn read_pos(&self) -> u64 {
+        self.read
+    }
+
+    /// Where the bytes a plain read may copy end: the next placed bytes or
+    /// the end of the stream.
+    fn pool_end(&self) -> u64 {
+        self.placed.front().map_or(self.total, |&(at, _)| at)
+    }
+
+    /// Appends `len` bytes placed outside the pool by RDMA.
+    pub fn push_placed(&mut self, len: u64) {
+        if len == 0 {
+            return;
+        }
+        self.placed.push_back((self.total, len));
+        self.total = self.total.saturating_add(len);
+    }
+
+    /// The length of the placed bytes at the read position, if any.
+    pub fn placed_at_read(&self) -> Option<u64> {
+        match self.placed.front() {
+            Some(&(at, len)) if at == self.read => Some(len),
+            _ => None,
+        }
+    }
+
+    /// Steps the read position over the placed bytes there.
+    pub fn take_placed(&mut self) -> u64 {
+        let Some(len) = self.placed_at_read() else {
+            return 0;
+        };
+        self.placed.pop_front();
+        self.read = self.read.saturating_add(len);
+        if self.mark.is_some_and(|m| m.offset < self.read) {
+            self.mark = None;
+        }
+        len
+    }
+
     /// Buffers holding unread payload.
     pub fn held_buffers(&self) -> usize {
         self.segs.len()
@@ -137,7 +182,7 @@ impl RxStream {
     /// while it waits at the read position out of line (as Linux
     /// `tcp_poll`).
     pub fn readable(&self, inline: bool) -> u64 {
-        let mut n = self.queued();
+        let mut n = self.pool_end().saturating_sub(self.read);
         if !inline && self.mark.is_some_and(|m| m.offset == self.read) {
             n = n.saturating_sub(1);
         }
@@ -206,8 +251,12 @@ impl RxStream {
         let mut in_seg = 0usize;
         let mut pos = self.read;
         let mut copied = 0usize;
+        let pool_end = self.pool_end();
         while copied < out.len() {
-            let mut limit = usize::MAX;
+            let mut limit = usize::try_from(pool_end.saturating_sub(pos)).unwrap_or(usize::MAX);
+            if limit == 0 {
+                break;
+            }
             if let Some(mark) = self.mark {
                 if mark.offset == pos {
                     if copied > 0 {
@@ -222,7 +271,7 @@ impl RxStream {
                         continue;
                     }
                 } else if mark.offset > pos {
-                    limit = usize::try_from(mark.offset - pos).unwrap_or(usize::MAX);
+                    limit = limit.min(usize::try_from(mark.offset - pos).unwrap_or(usize::MAX));
                 }
             }
             let Some(seg) = self.segs.get(idx) else {

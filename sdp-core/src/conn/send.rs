@@ -109,11 +109,18 @@ impl TxStream {
     /// The payload of the next Data Message, at most `max_payload` bytes,
     /// or `None` when everything accepted is sent.
     pub fn next_chunk(&self, max_payload: u64) -> Option<Chunk> {
+        self.next_chunk_until(max_payload, u64::MAX)
+    }
+
+    /// As [`TxStream::next_chunk`], ending at stream offset `limit` at the
+    /// latest (where a Zcopy transfer takes over).
+    pub fn next_chunk_until(&self, max_payload: u64, limit: u64) -> Option<Chunk> {
         let start = self.sent;
-        if start >= self.accepted || max_payload == 0 {
+        let stop = self.accepted.min(limit);
+        if start >= stop || max_payload == 0 {
             return None;
         }
-        let mut end = self.accepted.min(start.saturating_add(max_payload));
+        let mut end = stop.min(start.saturating_add(max_payload));
         let mut flags = Flags::EMPTY;
         if let Some(u) = self.urgent.front() {
             let reach = (u.offset + 1).saturating_sub(start);
@@ -167,6 +174,21 @@ impl TxStream {
     pub fn on_pend_sent(&mut self) {
         if let Some(u) = self.urgent.front_mut() {
             u.pend_sent = true;
+        }
+    }
+
+    /// Records that `n` more bytes left by RDMA (Read or Write Zcopy).
+    pub fn advance(&mut self, n: u64) {
+        self.sent = self.sent.saturating_add(n).min(self.accepted);
+    }
+
+    /// Takes back the accepted bytes from `point` on, which were never
+    /// sent (a canceled SrcAvail, §9.5.4).
+    pub fn retract(&mut self, point: u64) {
+        let point = point.max(self.sent);
+        if point < self.accepted {
+            self.accepted = point;
+            self.urgent.retain(|u| u.offset < point);
         }
     }
 

@@ -45,7 +45,8 @@ pub struct Config {
     /// Buffers to have (§6.2.1.4), a hint.
     pub desired_remote_buf_size: u32,
     /// MaxAdverts: concurrent Zcopy advertisements we accept, 1 to 65535
-    /// (§6.2.1.3). This implementation does Bcopy only, so 1 is enough.
+    /// (§6.2.1.3): SrcAvails and SinkAvails the peer may have outstanding
+    /// towards us (§11.3).
     pub max_adverts: u16,
     /// The queue pair's IRD (inbound RDMA Read depth), at least 1.
     pub ird: u16,
@@ -60,6 +61,43 @@ pub struct Config {
     /// graceful close before it is aborted, and how long the first closer
     /// waits for the LLP teardown (Linux `tcp_fin_timeout`: 60 s).
     pub close_timeout: Duration,
+    /// The Bcopy Threshold (§11): a ULP buffer handed to
+    /// [`Conn::send_zcopy`](super::Conn::send_zcopy) larger than this goes
+    /// by Read or Write Zcopy in Combined and Pipelined Mode. At least
+    /// `buf_size` (§10 constraint 5). `u64::MAX` (the default): infinite,
+    /// Bcopy only.
+    pub bcopy_threshold: u64,
+    /// Data Sink: RDMA Read advertised buffers into posted receive buffers
+    /// (§9.2). Off (the default): every SrcAvail is answered with SendSm
+    /// (§9.5.2.1).
+    pub read_zcopy: bool,
+    /// Data Sink: advertise posted receive buffers with SinkAvail while the
+    /// receive half-connection is in Pipelined Mode (§9.3). Off by default.
+    pub write_zcopy: bool,
+    /// Data Source: when the send half-connection enters and leaves
+    /// Pipelined Mode (§12.3, §12.4).
+    pub pipelining: Pipelining,
+    /// Data Sink: the REQ_PIPE hint in our RdmaRdCompl and RdmaWrCompl
+    /// (§6.1.2): we would like the peer's send half in Pipelined Mode.
+    pub req_pipe: bool,
+    /// Data Source: after this many SendSm in a row, move the send half to
+    /// Buffered Mode (§12.1, Figure 30 "Receive SendSm: Advisory"). 0:
+    /// never.
+    pub buffered_after_send_sm: u32,
+}
+
+/// When the Data Source (Mode Master) moves its send half-connection
+/// between Combined and Pipelined Mode (§12.3, §12.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pipelining {
+    /// Stay out of Pipelined Mode unless asked by
+    /// [`Conn::set_send_mode`](super::Conn::set_send_mode).
+    Never,
+    /// Follow the Data Sink's REQ_PIPE hints (§6.1.2) and fall back to
+    /// Combined Mode on a SendSm (Figure 30).
+    OnRequest,
+    /// Enter Pipelined Mode as soon as the connection is up.
+    Always,
 }
 
 impl Default for Config {
@@ -74,6 +112,12 @@ impl Default for Config {
             send_buffer: 1 << 20,
             oob_inline: false,
             close_timeout: Duration::from_secs(60),
+            bcopy_threshold: u64::MAX,
+            read_zcopy: false,
+            write_zcopy: false,
+            pipelining: Pipelining::Never,
+            req_pipe: false,
+            buffered_after_send_sm: 0,
         }
     }
 }
@@ -91,6 +135,17 @@ impl Config {
             send_buffer: self.send_buffer.max(1),
             oob_inline: self.oob_inline,
             close_timeout: self.close_timeout,
+            // §10 constraint 5: "The Data Sink Bcopy Threshold MUST be
+            // greater than or equal to the size of the Local Peer's receive
+            // Private Buffers."
+            bcopy_threshold: self
+                .bcopy_threshold
+                .max(u64::from(self.buf_size.clamp(MIN_BUF_SIZE, MAX_SIZE))),
+            read_zcopy: self.read_zcopy,
+            write_zcopy: self.write_zcopy,
+            pipelining: self.pipelining,
+            req_pipe: self.req_pipe,
+            buffered_after_send_sm: self.buffered_after_send_sm,
         }
     }
 }
