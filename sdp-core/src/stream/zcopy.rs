@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use super::shared::Locked;
 use super::{recv_loop, to_io, would_block};
-use crate::conn::{Completion, RecvFlags, State};
+use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
 /// Whether a blocking call with `len` bytes of buffer goes by Zcopy.
@@ -204,6 +204,113 @@ pub(super) fn read(
         }
         if !waitall || *got == buf.len() {
             return Ok(*got);
+        }
+    }
+}
+
+/// Which Zcopy mechanisms a connection uses: the `SDP_ZCOPY` setting of
+/// the preload, `sdpcat -z`, `sdp-bench --mechanism`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ZcopyMode {
+    /// Bcopy only (Bcopy Threshold infinite).
+    Off,
+    /// Read Zcopy: large writes are advertised by SrcAvail and read by
+    /// the peer (§9.2); Combined Mode.
+    Read,
+    /// Write Zcopy: the send half goes to Pipelined Mode, posted reads are
+    /// advertised by SinkAvail and written by the peer (§9.3); a SrcAvail
+    /// is answered by SendSm.
+    Write,
+    /// Both: Pipelined Mode; a read posted before the peer's write is
+    /// written into, otherwise the writer's buffer is read.
+    Both,
+}
+
+impl ZcopyMode {
+    /// Sets `config`'s Zcopy policies for this mode; `threshold` is the
+    /// Bcopy Threshold (ignored when off).
+    pub fn apply(self, config: &mut Config, threshold: u64) {
+        use crate::conn::Pipelining;
+        let (read, write, pipelining) = match self {
+            ZcopyMode::Off => (false, false, Pipelining::Never),
+            ZcopyMode::Read => (true, false, Pipelining::Never),
+            ZcopyMode::Write => (false, true, Pipelining::Always),
+            ZcopyMode::Both => (true, true, Pipelining::Always),
+        };
+        config.bcopy_threshold = if self == ZcopyMode::Off {
+            u64::MAX
+        } else {
+            threshold
+        };
+        config.read_zcopy = read;
+        config.write_zcopy = write;
+        config.pipelining = pipelining;
+    }
+
+    /// The mode `config` describes (as [`ZcopyMode::apply`] sets it).
+    pub fn of(config: &Config) -> ZcopyMode {
+        match (
+            config.bcopy_threshold == u64::MAX,
+            config.read_zcopy,
+            config.write_zcopy,
+        ) {
+            (true, _, _) | (false, false, false) => ZcopyMode::Off,
+            (false, true, false) => ZcopyMode::Read,
+            (false, false, true) => ZcopyMode::Write,
+            (false, true, true) => ZcopyMode::Both,
+        }
+    }
+}
+
+impl core::str::FromStr for ZcopyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ZcopyMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" | "no" | "0" | "bcopy" => Ok(ZcopyMode::Off),
+            "read" => Ok(ZcopyMode::Read),
+            "write" => Ok(ZcopyMode::Write),
+            "both" | "on" | "1" => Ok(ZcopyMode::Both),
+            _ => Err(format!("{s:?} is not off, read, write or both")),
+        }
+    }
+}
+
+/// Parses a size: a number with an optional K, M or G suffix (powers of
+/// 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_and_sizes_parse() {
+        assert_eq!("read".parse(), Ok(ZcopyMode::Read));
+        assert_eq!("BOTH".parse(), Ok(ZcopyMode::Both));
+        assert!("sideways".parse::<ZcopyMode>().is_err());
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("16m"), Some(16 << 20));
+        assert_eq!(parse_size("123"), Some(123));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+        for m in [
+            ZcopyMode::Off,
+            ZcopyMode::Read,
+            ZcopyMode::Write,
+            ZcopyMode::Both,
+        ] {
+            let mut c = Config::default();
+            m.apply(&mut c, 1 << 18);
+            assert_eq!(ZcopyMode::of(&c), m);
         }
     }
 }
