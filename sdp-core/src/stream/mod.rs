@@ -461,7 +461,9 @@ impl SdpStream {
         let shared = self.shared();
         let mut g = shared.lock();
         if flags == SendFlags::EMPTY && zcopy::write_by_zcopy(&g, buf.len()) {
-            return zcopy::write(&mut g, buf);
+            if let Some(r) = zcopy::write(&mut g, buf) {
+                return r;
+            }
         }
         let deadline = g.write_timeout.map(|t| Instant::now() + t);
         let mut pumped = false;

@@ -120,6 +120,9 @@ pub struct Inner {
     hangup_hint: bool,
     /// The thread whose Zcopy buffer is lent (see the module docs).
     zc_owner: Option<ThreadId>,
+    /// A Zcopy write waits for an idle Zcopy read to give the socket up:
+    /// reads do not post again meanwhile.
+    pub zc_writer_waiting: bool,
 }
 
 /// Caller memory lent to one pump.
@@ -228,7 +231,7 @@ impl Inner {
     }
 
     /// Whether another thread's Zcopy buffer is lent.
-    fn zcopy_elsewhere(&self) -> bool {
+    pub fn zcopy_elsewhere(&self) -> bool {
         self.zc_owner
             .is_some_and(|t| t != std::thread::current().id())
     }
@@ -546,6 +549,7 @@ impl Shared {
             linger: None,
             hangup_hint: false,
             zc_owner: None,
+            zc_writer_waiting: false,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -727,6 +731,10 @@ impl<'a> Locked<'a> {
         if zc_elsewhere {
             // The socket is the Zcopy owner's: let it pump.
             shared.cond.notify_all();
+            if g.poller_active && !g.wake_pending {
+                g.wake_pending = true;
+                let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+            }
         } else if g.zc_owner.is_some() && g.poller_active && !g.wake_pending {
             // We own the Zcopy buffer and another thread sleeps in poll:
             // wake it so that it leaves the socket to us.

@@ -48,6 +48,7 @@ pub(super) fn read_by_zcopy(g: &Locked<'_>, len: usize, flags: RecvFlags) -> boo
         && !flags.contains(RecvFlags::PEEK)
         && !flags.contains(RecvFlags::OOB)
         && !g.link.zcopy_lent()
+        && !g.zc_writer_waiting
 }
 
 /// The error of a connection that ended while a Zcopy buffer was lent.
@@ -64,9 +65,35 @@ fn ended(g: &mut Locked<'_>) -> Option<io::Error> {
     Some(to_io(e))
 }
 
-/// A blocking `write` of `buf` by Zcopy; returns the bytes in the stream.
-pub(super) fn write(g: &mut Locked<'_>, buf: &[u8]) -> io::Result<usize> {
+/// A blocking `write` of `buf` by Zcopy; returns the bytes in the stream,
+/// or `None` when it must go by Bcopy. Another thread's Zcopy read that
+/// holds the socket is asked to give it up: its buffer is taken back (at
+/// once if unused; after the SinkAvailCancel exchange, §9.5.5, if
+/// advertised; after the RDMA Read under way) and that read goes on by
+/// Bcopy.
+pub(super) fn write(g: &mut Locked<'_>, buf: &[u8]) -> Option<io::Result<usize>> {
     let deadline = g.write_timeout.map(|t| Instant::now() + t);
+    if g.zcopy_elsewhere() {
+        if !g.link.cancel_recv_zcopy() {
+            return None;
+        }
+        g.zc_writer_waiting = true;
+        while g.zcopy_elsewhere() {
+            if let Err(e) = g.wait(deadline) {
+                g.zc_writer_waiting = false;
+                return Some(Err(e));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                g.zc_writer_waiting = false;
+                return Some(Err(would_block()));
+            }
+        }
+        g.zc_writer_waiting = false;
+    }
+    Some(write_owned(g, buf, deadline))
+}
+
+fn write_owned(g: &mut Locked<'_>, buf: &[u8], deadline: Option<Instant>) -> io::Result<usize> {
     loop {
         match g.link.send_zcopy(buf.len(), deadline) {
             Ok(_) => break,
@@ -146,7 +173,7 @@ pub(super) fn read(
             }
         }
         let rest = buf.len() - *got;
-        if !large(g, rest) || g.link.zcopy_lent() || unused >= 3 {
+        if !large(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
             return recv_loop(g, buf, flags, got);
         }
         let len = u32::try_from(rest).unwrap_or(u32::MAX);
@@ -155,6 +182,7 @@ pub(super) fn read(
         }
         g.zcopy_begin();
         let into = buf.get_mut(*got..).unwrap_or_default();
+        let mut canceled = false;
         let c = loop {
             g.pump_zcopy(Instant::now(), None, Some(&mut *into));
             if let Some(c) = g.poll_zcopy() {
@@ -163,9 +191,11 @@ pub(super) fn read(
                 }
                 continue;
             }
-            if g.link.bytes_readable() > 0 {
-                // Bcopy bytes came first: the buffer is taken back (it
-                // returns at once unless already being filled).
+            if g.link.bytes_readable() > 0 || (g.link.conn().disconn_received() && !canceled) {
+                // Bcopy bytes came first, or the peer's DisConn (nothing
+                // more will fill the buffer): the buffer is taken back (it
+                // returns at once unless advertised or being filled).
+                canceled = true;
                 g.link.cancel_recv_zcopy();
                 continue;
             }
