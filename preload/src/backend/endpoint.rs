@@ -559,11 +559,14 @@ impl SdpEndpoint for Ep {
                     tx_mode: mode(i.send_mode),
                     rx_mode: mode(i.recv_mode),
                     bytes: Counters {
-                        bcopy_tx: i.bytes_sent,
-                        bcopy_rx: i.bytes_received,
+                        bcopy_tx: i.zcopy.bcopy_sent,
+                        bcopy_rx: i.zcopy.bcopy_received,
+                        read_zcopy_tx: i.zcopy.read_zcopy_sent,
+                        read_zcopy_rx: i.zcopy.read_zcopy_received,
+                        write_zcopy_tx: i.zcopy.write_zcopy_sent,
+                        write_zcopy_rx: i.zcopy.write_zcopy_received,
                         bcopy_tx_direct: i.copies.bytes_sent_direct,
                         bcopy_rx_direct: i.copies.bytes_received_direct,
-                        ..Counters::default()
                     },
                     // Buffers advertised to the peer: its send credit.
                     local_credits: clamp_u32(i.credits.remote_credit),

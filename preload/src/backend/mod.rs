@@ -66,9 +66,32 @@ pub(crate) fn pm() -> &'static PmClient {
     })
 }
 
-/// The SDP connection parameters.
+/// The SDP connection parameters: the defaults, with the Zcopy policy
+/// from `SDP_ZCOPY` (off, read, write, both; default off) and
+/// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
+/// reads and writes larger than it go by Zcopy (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
-    sdp_core::conn::Config::default()
+    use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
+    static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+            let mode = match env("SDP_ZCOPY").map(|v| v.parse::<ZcopyMode>()) {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    crate::log!(crate::log::Level::Warn, "SDP_ZCOPY: {e}; Zcopy off");
+                    ZcopyMode::Off
+                }
+                None => ZcopyMode::Off,
+            };
+            let threshold = env("SDP_ZCOPY_THRESHOLD")
+                .and_then(|v| parse_size(&v))
+                .unwrap_or(256 * 1024);
+            let mut config = sdp_core::conn::Config::default();
+            mode.apply(&mut config, threshold);
+            config
+        })
+        .clone()
 }
 
 impl SdpBackend for Backend {

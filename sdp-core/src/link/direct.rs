@@ -331,6 +331,9 @@ impl Link {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SendSpan {
     pub span: Range<u64>,
+    /// Where those bytes are: [`SEND_FROM`], or
+    /// [`super::zcopy::SEND_ZCOPY`] for a Zcopy send buffer.
+    pub region: RegionId,
 }
 
 impl SendSpan {
@@ -343,7 +346,7 @@ impl SendSpan {
         }
         let from = payload.start.max(self.span.start);
         let sge = iwarp::engine::Sge {
-            region: SEND_FROM,
+            region: self.region,
             offset: (from - self.span.start) as usize,
             len: (payload.end - from) as usize,
         };
@@ -357,7 +360,10 @@ mod tests {
 
     #[test]
     fn payload_split_between_ring_and_caller() {
-        let d = SendSpan { span: 100..200 };
+        let d = SendSpan {
+            span: 100..200,
+            region: SEND_FROM,
+        };
         assert_eq!(d.split(10..90), (10..90, None));
         let (ring, sge) = d.split(90..150);
         assert_eq!(ring, 90..100);

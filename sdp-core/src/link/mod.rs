@@ -106,6 +106,7 @@ pub mod direct;
 #[cfg(any(test, feature = "testing"))]
 pub mod pair;
 pub mod staging;
+pub mod zcopy;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -124,7 +125,7 @@ use crate::conn::{
     State, Violation,
 };
 use crate::errno::Error;
-use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, WrId};
+use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, Work, WrId};
 use direct::{CopyStats, SendSpan};
 use staging::Staging;
 
@@ -175,12 +176,15 @@ enum LlpEnd {
 /// Private Buffers (region `i` = buffer `i`), the send [`Staging`]
 /// (regions [`staging::PAYLOAD_REGION`] and [`staging::HEADER_REGION`],
 /// read-only), and for the length of one call the caller's buffers
-/// ([`direct::SEND_FROM`], read-only; [`direct::RECV_INTO`]).
+/// ([`direct::SEND_FROM`], read-only; [`direct::RECV_INTO`];
+/// [`zcopy::SEND_ZCOPY`], read-only; [`zcopy::RECV_ZCOPY`]).
 pub struct LinkMemory<'a> {
     pool: &'a mut BufferPool,
     staging: &'a Staging,
     send_from: Option<&'a [u8]>,
     recv_into: Option<&'a mut [u8]>,
+    zc_send: Option<&'a [u8]>,
+    zc_recv: Option<&'a mut [u8]>,
 }
 
 impl Memory for LinkMemory<'_> {
@@ -188,6 +192,8 @@ impl Memory for LinkMemory<'_> {
         match id {
             direct::SEND_FROM => self.send_from,
             direct::RECV_INTO => self.recv_into.as_deref(),
+            zcopy::SEND_ZCOPY => self.zc_send,
+            zcopy::RECV_ZCOPY => self.zc_recv.as_deref(),
             _ => self
                 .staging
                 .region(id)
@@ -197,8 +203,9 @@ impl Memory for LinkMemory<'_> {
 
     fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
         match id {
-            direct::SEND_FROM => None,
+            direct::SEND_FROM | zcopy::SEND_ZCOPY => None,
             direct::RECV_INTO => self.recv_into.as_deref_mut(),
+            zcopy::RECV_ZCOPY => self.zc_recv.as_deref_mut(),
             _ if self.staging.region(id).is_some() => None,
             _ => self.pool.buffer_mut(id.0 as usize),
         }
@@ -236,6 +243,8 @@ pub struct Link {
     /// returned to it ([`Link::take_received_direct`]).
     received_direct: usize,
     stats: CopyStats,
+    /// Zcopy buffers lent and registrations ([`zcopy`]).
+    zc: zcopy::ZcopyLink,
 }
 
 impl Link {
@@ -257,6 +266,7 @@ impl Link {
             deferred: VecDeque::new(),
             received_direct: 0,
             stats: CopyStats::default(),
+            zc: zcopy::ZcopyLink::default(),
         }
     }
 
@@ -342,12 +352,37 @@ impl Link {
         send_from: Option<&'a [u8]>,
         recv_into: Option<&'a mut [u8]>,
     ) -> LinkMemory<'a> {
+        self.memory_lent(send_from, recv_into, None, None)
+    }
+
+    /// [`Link::memory`] with every kind of caller memory lent that is:
+    /// [`Link::memory_with`]'s and [`Link::memory_zcopy`]'s.
+    pub fn memory_lent<'a>(
+        &'a mut self,
+        send_from: Option<&'a [u8]>,
+        recv_into: Option<&'a mut [u8]>,
+        zc_send: Option<&'a [u8]>,
+        zc_recv: Option<&'a mut [u8]>,
+    ) -> LinkMemory<'a> {
         LinkMemory {
             pool: self.conn.pool_mut(),
             staging: &self.staging,
             send_from,
             recv_into,
+            zc_send,
+            zc_recv,
         }
+    }
+
+    /// [`Link::memory`] with the buffers of a Zcopy send
+    /// ([`Link::send_zcopy`]) and receive ([`Link::post_recv_zcopy`])
+    /// lent, as far as they are.
+    pub fn memory_zcopy<'a>(
+        &'a mut self,
+        zc_send: Option<&'a [u8]>,
+        zc_recv: Option<&'a mut [u8]>,
+    ) -> LinkMemory<'a> {
+        self.memory_lent(None, None, zc_send, zc_recv)
     }
 
     /// Payload bytes by the way they travelled (DESIGN §7).
@@ -415,6 +450,7 @@ impl Link {
         if n > 0 {
             self.send_span = Some(SendSpan {
                 span: end - n as u64..end,
+                region: direct::SEND_FROM,
             });
         }
         Ok(n)
@@ -426,7 +462,7 @@ impl Link {
     /// move there; the rest went to the socket during the call and was
     /// never copied.
     pub fn finish_direct(&mut self, data: &[u8], qp: &mut Connection) {
-        let Some(SendSpan { span }) = self.send_span.take() else {
+        let Some(SendSpan { span, .. }) = self.send_span.take() else {
             return;
         };
         let n = (span.end - span.start) as usize;
@@ -616,11 +652,14 @@ impl Link {
         }
         loop {
             let before = self.conn.credit_state();
-            let Some(op) = self.conn.poll_op() else {
-                break;
-            };
-            check(&before, &op);
-            self.execute(op, qp);
+            match self.conn.poll_work() {
+                None => break,
+                Some(Work::Op(op)) => {
+                    check(&before, &op);
+                    self.execute(op, qp);
+                }
+                Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp),
+            }
         }
         if !self.logged_close {
             if let Some(reason) = self.conn.close_reason() {
@@ -676,13 +715,18 @@ impl Link {
         match c.opcode {
             WcOpcode::Recv => {
                 let len = c.byte_len as usize;
-                self.conn.handle_event(
-                    now,
-                    Event::RecvDone {
-                        wr_id: WrId(c.wr_id),
+                let wr_id = WrId(c.wr_id);
+                let ev = match c.invalidated {
+                    // RFC 5040 §4.3: the peer invalidated our STag with
+                    // this message (a final RdmaRdCompl or RdmaWrCompl).
+                    Some(stag) => Event::RecvInvalidate {
+                        wr_id,
                         len,
+                        stag: stag.0,
                     },
-                );
+                    None => Event::RecvDone { wr_id, len },
+                };
+                self.conn.handle_event(now, ev);
             }
             WcOpcode::Send => {
                 if let Some((_, slot)) = self.sends.pop_front() {
@@ -695,7 +739,19 @@ impl Link {
                     },
                 );
             }
-            WcOpcode::Write | WcOpcode::Read => {}
+            // In Send Queue order with the Sends (RFC 5040 §5.5).
+            WcOpcode::Write => self.conn.handle_event(
+                now,
+                Event::WriteDone {
+                    wr_id: WrId(c.wr_id),
+                },
+            ),
+            WcOpcode::Read => self.conn.handle_event(
+                now,
+                Event::ReadDone {
+                    wr_id: WrId(c.wr_id),
+                },
+            ),
         }
     }
 
@@ -722,16 +778,7 @@ impl Link {
                 let slot = self.staging.alloc_header(&header);
                 let mut sges = Vec::with_capacity(4);
                 sges.push(self.staging.header_sge(slot, header.len()));
-                let (ring, lent) = match &self.send_span {
-                    Some(d) => d.split(payload),
-                    None => (payload, None),
-                };
-                if ring.end > ring.start {
-                    let (a, b) = self.staging.payload_sges(ring);
-                    sges.push(a);
-                    sges.extend(b);
-                }
-                sges.extend(lent);
+                self.payload_sges(payload, &mut sges);
                 let kind = match kind {
                     SendKind::Send => QpSendKind::Send,
                     SendKind::SendSe => QpSendKind::SendSe,

@@ -76,6 +76,7 @@ pub mod readiness;
 pub mod shared;
 #[cfg(any(test, feature = "testing"))]
 mod suspend;
+pub mod zcopy;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -90,7 +91,9 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 pub use iwarp::driver::{Endpoint, Progress};
 
-use crate::conn::{Config, CreditState, FlowControlMode, RecvFlags, SendFlags, Shutdown, State};
+use crate::conn::{
+    Config, CreditState, FlowControlMode, RecvFlags, SendFlags, Shutdown, State, ZcopyStats,
+};
 use crate::errno::Error;
 use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
@@ -424,6 +427,7 @@ impl SdpStream {
             bytes_received: conn.rx_total(),
             credits: conn.credit_state(),
             copies: g.link.copy_stats(),
+            zcopy: conn.zcopy_stats(),
         }
     }
 
@@ -463,6 +467,11 @@ impl SdpStream {
     pub fn send_flags(&self, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
         let shared = self.shared();
         let mut g = shared.lock();
+        if flags == SendFlags::EMPTY && zcopy::write_by_zcopy(&g, buf.len()) {
+            if let Some(r) = zcopy::write(&mut g, buf) {
+                return r;
+            }
+        }
         let deadline = g.write_timeout.map(|t| Instant::now() + t);
         let mut pumped = false;
         loop {
@@ -492,6 +501,11 @@ impl SdpStream {
         let shared = self.shared();
         let mut g = shared.lock();
         let mut got = 0;
+        if zcopy::read_by_zcopy(&g, buf.len(), flags) {
+            let r = zcopy::read(&mut g, buf, flags, &mut got);
+            g.reader_leaves(Instant::now(), &buf[got..]);
+            return r;
+        }
         let r = recv_loop(&mut g, buf, flags, &mut got);
         // A message that was landing in `buf[got..]` and is not whole goes
         // back to the Private Buffers.
@@ -698,6 +712,9 @@ pub struct StreamInfo {
     /// from the caller's buffer or staged, received straight into the
     /// reader's buffer or copied from a Private Buffer.
     pub copies: CopyStats,
+    /// Bytes by mechanism — Bcopy, Read Zcopy, Write Zcopy — and the
+    /// Zcopy messages sent ([`crate::stream::zcopy`]).
+    pub zcopy: ZcopyStats,
 }
 
 /// `config` with its receive Private Buffers shrunk, if need be, so that a

@@ -24,11 +24,23 @@
 //! while a poller sleeps writes the wake-up eventfd. When the progress
 //! thread finds the lock taken it leaves a *kick*; every holder checks it
 //! after unlocking and pumps again, so no socket edge is lost.
+//!
+//! # Zcopy
+//!
+//! A blocking call that lends its buffer for Zcopy ([`crate::link::zcopy`])
+//! becomes the **Zcopy owner** until the buffer's completion: only it
+//! reads or writes the socket, since the engine may place into or send
+//! from that buffer at any time. Everyone else's pump only drives the link
+//! (receives already in the Private Buffers can be read, credit updates
+//! get posted); a thread that must wait leaves the socket to the owner
+//! and sleeps on the condition variable, which the owner signals after
+//! each of its pumps.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
@@ -113,6 +125,22 @@ pub struct Inner {
     /// The socket reported hang-up (RDHUP, HUP or ERR) since the last
     /// pump: read past a short read (see [`Inner::pump`]).
     hangup_hint: bool,
+    /// The thread whose Zcopy buffer is lent (see the module docs).
+    zc_owner: Option<ThreadId>,
+    /// A Zcopy write waits for an idle Zcopy read to give the socket up:
+    /// reads do not post again meanwhile.
+    pub zc_writer_waiting: bool,
+}
+
+/// Caller memory lent to one pump.
+#[derive(Default)]
+struct Lend<'a> {
+    /// A waiting reader's buffer (Bcopy direct receive).
+    recv_into: Option<&'a mut [u8]>,
+    /// The Zcopy owner's pump, with its buffers.
+    zcopy: bool,
+    zc_send: Option<&'a [u8]>,
+    zc_recv: Option<&'a mut [u8]>,
 }
 
 impl Inner {
@@ -160,7 +188,69 @@ impl Inner {
         }
     }
 
-    fn pump_lent(&mut self, now: Instant, mut recv_into: Option<&mut [u8]>) -> bool {
+    fn pump_lent(&mut self, now: Instant, recv_into: Option<&mut [u8]>) -> bool {
+        self.pump_io(
+            now,
+            Lend {
+                recv_into,
+                ..Lend::default()
+            },
+        )
+    }
+
+    /// The Zcopy owner's pump (see the module docs), with its send buffer
+    /// ([`Link::send_zcopy`]) or receive buffer
+    /// ([`Link::post_recv_zcopy`]) lent.
+    pub fn pump_zcopy(
+        &mut self,
+        now: Instant,
+        zc_send: Option<&[u8]>,
+        zc_recv: Option<&mut [u8]>,
+    ) -> bool {
+        self.pump_io(
+            now,
+            Lend {
+                zcopy: true,
+                zc_send,
+                zc_recv,
+                ..Lend::default()
+            },
+        )
+    }
+
+    /// This thread's Zcopy buffer is lent from now on until
+    /// [`Inner::zcopy_end`]: only its pumps use the socket.
+    pub fn zcopy_begin(&mut self) {
+        self.zc_owner = Some(std::thread::current().id());
+    }
+
+    /// The Zcopy owner's call ends: anything still naming its memory goes
+    /// ([`Link::abandon_zcopy`]) and the socket is everyone's again.
+    pub fn zcopy_end(&mut self, now: Instant) {
+        self.link.abandon_zcopy(self.ep.connection_mut());
+        self.zc_owner = None;
+        self.pump(now);
+    }
+
+    /// The next finished Zcopy buffer ([`Link::poll_zcopy`]).
+    pub fn poll_zcopy(&mut self) -> Option<crate::conn::Completion> {
+        self.link.poll_zcopy(self.ep.connection_mut())
+    }
+
+    /// Whether another thread's Zcopy buffer is lent.
+    pub fn zcopy_elsewhere(&self) -> bool {
+        self.zc_owner
+            .is_some_and(|t| t != std::thread::current().id())
+    }
+
+    fn pump_io(&mut self, now: Instant, mut lend: Lend<'_>) -> bool {
+        if self.zc_owner.is_some() && !lend.zcopy {
+            // The socket is the Zcopy owner's: drive only.
+            self.link.drive(now, self.ep.connection_mut());
+            self.update_readiness();
+            return false;
+        }
+        let mut recv_into = lend.recv_into.take();
         let mut any = self.timers(now);
         // A short read means "drained" to the endpoint, but the peer's FIN
         // may wait behind the bytes it read: an edge-triggered event that
@@ -169,7 +259,12 @@ impl Inner {
         while !self.llp_end && !self.reset {
             let r = self.ep.pump_recv(
                 now,
-                &mut self.link.memory_with(None, recv_into.as_deref_mut()),
+                &mut self.link.memory_lent(
+                    None,
+                    recv_into.as_deref_mut(),
+                    lend.zc_send,
+                    lend.zc_recv.as_deref_mut(),
+                ),
             );
             match r {
                 Ok(Progress::Idle) => break,
@@ -200,7 +295,7 @@ impl Inner {
                 }
             }
         }
-        any |= self.pump_out_from(now, None, recv_into.as_deref());
+        any |= self.pump_out_lent(now, None, recv_into.as_deref(), lend.zcopy, lend.zc_send);
         any
     }
 
@@ -234,6 +329,25 @@ impl Inner {
         send_from: Option<&[u8]>,
         recv_into: Option<&[u8]>,
     ) -> bool {
+        self.pump_out_lent(now, send_from, recv_into, false, None)
+    }
+
+    /// [`Inner::pump_out_from`], for the Zcopy owner (`zcopy`) with its
+    /// send buffer.
+    fn pump_out_lent(
+        &mut self,
+        now: Instant,
+        send_from: Option<&[u8]>,
+        recv_into: Option<&[u8]>,
+        zcopy: bool,
+        zc_send: Option<&[u8]>,
+    ) -> bool {
+        if self.zc_owner.is_some() && !zcopy {
+            self.link
+                .drive_lent(now, self.ep.connection_mut(), recv_into);
+            self.update_readiness();
+            return false;
+        }
         let mut any = false;
         for _ in 0..64 {
             self.link
@@ -242,7 +356,7 @@ impl Inner {
             if !self.reset {
                 match self
                     .ep
-                    .pump_send(now, &self.link.memory_with(send_from, None))
+                    .pump_send(now, &self.link.memory_lent(send_from, None, zc_send, None))
                 {
                     Ok(Progress::Progressed) => progressed = true,
                     Ok(_) => {}
@@ -458,6 +572,8 @@ impl Shared {
             hangup_hint: false,
             sock: sock.clone(),
             id,
+            zc_owner: None,
+            zc_writer_waiting: false,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -636,7 +752,21 @@ impl<'a> Locked<'a> {
         };
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
-        if g.poller_active {
+        let zc_elsewhere = g.zcopy_elsewhere();
+        if zc_elsewhere {
+            // The socket is the Zcopy owner's: let it pump.
+            shared.cond.notify_all();
+            if g.poller_active && !g.wake_pending {
+                g.wake_pending = true;
+                let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+            }
+        } else if g.zc_owner.is_some() && g.poller_active && !g.wake_pending {
+            // We own the Zcopy buffer and another thread sleeps in poll:
+            // wake it so that it leaves the socket to us.
+            g.wake_pending = true;
+            let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+        }
+        if g.poller_active || zc_elsewhere {
             g.cond_waiters += 1;
             g = match timeout {
                 Some(t) => {
@@ -680,6 +810,11 @@ impl<'a> Locked<'a> {
         let mut g = shared.lock_inner();
         g.poller_active = false;
         shared.poller.store(false, Ordering::SeqCst);
+        if g.zc_owner.is_some() && g.cond_waiters > 0 {
+            // They may read what the owner's pump brings, or take the
+            // socket over.
+            shared.cond.notify_all();
+        }
         if g.wake_pending {
             let mut buf = [0u8; 8];
             let _ = rustix::io::read(&shared.wake, &mut buf);

@@ -1,0 +1,338 @@
+//! Zero copy through the engine: the [`RdmaOp`]s of the Read Zcopy and
+//! Write Zcopy mechanisms (draft §9.2, §9.3) carried out on the iWARP
+//! connection (RFC 5040 §4.3 Send with Invalidate, §5.1 RDMA Write, §5.2
+//! RDMA Read, §8.1.1 memory protection).
+//!
+//! The application buffers are lent for the length of one blocking call,
+//! like the Bcopy copy budget's ([`super::direct`]):
+//!
+//! * **Send** ([`Link::send_zcopy`]): the caller's buffer is region
+//!   [`SEND_ZCOPY`] of [`super::LinkMemory`] until its
+//!   [`Completion::Sent`] — the call does not return before it. The
+//!   SrcAvail's buffer is registered there for remote read (the peer's
+//!   RDMA Read Responses come straight from it), RDMA Writes into the
+//!   peer's SinkAvail buffers gather from it, and so do the Data Messages
+//!   of a SrcAvail's payload or of the rest after a SendSm.
+//! * **Receive** ([`Link::post_recv_zcopy`]): the reader's buffer is
+//!   region [`RECV_ZCOPY`] until its [`Completion::Received`]: the target
+//!   of our RDMA Reads of the peer's SrcAvail buffer (registered for local
+//!   write), or the buffer a SinkAvail advertises (registered for remote
+//!   write). Tagged payload goes from the socket straight into it.
+//!
+//! Only the call that lent the memory may pump the socket meanwhile (the
+//! stream layer keeps everyone else off it): the engine would otherwise
+//! place into, or send from, a region that is not there — a local
+//! catastrophic error, never a stray byte.
+//!
+//! Registrations are scoped to the stream (RFC 5040 §8.1.1 item 7), so
+//! that the peer's final RdmaRdCompl or RdmaWrCompl, a Send with SE and
+//! Invalidate, may invalidate them (§9.2, §9.3); the connection
+//! deregisters each one when it is done with it, and the call's end
+//! removes anything left before the memory goes.
+
+use core::ops::Range;
+use std::time::Instant;
+
+use iwarp::engine::{Connection, Payload, ReadWr, Sge, WriteWr};
+use iwarp::mem::{Access as MemAccess, MrAttrs, RegionId, Scope};
+use iwarp::wire::ddp::Stag;
+
+use super::direct::SendSpan;
+use super::Link;
+use crate::conn::{Completion, RecvFlags};
+use crate::errno::Error;
+use crate::verbs::{Access, Event, MemId, Memory, RdmaOp, RecvId, SendId};
+
+/// The caller's buffer during a Zcopy send (read-only).
+pub const SEND_ZCOPY: RegionId = RegionId(u32::MAX - 4);
+/// The reader's buffer during a Zcopy receive.
+pub const RECV_ZCOPY: RegionId = RegionId(u32::MAX - 5);
+
+/// One registration of the connection's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reg {
+    mem: MemId,
+    stag: Stag,
+    /// The posted receive buffer it names, if any.
+    recv: Option<RecvId>,
+}
+
+/// The Zcopy state of a link: the buffers lent and the registrations.
+#[derive(Debug, Default)]
+pub(crate) struct ZcopyLink {
+    /// The send buffer lent for a blocking write, until its completion.
+    send: Option<(SendId, SendSpan)>,
+    /// The receive buffer lent for a blocking read, until its completion.
+    recv: Option<(RecvId, u32)>,
+    regs: Vec<Reg>,
+}
+
+impl ZcopyLink {
+    /// The send stream bytes in the caller's buffer, if a Zcopy send is
+    /// under way.
+    pub(crate) fn send_span(&self) -> Option<&SendSpan> {
+        self.send.as_ref().map(|(_, s)| s)
+    }
+}
+
+impl Link {
+    /// Hands `len` bytes, the caller's buffer, to the connection as one
+    /// ULP send buffer ([`crate::conn::Conn::send_zcopy`]): larger than
+    /// the Bcopy Threshold they go by Read or Write Zcopy. The buffer is
+    /// region [`SEND_ZCOPY`] until [`Link::poll_zcopy`] returns its
+    /// [`Completion::Sent`]: pump only with it lent
+    /// ([`Link::memory_zcopy`]). EAGAIN while another one is under way.
+    pub fn send_zcopy(&mut self, len: usize, deadline: Option<Instant>) -> Result<SendId, Error> {
+        if self.zc.send.is_some() || self.send_span.is_some() {
+            return Err(Error::WouldBlock);
+        }
+        let id = self.conn.send_zcopy(len as u64, deadline)?;
+        let end = self.conn.tx().accepted();
+        self.zc.send = Some((
+            id,
+            SendSpan {
+                span: end.saturating_sub(len as u64)..end,
+                region: SEND_ZCOPY,
+            },
+        ));
+        Ok(id)
+    }
+
+    /// Posts the reader's buffer of `len` bytes
+    /// ([`crate::conn::Conn::post_recv`]): RDMA Reads of the peer's
+    /// SrcAvail land in it, or a SinkAvail advertises it. It is region
+    /// [`RECV_ZCOPY`] until [`Link::poll_zcopy`] returns its
+    /// [`Completion::Received`]. EAGAIN while another one is posted.
+    pub fn post_recv_zcopy(
+        &mut self,
+        len: u32,
+        flags: RecvFlags,
+        deadline: Option<Instant>,
+    ) -> Result<RecvId, Error> {
+        if self.zc.recv.is_some() {
+            return Err(Error::WouldBlock);
+        }
+        let id = self.conn.post_recv(len, flags, deadline)?;
+        self.zc.recv = Some((id, len));
+        Ok(id)
+    }
+
+    /// Takes the posted buffer back ([`crate::conn::Conn::cancel_recv`]):
+    /// its completion follows, at once if it was not in use.
+    pub fn cancel_recv_zcopy(&mut self) -> bool {
+        match self.zc.recv {
+            Some((id, _)) => self.conn.cancel_recv(id),
+            None => false,
+        }
+    }
+
+    /// Whether a Zcopy send or receive buffer is lent.
+    pub fn zcopy_lent(&self) -> bool {
+        self.zc.send.is_some() || self.zc.recv.is_some()
+    }
+
+    /// The next finished ULP buffer ([`crate::conn::Conn::poll_completion`]).
+    /// A buffer of ours that finished is no longer lent: whatever still
+    /// names its memory is removed.
+    pub fn poll_zcopy(&mut self, qp: &mut Connection) -> Option<Completion> {
+        let c = self.conn.poll_completion()?;
+        match c {
+            Completion::Sent { id, .. } if self.zc.send.as_ref().is_some_and(|s| s.0 == id) => {
+                self.end_send_zcopy(qp);
+            }
+            Completion::Received { id, .. } if self.zc.recv.is_some_and(|r| r.0 == id) => {
+                self.end_recv_zcopy(qp);
+            }
+            _ => {}
+        }
+        Some(c)
+    }
+
+    /// The call that lent a buffer ends without its completion (the
+    /// connection failed): nothing may name the memory any more. With the
+    /// connection still up that breaks its promises to the peer, so it is
+    /// aborted.
+    pub fn abandon_zcopy(&mut self, qp: &mut Connection) {
+        if !self.zcopy_lent() {
+            return;
+        }
+        if self.is_connected() {
+            self.log("Zcopy buffer taken back before its completion".to_string());
+            self.conn.abort();
+        }
+        self.end_send_zcopy(qp);
+        self.end_recv_zcopy(qp);
+    }
+
+    fn end_send_zcopy(&mut self, qp: &mut Connection) {
+        if self.zc.send.take().is_none() {
+            return;
+        }
+        self.drop_region_regs(qp, SEND_ZCOPY);
+        if qp.region_low_water(SEND_ZCOPY).is_some() {
+            // Queued work still refers to the buffer (a peer that
+            // acknowledged bytes it had not read): it cannot be sent.
+            self.log("Zcopy send buffer still referred to at its completion".to_string());
+            self.conn.abort();
+        }
+    }
+
+    fn end_recv_zcopy(&mut self, qp: &mut Connection) {
+        if self.zc.recv.take().is_some() {
+            self.drop_region_regs(qp, RECV_ZCOPY);
+        }
+    }
+
+    /// Deregisters whatever names `region`.
+    fn drop_region_regs(&mut self, qp: &mut Connection, region: RegionId) {
+        let mut i = 0;
+        while let Some(r) = self.zc.regs.get(i).copied() {
+            let here = qp
+                .datapath()
+                .registry()
+                .get(r.stag)
+                .is_some_and(|mr| mr.region == region);
+            if here {
+                let _ = qp.deregister(r.stag);
+                self.zc.regs.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Carries out one [`RdmaOp`]. A registration is answered at once
+    /// with [`Event::Registered`] (the verbs contract).
+    pub(super) fn execute_rdma(&mut self, now: Instant, op: RdmaOp, qp: &mut Connection) {
+        match op {
+            RdmaOp::Register {
+                mem,
+                memory,
+                access,
+            } => match self.register(mem, &memory, access, qp) {
+                Some(stag) => self.conn.handle_event(
+                    now,
+                    Event::Registered {
+                        mem,
+                        stag: stag.0,
+                        to: 0,
+                    },
+                ),
+                None => {
+                    self.log(format!("cannot register {memory:?}"));
+                    self.conn.abort();
+                }
+            },
+            RdmaOp::Read {
+                wr_id,
+                stag,
+                to,
+                len,
+                into,
+                offset,
+            } => {
+                let local = self.zc.regs.iter().find(|r| r.recv == Some(into));
+                let posted = local.and_then(|r| {
+                    qp.post_read(ReadWr {
+                        wr_id: wr_id.0,
+                        local_stag: r.stag,
+                        local_to: u64::from(offset),
+                        remote_stag: Stag(stag),
+                        remote_to: to,
+                        len,
+                        signaled: true,
+                    })
+                    .ok()
+                });
+                if posted.is_none() && qp.datapath().error().is_none() {
+                    self.log("RDMA Read refused".to_string());
+                    self.conn.abort();
+                }
+            }
+            RdmaOp::Write {
+                wr_id,
+                stag,
+                to,
+                payload,
+            } => {
+                let mut sges = Vec::with_capacity(2);
+                self.payload_sges(payload, &mut sges);
+                let wr = WriteWr {
+                    wr_id: wr_id.0,
+                    remote_stag: Stag(stag),
+                    remote_to: to,
+                    payload: Payload::Sges(sges),
+                    signaled: true,
+                };
+                if qp.post_write(wr).is_err() && qp.datapath().error().is_none() {
+                    self.log("RDMA Write refused".to_string());
+                    self.conn.abort();
+                }
+            }
+            RdmaOp::Deregister { mem } => {
+                if let Some(i) = self.zc.regs.iter().position(|r| r.mem == mem) {
+                    let r = self.zc.regs.remove(i);
+                    // Invalidated by the peer already (Send with
+                    // Invalidate) or not: it goes either way.
+                    let _ = qp.deregister(r.stag);
+                }
+            }
+        }
+    }
+
+    /// Registers `memory`; `None` if it is not lent (a connection asking
+    /// for memory nobody handed it).
+    fn register(
+        &mut self,
+        mem: MemId,
+        memory: &Memory,
+        access: Access,
+        qp: &mut Connection,
+    ) -> Option<Stag> {
+        let (region, offset, len, recv) = match memory {
+            Memory::Stream(range) => {
+                let span = &self.zc.send_span()?.span;
+                if range.start < span.start || range.end > span.end || range.is_empty() {
+                    return None;
+                }
+                let offset = usize::try_from(range.start - span.start).ok()?;
+                (SEND_ZCOPY, offset, range.end - range.start, None)
+            }
+            Memory::Recv { id, len } => {
+                let (lent, size) = self.zc.recv?;
+                if lent != *id || *len > size || *len == 0 {
+                    return None;
+                }
+                (RECV_ZCOPY, 0, u64::from(*len), Some(*id))
+            }
+        };
+        let rights = match access {
+            Access::Local => MemAccess::LOCAL_WRITE,
+            Access::RemoteRead => MemAccess::REMOTE_READ,
+            Access::RemoteWrite => MemAccess::REMOTE_WRITE,
+        };
+        // Scoped to this stream: the peer's Send with Invalidate may
+        // invalidate it (RFC 5040 §8.1.1 item 7; draft §9.2, §9.3).
+        let attrs = MrAttrs::new(qp.datapath().pd(), rights).with_scope(Scope::Stream);
+        let stag = qp.register_with(region, offset, len, attrs).ok()?;
+        self.zc.regs.push(Reg { mem, stag, recv });
+        Some(stag)
+    }
+
+    /// The gather list of the send stream bytes `payload`: older bytes
+    /// from the staging ring, the rest from the caller's buffer of a
+    /// direct or Zcopy send.
+    pub(super) fn payload_sges(&self, payload: Range<u64>, sges: &mut Vec<Sge>) {
+        let span = self.send_span.as_ref().or(self.zc.send_span());
+        let (ring, lent) = match span {
+            Some(d) => d.split(payload),
+            None => (payload, None),
+        };
+        if ring.end > ring.start {
+            let (a, b) = self.staging.payload_sges(ring);
+            sges.push(a);
+            sges.extend(b);
+        }
+        sges.extend(lent);
+    }
+}
