@@ -1170,6 +1170,18 @@ impl Conn {
         })
     }
 
+    /// The Accepting Peer's HelloAck parameters take effect (§8.1.1
+    /// step 7): its Bufs as our send credits, IRD/ORD, minor version.
+    fn take_hello_ack(&mut self, peer: PeerParams) {
+        // §6.2.2: "MSeq = set to zero and not checked on receive".
+        self.credits.hello_ack_received(peer.bufs);
+        let (ird, ord) = setup::adjust_ird_ord(&self.config, &peer);
+        self.ird = ird;
+        self.ord = ord;
+        self.minor = setup::minor_version(&peer);
+        self.peer = Some(peer);
+    }
+
     fn on_message(&mut self, now: Instant, buf: usize, msg: Received, invalidated: Option<u32>) {
         if self.resuming {
             return self.on_resumed_hello_ack(buf, &msg);
@@ -1179,13 +1191,7 @@ impl Conn {
                 let Some(peer) = msg.hello_ack else {
                     return self.violation(Violation::UnexpectedMessage(msg.mid));
                 };
-                // §6.2.2: "MSeq = set to zero and not checked on receive".
-                self.credits.hello_ack_received(peer.bufs);
-                let (ird, ord) = setup::adjust_ird_ord(&self.config, &peer);
-                self.ird = ird;
-                self.ord = ord;
-                self.minor = setup::minor_version(&peer);
-                self.peer = Some(peer);
+                self.take_hello_ack(peer);
                 // §8.1.1 step 7e: Combined Mode, data may flow.
                 self.state = State::Connected;
                 self.repost(buf, PostKind::Fresh);

@@ -260,12 +260,7 @@ impl Conn {
         let Some(peer) = msg.hello_ack else {
             return self.violation(Violation::UnexpectedMessage(msg.mid));
         };
-        self.credits.hello_ack_received(peer.bufs);
-        let (ird, ord) = setup::adjust_ird_ord(&self.config, &peer);
-        self.ird = ird;
-        self.ord = ord;
-        self.minor = setup::minor_version(&peer);
-        self.peer = Some(peer);
+        self.take_hello_ack(peer);
         self.resuming = false;
         self.repost(buf, PostKind::Fresh);
     }
