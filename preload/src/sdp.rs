@@ -226,6 +226,16 @@ pub trait SdpEndpoint: Send + Sync {
     fn kernel_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Blocks the calling thread in the endpoint's own wait until `recv`
+    /// (`events` `POLLIN`) or `send` (`POLLOUT`) may make progress:
+    /// `Some(Ok(()))` to try the call again, `Some(Err(EAGAIN))` once
+    /// `deadline` passed, `Some(Err(EINTR))` when a signal handler ran.
+    /// `None`: no such wait now (another thread waits, or no stream); the
+    /// hooks sleep on [`SdpEndpoint::wake_fd`] and
+    /// [`SdpEndpoint::kernel_fd`] instead.
+    fn wait(&self, _events: i16, _deadline: Option<Instant>) -> Option<Result<(), Errno>> {
+        None
+    }
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}

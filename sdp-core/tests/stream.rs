@@ -450,3 +450,53 @@ fn bulk_transfer_counts_its_copies() {
         "{rx:?}"
     );
 }
+
+#[test]
+fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
+    use sdp_core::stream::{Interest, Waited};
+    let (mut a, b) = pair();
+    b.set_nonblocking(true).unwrap();
+    // Nothing to read: the deadline ends the wait.
+    let soon = Instant::now() + Duration::from_millis(20);
+    assert_eq!(
+        b.wait_ready(Interest::Read, Some(soon)).unwrap(),
+        Waited::Woken
+    );
+    assert_eq!(
+        b.wait_ready(Interest::Read, Some(soon)).unwrap(),
+        Waited::TimedOut
+    );
+    // A send of a fresh stream is ready at once.
+    assert_eq!(b.wait_ready(Interest::Write, None).unwrap(), Waited::Woken);
+    // A waiter sleeping in poll is the poller: a second one is told Busy.
+    let waiter = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 5 {
+                match b.wait_ready(Interest::Read, None).unwrap() {
+                    Waited::Woken => {}
+                    // The test thread is polling for a moment.
+                    Waited::Busy => std::thread::yield_now(),
+                    Waited::TimedOut => panic!("no deadline was given"),
+                }
+                let mut buf = [0u8; 16];
+                match b.recv_flags(&mut buf, sdp_core::conn::RecvFlags::EMPTY) {
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+                }
+            }
+            got
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut saw_busy = false;
+    while !saw_busy && Instant::now() < until {
+        let soon = Some(Instant::now() + Duration::from_millis(1));
+        saw_busy = b.wait_ready(Interest::Read, soon).unwrap() == Waited::Busy;
+        std::thread::yield_now();
+    }
+    assert!(saw_busy, "the sleeping waiter was never the poller");
+    a.write_all(b"hello").unwrap();
+    assert_eq!(waiter.join().unwrap(), b"hello");
+}

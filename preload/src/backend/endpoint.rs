@@ -2,8 +2,13 @@
 //! `sdp_core::stream::SdpStream` ([`SdpEndpoint`] for the hooks).
 //!
 //! The stream is used in its nonblocking mode: the hooks do the blocking,
-//! timeouts and signals, and sleep on the wake fd, the stream's readiness
-//! descriptor (a socket pair end whose `POLLIN`/`POLLOUT` are exact). A
+//! timeouts and signals. A blocked call sleeps in the stream's own wait
+//! ([`SdpStream::wait_ready`]: on the socket, as the stream's poller, so
+//! the progress thread keeps off and no readiness descriptor is kept up
+//! to date for it), outside the fork gate. poll, select and epoll use the
+//! wake fd, the stream's readiness descriptor (a socket pair end whose
+//! `POLLIN`/`POLLOUT` are exact), made only when first asked for: each
+//! change of its levels costs system calls on every message. A
 //! nonblocking connect hands the wake fd out before the stream exists; the
 //! stream adopts it once its setup succeeded.
 //!
@@ -22,11 +27,11 @@ use crate::sdp::{
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::SdpStream;
+use sdp_core::stream::{Interest, SdpStream, Waited};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Where the connection stands.
@@ -54,8 +59,9 @@ pub enum State {
 pub struct Ep {
     state: Mutex<State>,
     own: Ownership,
-    /// The readiness descriptor (our duplicate), stable for the Ep's life.
-    wake: OwnedFd,
+    /// The readiness descriptor (our duplicate), stable for the Ep's life
+    /// once made (see the module documentation).
+    wake: OnceLock<OwnedFd>,
     /// The application's fd number (for a fallback to TCP).
     fd: RawFd,
     /// The stream's own socket descriptor, once connected (-1 before).
@@ -96,9 +102,8 @@ impl Ep {
     /// An established stream (blocking connect, accept).
     pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
         stream.set_nonblocking(true)?;
-        let wake = stream.readiness_fd()?.try_clone_to_owned()?;
         let sock = stream.socket_fd();
-        let ep = Ep::with(State::Connected(stream), wake, fd);
+        let ep = Ep::with(State::Connected(stream), None, fd);
         ep.sock.store(sock, Ordering::Relaxed);
         Ok(ep)
     }
@@ -112,16 +117,20 @@ impl Ep {
             State::Connecting {
                 levels: Some(levels),
             },
-            wake,
+            Some(wake),
             fd,
         ))
     }
 
-    fn with(state: State, wake: OwnedFd, fd: RawFd) -> Ep {
+    fn with(state: State, wake: Option<OwnedFd>, fd: RawFd) -> Ep {
+        let cell = OnceLock::new();
+        if let Some(w) = wake {
+            let _ = cell.set(w);
+        }
         Ep {
             state: Mutex::new(state),
             own: Ownership::new(),
-            wake,
+            wake: cell,
             fd,
             connector: Mutex::new(None),
             sock: AtomicI32::new(-1),
@@ -367,10 +376,56 @@ impl SdpEndpoint for Ep {
 
     fn wake_fd(&self) -> WakeFd {
         let _g = fdtable::enter_gate();
-        if matches!(*self.lock(), State::FellBack) {
+        let st = self.lock();
+        if matches!(*st, State::FellBack) {
             return self.fd;
         }
-        self.wake.as_raw_fd()
+        if let Some(w) = self.wake.get() {
+            return w.as_raw_fd();
+        }
+        let made = match &*st {
+            State::Connected(s) => s.readiness_fd().and_then(|fd| fd.try_clone_to_owned()),
+            _ => Err(io::Error::other("no stream")),
+        };
+        match made {
+            Ok(w) => {
+                let _ = self.wake.set(w);
+                self.wake.get().map_or(self.fd, |w| w.as_raw_fd())
+            }
+            Err(e) => {
+                // Only a connected stream comes without one; out of
+                // descriptors, the kernel socket is the nearest thing.
+                crate::log!(
+                    Level::Error,
+                    "fd {}: cannot make the readiness descriptor: {e}",
+                    self.fd
+                );
+                self.fd
+            }
+        }
+    }
+
+    fn wait(&self, events: i16, deadline: Option<Instant>) -> Option<Result<(), Errno>> {
+        let stream = {
+            let _g = fdtable::enter_gate();
+            match self.access() {
+                Access::Stream(s) => s,
+                _ => return None,
+            }
+        };
+        // Outside the gate: a fork goes ahead while this thread sleeps
+        // (the child forgets it, `fork_child`).
+        let interest = if events & libc::POLLOUT != 0 {
+            Interest::Write
+        } else {
+            Interest::Read
+        };
+        match stream.wait_ready(interest, deadline) {
+            Ok(Waited::Woken) => Some(Ok(())),
+            Ok(Waited::TimedOut) => Some(Err(libc::EAGAIN)),
+            Ok(Waited::Busy) => None,
+            Err(e) => Some(Err(errno_of(&e))),
+        }
     }
 
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
@@ -602,6 +657,9 @@ impl SdpEndpoint for Ep {
         self.own.fork_child();
         // A connect under way goes on in the parent (its service thread).
         let mut st = self.lock();
+        if let State::Connected(s) = &*st {
+            s.forget_waiters();
+        }
         if matches!(*st, State::Connecting { .. }) {
             self.own.lose();
             *st = State::Failed {

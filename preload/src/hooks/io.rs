@@ -200,6 +200,21 @@ pub fn wait(
     }
 }
 
+/// A blocked `recv` (`POLLIN`) or `send` (`POLLOUT`) sleeps: in the
+/// endpoint's own wait when it has one now, else on its wake fd and
+/// kernel socket ([`wait`]).
+fn wait_endpoint(h: &StreamHandle, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
+    match h.endpoint.wait(events, deadline) {
+        Some(r) => r,
+        None => wait(
+            h.endpoint.wake_fd(),
+            events,
+            h.endpoint.kernel_fd(),
+            deadline,
+        ),
+    }
+}
+
 fn publish_stats(fd: c_int, h: &StreamHandle) {
     fdtable::publish_stats(fd, &h.endpoint.stats());
 }
@@ -233,6 +248,15 @@ fn sdp_recv_inner(
         timeout(fd, h, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
+    // A blocking receive waits first: what is held or in the socket ends
+    // the wait at once, and when nothing is, a nonblocking read of the
+    // socket before it would only say EAGAIN.
+    if !dontwait && !rflags.oob && total > 0 {
+        // Past the deadline the read below still takes what came.
+        if let Some(Err(libc::EINTR)) = h.endpoint.wait(libc::POLLIN, deadline) {
+            return fail(libc::EINTR);
+        }
+    }
     let result = loop {
         match h.endpoint.recv(bufs, rflags) {
             Ok(0) => break Ok(done),
@@ -245,8 +269,7 @@ fn sdp_recv_inner(
             }
             // Urgent data is never waited for (TCP answers at once).
             Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
-                let kernel = h.endpoint.kernel_fd();
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLIN, kernel, deadline) {
+                if let Err(e) = wait_endpoint(h, libc::POLLIN, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
@@ -301,8 +324,7 @@ fn sdp_send_inner(
                 IoSlice::advance_slices(&mut bufs, n);
             }
             Err(e) if e == libc::EAGAIN && !dontwait => {
-                let kernel = h.endpoint.kernel_fd();
-                if let Err(e) = wait(h.endpoint.wake_fd(), libc::POLLOUT, kernel, deadline) {
+                if let Err(e) = wait_endpoint(h, libc::POLLOUT, deadline) {
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }

@@ -256,6 +256,26 @@ fn pump_reader(g: &mut Locked<'_>, lend: bool, buf: &mut [u8]) -> usize {
     }
 }
 
+/// What [`SdpStream::wait_ready`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interest {
+    /// A read would make progress.
+    Read,
+    /// A write would take a byte.
+    Write,
+}
+
+/// How [`SdpStream::wait_ready`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// Ready, or something changed: try the call again.
+    Woken,
+    /// The deadline passed.
+    TimedOut,
+    /// Another thread waits on the stream already.
+    Busy,
+}
+
 /// An SDP connection; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct SdpStream {
@@ -429,6 +449,47 @@ impl SdpStream {
             copies: g.link.copy_stats(),
             zcopy: conn.zcopy_stats(),
         }
+    }
+
+    /// Blocks the calling thread until a read ([`Interest::Read`]) or a
+    /// write ([`Interest::Write`]) may make progress, whatever the
+    /// stream's nonblocking mode: for a caller that does its own blocking
+    /// (timeouts, signals) around nonblocking calls, such as the preload.
+    /// The thread waits as the stream's poller (see [`shared`]): in
+    /// `poll(2)` on the socket itself, with the progress thread keeping
+    /// off, and the call that follows reads the socket — no readiness
+    /// descriptor and no hand-off on the way.
+    ///
+    /// [`Waited::Woken`] when it may be ready (the caller tries its call
+    /// again; it may find nothing yet), [`Waited::TimedOut`] once
+    /// `deadline` passed, [`Waited::Busy`] at once when another thread
+    /// waits on the stream already (the caller then waits on
+    /// [`SdpStream::readiness_fd`]); `Err(Interrupted)` when a signal
+    /// interrupted the sleep.
+    pub fn wait_ready(&self, interest: Interest, deadline: Option<Instant>) -> io::Result<Waited> {
+        let mut g = self.shared().lock();
+        let ready = match interest {
+            Interest::Read => g.link.readable(),
+            Interest::Write => g.link.writable(),
+        };
+        if ready {
+            return Ok(Waited::Woken);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Waited::TimedOut);
+        }
+        if g.waits_elsewhere() {
+            return Ok(Waited::Busy);
+        }
+        g.wait_interruptible(deadline)?;
+        Ok(Waited::Woken)
+    }
+
+    /// In a child of `fork`, before it uses the stream: marks left by
+    /// threads of the parent that waited on the stream during the fork
+    /// (they are not in the child) are cleared.
+    pub fn forget_waiters(&self) {
+        self.shared().forget_waiters();
     }
 
     /// Blocks until setup finished; its error if it failed.

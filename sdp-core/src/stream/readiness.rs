@@ -58,6 +58,11 @@ impl Readiness {
         Ok(r)
     }
 
+    /// Whether the descriptor is readable now.
+    pub fn is_readable(&self) -> bool {
+        self.readable
+    }
+
     /// The descriptor to poll.
     pub fn user_fd(&self) -> BorrowedFd<'_> {
         self.user.as_fd()
@@ -107,11 +112,16 @@ fn write_all_once(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
     }
 }
 
+/// Empties the receive queue of `fd`, whose peer end only this process
+/// writes, under the stream's lock: a read that returns less than the
+/// buffer took everything (a stream socket hands over all it has), so no
+/// second read to see `EAGAIN`.
 fn drain(fd: impl AsFd) -> io::Result<()> {
     let mut buf = [0u8; 4096];
     loop {
         match rustix::io::read(&fd, &mut buf) {
-            Ok(0) | Err(Errno::AGAIN) => return Ok(()),
+            Ok(n) if n < buf.len() => return Ok(()),
+            Err(Errno::AGAIN) => return Ok(()),
             Ok(_) | Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

@@ -473,8 +473,10 @@ impl Inner {
             let rx = self.link.conn().rx_total();
             let arrived = rx != self.rx_seen;
             self.rx_seen = rx;
+            let was = r.is_readable();
             let _ = r.set(self.link.readable(), self.link.writable());
-            if arrived {
+            // Turning readable is the arrival's edge already: one write.
+            if arrived && was {
                 let _ = r.renew_readable();
             }
         }
@@ -713,6 +715,19 @@ impl Shared {
         g.released && g.finished(now)
     }
 
+    /// In a child of `fork` (its only thread): threads of the parent that
+    /// were waiting on the stream did not come along, so their marks go.
+    pub fn forget_waiters(&self) {
+        let mut g = self.lock_inner();
+        g.poller_active = false;
+        g.cond_waiters = 0;
+        self.poller.store(false, Ordering::SeqCst);
+        if std::mem::take(&mut g.wake_pending) {
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&self.wake, &mut buf);
+        }
+    }
+
     fn publish_deadline(&self, g: &Inner) -> bool {
         let new = encode(g.next_deadline(None));
         let old = self.deadline.swap(new, Ordering::Relaxed);
@@ -746,6 +761,25 @@ impl<'a> Locked<'a> {
     /// changed, `deadline` passed, or a timer of the link is due; see the
     /// module documentation. The caller pumps afterwards.
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+        self.wait_as(deadline, false)
+    }
+
+    /// [`Locked::wait`], but a signal that interrupts the sleep in
+    /// `poll(2)` ends it with [`io::ErrorKind::Interrupted`] (as a blocking
+    /// socket call's `EINTR`), for a caller that reports it.
+    pub fn wait_interruptible(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+        self.wait_as(deadline, true)
+    }
+
+    /// Another thread is the poller, or owns the socket for Zcopy: a wait
+    /// now would sleep on the condition variable.
+    pub fn waits_elsewhere(&self) -> bool {
+        self.guard
+            .as_ref()
+            .is_some_and(|g| g.poller_active || g.zcopy_elsewhere())
+    }
+
+    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
         let shared = self.shared;
         let Some(mut g) = self.guard.take() else {
             return Ok(());
@@ -803,7 +837,8 @@ impl<'a> Locked<'a> {
                 PollFd::new(&shared.wake, PollFlags::IN),
             ];
             match poll(&mut fds, ts.as_ref()) {
-                Ok(_) | Err(Errno::INTR) => Ok(()),
+                Ok(_) => Ok(()),
+                Err(Errno::INTR) if !interruptible => Ok(()),
                 Err(e) => Err(e.into()),
             }
         };
