@@ -321,7 +321,9 @@ fn mechanisms(bytes: u64, rounds: u64) -> io::Result<bool> {
         }
         println!("{line}");
     }
-    println!("! the mechanism carried < 90 % of the bytes; - it does not apply at this size (§9.5.1)");
+    println!(
+        "! the mechanism carried < 90 % of the bytes; - it does not apply at this size (§9.5.1)"
+    );
     Ok(ok)
 }
 
