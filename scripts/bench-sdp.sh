@@ -5,6 +5,10 @@
 #
 #   scripts/bench-sdp.sh                      defaults: 2 GiB, 20000 round trips, 3 rounds
 #   scripts/bench-sdp.sh --bytes N --iters N --rounds N
+#   scripts/bench-sdp.sh --mechanisms [--bytes N] [--rounds N]
+#       throughput by write size (4 KiB .. 16 MiB) over TCP, Bcopy, Read
+#       Zcopy and Write Zcopy, with the ratios to TCP and the share of the
+#       bytes each mechanism really carried (defaults: 256 MiB, 2 rounds)
 #
 # Each measurement alternates TCP and SDP and keeps the best round, so that
 # other load on the machine hits both alike. The servers run as child

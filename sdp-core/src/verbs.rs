@@ -248,7 +248,9 @@ pub enum Access {
     Local,
     /// The peer may RDMA Read it (SrcAvail).
     RemoteRead,
-    /// The peer may RDMA Write it (SinkAvail).
+    /// The peer may RDMA Write it (SinkAvail); we may write it too (an
+    /// RDMA Read of a SrcAvail that came before the SinkAvail could go
+    /// lands in it through the same registration).
     RemoteWrite,
 }
 

@@ -7,17 +7,45 @@
 //! ```text
 //! sdp-bench [--bytes N] [--iters N] [--rounds N]
 //! sdp-bench --latency-only tcp|sdp [--iters N]     (for profiling)
-//! sdp-bench --throughput-only tcp|sdp [--bytes N]
+//! sdp-bench --throughput-only tcp|sdp [--bytes N] [--mechanism bcopy|read|write --size N]
+//! sdp-bench --mechanisms [--bytes N] [--rounds N]
 //! ```
 //!
 //! Prints one line per measurement and the ratios SDP/TCP.
+//!
+//! `--mechanisms` sweeps the write size (4 KiB to 16 MiB, the reader's
+//! buffer the same size) over kernel TCP and SDP by Bcopy, Read Zcopy
+//! (§9.2) and Write Zcopy (§9.3), alternating them in each round, and
+//! prints Gbit/s and the ratios to TCP. Each SDP figure says which share
+//! of the bytes the named mechanism carried, from the stream's counters;
+//! a mechanism that carried less than 90 % is flagged (Zcopy needs buffers
+//! larger than the receive Private Buffer, 64 KiB: §9.5.1 for SinkAvail; a
+//! SrcAvail's payload carries a smaller one whole).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use sdp_core::conn::Config;
+use sdp_core::stream::zcopy::ZcopyMode;
 use sdp_core::stream::{SdpListener, SdpStream};
+
+/// Bcopy Threshold of the Zcopy configurations: the sweep's writes and
+/// reads (4 KiB and up) are larger, its 9-byte request is not.
+const ZC_THRESHOLD: u64 = 4095;
+
+/// The SDP configuration of a mechanism (`bcopy`, `read`, `write`).
+fn mechanism_config(mech: &str) -> Config {
+    let mode = match mech {
+        "read" => ZcopyMode::Read,
+        "write" => ZcopyMode::Write,
+        _ => ZcopyMode::Off,
+    };
+    let mut c = Config::default();
+    mode.apply(&mut c, ZC_THRESHOLD);
+    c
+}
 
 const WRITE: usize = 64 * 1024;
 const PING: usize = 64;
@@ -51,7 +79,8 @@ fn serve(kind: &str) -> io::Result<()> {
             })
         }
         _ => {
-            let l = SdpListener::bind("127.0.0.1:0")?;
+            let mech = kind.strip_prefix("sdp-").unwrap_or("bcopy");
+            let l = SdpListener::bind_with("127.0.0.1:0", &mechanism_config(mech))?;
             println!("{}", l.local_addr()?);
             Box::new(move || Ok(Box::new(l.accept()?.0) as Box<dyn Conn>))
         }
@@ -63,7 +92,24 @@ fn serve(kind: &str) -> io::Result<()> {
         if c.read(&mut mode)? == 0 {
             return Ok(());
         }
-        if mode[0] == b't' {
+        if mode[0] == b'm' {
+            // Throughput with reads of the writer's size.
+            let mut size = [0u8; 8];
+            c.read_exact(&mut size)?;
+            let size = usize::try_from(u64::from_le_bytes(size))
+                .ok()
+                .filter(|&n| (1..=1 << 30).contains(&n))
+                .ok_or_else(|| io::Error::other("bad size"))?;
+            let mut buf = vec![0u8; size];
+            let mut total = 0u64;
+            loop {
+                match c.read(&mut buf)? {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            c.write_all(&total.to_le_bytes())?;
+        } else if mode[0] == b't' {
             // Throughput: read to the end, then acknowledge the count.
             let mut buf = vec![0u8; 256 * 1024];
             let mut total = 0u64;
@@ -114,6 +160,10 @@ impl Server {
             }
             _ => Box::new(SdpStream::connect(self.addr)?),
         })
+    }
+
+    fn connect_sdp(&self, mech: &str) -> io::Result<SdpStream> {
+        SdpStream::connect_with(self.addr, &mechanism_config(mech))
     }
 }
 
@@ -170,6 +220,113 @@ fn latency(server: &Server, kind: &str, iters: usize) -> io::Result<(f64, f64)> 
     Ok((mean, median))
 }
 
+/// `bytes` written in `size`-byte calls against reads of `size`: bytes
+/// per second.
+fn sized_throughput(c: &mut dyn Conn, size: usize, bytes: u64) -> io::Result<f64> {
+    let mut hello = [0u8; 9];
+    hello[0] = b'm';
+    hello[1..].copy_from_slice(&(size as u64).to_le_bytes());
+    c.write_all(&hello)?;
+    let buf = vec![0x5au8; size];
+    let t = Instant::now();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(size as u64) as usize;
+        c.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    c.shut_write()?;
+    let mut ack = [0u8; 8];
+    c.read_exact(&mut ack)?;
+    let secs = t.elapsed().as_secs_f64();
+    if u64::from_le_bytes(ack) != bytes {
+        return Err(io::Error::other("server counted a different size"));
+    }
+    Ok(bytes as f64 / secs)
+}
+
+/// One SDP measurement by `mech`: bytes per second and the share of the
+/// payload the mechanism carried (the sender's counters).
+fn mechanism_throughput(
+    server: &Server,
+    mech: &str,
+    size: usize,
+    bytes: u64,
+) -> io::Result<(f64, f64)> {
+    let mut s = server.connect_sdp(mech)?;
+    let bps = sized_throughput(&mut s, size, bytes)?;
+    let z = s.info().zcopy;
+    let by = match mech {
+        "read" => z.read_zcopy_sent,
+        "write" => z.write_zcopy_sent,
+        _ => z.bcopy_sent.saturating_sub(9),
+    };
+    Ok((bps, by as f64 / bytes as f64))
+}
+
+const SIZES: [usize; 6] = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+const MECHS: [&str; 3] = ["bcopy", "read", "write"];
+
+/// The sweep of `--mechanisms`; false if a mechanism did not carry what
+/// it was asked to where it applies.
+fn mechanisms(bytes: u64, rounds: u64) -> io::Result<bool> {
+    let tcp = Server::start("tcp")?;
+    let sdp: Vec<Server> = MECHS
+        .iter()
+        .map(|m| Server::start(&format!("sdp-{m}")))
+        .collect::<io::Result<_>>()?;
+    println!(
+        "loopback, {} MiB per measurement, best of {rounds} rounds (TCP and the mechanisms alternate); CRC32c on",
+        bytes >> 20
+    );
+    println!(
+        "{:>8} {:>9} {:>18} {:>18} {:>18}   (Gbit/s, ratio to TCP, share of bytes by the mechanism)",
+        "size", "TCP", "Bcopy", "Read Zcopy", "Write Zcopy"
+    );
+    let mut ok = true;
+    for size in SIZES {
+        let mut best = [0f64; 4];
+        let mut share = [1f64; 3];
+        for _ in 0..rounds {
+            let mut c = tcp.connect("tcp")?;
+            best[0] = best[0].max(sized_throughput(&mut *c, size, bytes)?);
+            drop(c);
+            for (i, m) in MECHS.iter().enumerate() {
+                let (bps, sh) = mechanism_throughput(&sdp[i], m, size, bytes)?;
+                best[i + 1] = best[i + 1].max(bps);
+                share[i] = share[i].min(sh);
+            }
+        }
+        let gbit = |b: f64| b * 8.0 / 1e9;
+        let mut line = format!("{:>7}K {:>9.2}", size >> 10, gbit(best[0]));
+        for i in 0..3 {
+            // §9.5.1: no SinkAvail for a buffer the size of a Private
+            // Buffer or smaller; a Combined Mode SrcAvail carries such a
+            // buffer whole as its payload (§9.2).
+            let applies = MECHS[i] == "bcopy" || size > 64 << 10;
+            let flag = if share[i] >= 0.9 {
+                ' '
+            } else if applies {
+                ok = false;
+                '!'
+            } else {
+                '-'
+            };
+            line.push_str(&format!(
+                " {:>6.2} {:>4.2}x {:>3.0}%{flag}",
+                gbit(best[i + 1]),
+                best[i + 1] / best[0],
+                share[i] * 100.0
+            ));
+        }
+        println!("{line}");
+    }
+    println!(
+        "! the mechanism carried < 90 % of the bytes; - it does not apply at this size (§9.5.1)"
+    );
+    Ok(ok)
+}
+
 fn arg(args: &[String], name: &str, default: u64) -> u64 {
     args.iter()
         .position(|a| a == name)
@@ -214,6 +371,18 @@ fn main() -> ExitCode {
                 println!("{kind}: {:.2} Gbit/s", bps * 8.0 / 1e9);
                 ExitCode::SUCCESS
             }
+            Err(e) => {
+                eprintln!("sdp-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.iter().any(|a| a == "--mechanisms") {
+        let bytes = arg(&args, "--bytes", 256 << 20);
+        let rounds = arg(&args, "--rounds", 2);
+        return match mechanisms(bytes, rounds) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
             Err(e) => {
                 eprintln!("sdp-bench: {e}");
                 ExitCode::FAILURE

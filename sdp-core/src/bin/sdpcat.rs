@@ -4,7 +4,8 @@
 //! sdpcat [OPTIONS] -l [ADDR:]PORT     accept one SDP connection
 //! sdpcat [OPTIONS] HOST:PORT          connect
 //!
-//!   -z off|read|write|both   Zcopy mechanisms (default: both)
+//!   -z off|read|write|both   Zcopy mechanisms (default: off, as the
+//!                            preload's SDP_ZCOPY; docs/design.md §9)
 //!   -t SIZE                  Bcopy Threshold: larger reads and writes go
 //!                            by Zcopy (default 256K)
 //!   -b SIZE                  read and write buffer (default 256K); each
@@ -46,7 +47,7 @@ struct Options {
 }
 
 fn options(args: &mut Vec<String>) -> Option<Options> {
-    let mut mode = ZcopyMode::Both;
+    let mut mode = ZcopyMode::Off;
     let mut threshold = BUF as u64;
     let mut buf = BUF;
     while args.len() >= 2 {

@@ -598,3 +598,55 @@ fn pingpong_waiting_reader_copies_nothing() {
         assert_eq!(pair.apps[s].read_hash, pair.apps[1 - s].write_hash);
     }
 }
+
+/// Write Zcopy and Read Zcopy together (`sdpcat -z both`): a posted
+/// buffer is registered for a SinkAvail (the peer may write into it), but
+/// the SinkAvail has to wait (no send credit, a ModeChange under way);
+/// the writer's SrcAvail arrives meanwhile and holds it back (§11.3), so
+/// the connection RDMA Reads the SrcAvail's buffer into the posted one
+/// through that same registration. It must be writable locally too: the
+/// engine refused the RDMA Read (LocalProtection) and the connection was
+/// aborted — one 64 MiB `sdpcat -z both` transfer in a few.
+#[test]
+fn rdma_read_into_a_buffer_registered_for_a_sink_avail() {
+    use crate::verbs::{Access, MemId, Memory, RdmaOp, WrId};
+    let mut config = Config::default();
+    crate::stream::zcopy::ZcopyMode::Both.apply(&mut config, 64 * 1024);
+    let mut pair = LinkPair::connected(&config, &config, 7);
+    assert!(pair.settle(10_000));
+    let now = pair.now;
+    let side = &mut pair.sides[1];
+    let link = side.link.as_mut().unwrap();
+    let len = 1 << 20;
+    let id = link.post_recv_zcopy(len, RecvFlags::EMPTY, None).unwrap();
+    // What the connection asks of the link in that order.
+    let mem = MemId(1 << 20);
+    link.execute_rdma(
+        now,
+        RdmaOp::Register {
+            mem,
+            memory: Memory::Recv { id, len },
+            access: Access::RemoteWrite,
+        },
+        &mut side.qp,
+    );
+    assert_eq!(link.zc_regs(), 1);
+    let before = side.qp.datapath().send_outstanding();
+    link.execute_rdma(
+        now,
+        RdmaOp::Read {
+            wr_id: WrId(1 << 40),
+            stag: 0x1234_5600,
+            to: 0,
+            len: 64 * 1024,
+            into: id,
+            offset: 0,
+        },
+        &mut side.qp,
+    );
+    let log: Vec<&str> = link.log_lines().collect();
+    assert!(log.is_empty(), "{log:?}");
+    assert!(!link.conn().is_aborting());
+    // The RDMA Read Request is queued.
+    assert_eq!(side.qp.datapath().send_outstanding(), before + 1);
+}

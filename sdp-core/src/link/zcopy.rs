@@ -126,6 +126,12 @@ impl Link {
         }
     }
 
+    /// The registrations the link holds for the connection.
+    #[cfg(test)]
+    pub(crate) fn zc_regs(&self) -> usize {
+        self.zc.regs.len()
+    }
+
     /// Whether a Zcopy send or receive buffer is lent.
     pub fn zcopy_lent(&self) -> bool {
         self.zc.send.is_some() || self.zc.recv.is_some()
@@ -232,7 +238,7 @@ impl Link {
                 offset,
             } => {
                 let local = self.zc.regs.iter().find(|r| r.recv == Some(into));
-                let posted = local.and_then(|r| {
+                let posted = local.ok_or(None).and_then(|r| {
                     qp.post_read(ReadWr {
                         wr_id: wr_id.0,
                         local_stag: r.stag,
@@ -242,11 +248,16 @@ impl Link {
                         len,
                         signaled: true,
                     })
-                    .ok()
+                    .map_err(Some)
                 });
-                if posted.is_none() && qp.datapath().error().is_none() {
-                    self.log("RDMA Read refused".to_string());
-                    self.conn.abort();
+                if let Err(e) = posted {
+                    if qp.datapath().error().is_none() {
+                        self.log(match e {
+                            Some(e) => format!("RDMA Read refused: {e:?}"),
+                            None => "RDMA Read into a buffer not registered".to_string(),
+                        });
+                        self.conn.abort();
+                    }
                 }
             }
             RdmaOp::Write {
@@ -309,7 +320,10 @@ impl Link {
         let rights = match access {
             Access::Local => MemAccess::LOCAL_WRITE,
             Access::RemoteRead => MemAccess::REMOTE_READ,
-            Access::RemoteWrite => MemAccess::REMOTE_WRITE,
+            // A buffer the peer may write into is also ours to write:
+            // the connection RDMA Reads into a posted buffer registered
+            // for a SinkAvail that never went (a SrcAvail came first).
+            Access::RemoteWrite => MemAccess::LOCAL_WRITE | MemAccess::REMOTE_WRITE,
         };
         // Scoped to this stream: the peer's Send with Invalidate may
         // invalidate it (RFC 5040 §8.1.1 item 7; draft §9.2, §9.3).
