@@ -81,7 +81,12 @@ fn check_bandwidth(out: &str) {
         "TB" => 1e12,
         _ => 1.0,
     };
-    assert!(received * scale(&ru) <= sent * scale(&su) * 1.001, "{out}");
+    // qperf prints three significant digits: each figure may be off by
+    // half a unit of the last one (0.5 %), so allow the two roundings.
+    assert!(
+        received * scale(&ru) <= sent * scale(&su) * (1.005 / 0.995),
+        "{out}"
+    );
 }
 
 #[test]
