@@ -192,7 +192,8 @@ pub struct CreditState {
     /// Buffers posted since our last message: positive means the next
     /// message provides additional credit.
     pub gain: i64,
-    /// §10.5 requires a credit update now.
+    /// §10.5 requires a credit update now (never once the peer's DisConn
+    /// arrived and it owes us no answer: see [`Conn::credit_updates_due`]).
     pub must_update: bool,
     /// The Bufs our next message carries: posted minus received (§6.1.3).
     pub bufs: u16,
@@ -605,13 +606,28 @@ impl Conn {
         self.peer_disconn.is_some()
     }
 
+    /// Whether credit updates (§10.4, §10.5) still serve a purpose. Credit
+    /// lets the peer send; after its DisConn it sends no more ULP data
+    /// (§8.2.1), only answers to our messages, and those messages carry
+    /// credit themselves. So once the peer's DisConn arrived, an update
+    /// goes only while the peer owes us an answer it may lack the credit
+    /// for (RdmaRdCompl or SendSm for our SrcAvail, ChRcvBufAck). Anything
+    /// more could reach a peer that already closed its socket, as a TCP
+    /// peer may after reading the end of our stream, and be answered with
+    /// a reset that loses what we have not read yet.
+    pub fn credit_updates_due(&self) -> bool {
+        self.peer_disconn.is_none()
+            || (self.disconn == DisConn::NotSent
+                && (!self.z.srcs.is_empty() || self.resize.asked.is_some()))
+    }
+
     /// The credit state, see [`CreditState`].
     pub fn credit_state(&self) -> CreditState {
         CreditState {
             send_credit: self.credits.send_credit(),
             remote_credit: self.credits.remote_credit(),
             gain: self.credits.gain(),
-            must_update: self.credits.must_update(),
+            must_update: self.credits.must_update() && self.credit_updates_due(),
             bufs: self.credits.bufs(),
             rq_posted: self.posted.len(),
             lsseq: self.credits.lsseq(),
@@ -710,6 +726,14 @@ impl Conn {
         }
         if let Some(op) = self.suspend_gate(control_ok) {
             return op.map(Work::Op);
+        }
+        // §8.2.1: once our DisConn went and the peer's arrived, both
+        // halves are closed and the peer may already have closed the LLP
+        // (its kernel would answer anything more with a reset, losing
+        // what we have not read yet). Nothing more is sent but an
+        // AbortConn.
+        if self.peer_disconn.is_some() && self.disconn != DisConn::NotSent {
+            return None;
         }
         // §10.5: "If no credits are available, an implementation MUST NOT
         // send any type of SDP Message."
@@ -847,7 +871,7 @@ impl Conn {
             )));
         }
         // §10.4: gratuitous credit update.
-        if self.credits.should_update(self.config.bufs) {
+        if self.credits.should_update(self.config.bufs) && self.credit_updates_due() {
             return Some(Work::Op(self.emit(
                 Body::Data { payload: &[] },
                 Flags::EMPTY,
@@ -1289,9 +1313,9 @@ impl Conn {
                     return self.violation(Violation::UnexpectedMessage(Mid::DIS_CONN));
                 }
                 // §8.2.1 (Remote Peer) step 1: complete receives and report
-                // the end of the stream; there are no SinkAvail
-                // advertisements of ours to cancel.
+                // the end of the stream; our SinkAvails count as canceled.
                 self.peer_disconn = Some(msg.mseq_ack);
+                self.on_peer_disconn();
                 self.repost(buf, PostKind::Fresh);
                 self.check_graceful(now);
             }
@@ -1503,6 +1527,9 @@ impl Conn {
         self.state = State::Closed;
         self.teardown = Some(teardown);
         self.deadline = None;
+        // §8.2.1 step 4: "In either case, the Local Peer MUST complete all
+        // ULP receive buffers".
+        self.complete_posted();
         self.to_post.clear();
         self.control.clear();
         self.hello_ack_due = false;

@@ -374,6 +374,16 @@ impl Conn {
             return Err(Error::InvalidInput);
         }
         let id = RecvId(self.z.id());
+        if self.peer_disconn.is_some() {
+            // §8.2.1: the Remote Peer "MUST complete any new ULP receive
+            // buffers" once the DisConn arrived.
+            self.z.completions.push_back(Completion::Received {
+                id,
+                placed: 0,
+                copy: 0,
+            });
+            return Ok(id);
+        }
         self.z.posted.push_back(Posted {
             id,
             len,
@@ -1037,6 +1047,11 @@ impl Conn {
             }
             return true;
         }
+        if self.disconn_sent() {
+            // It crossed our DisConn, which ends our send half: the Data
+            // Sink counts it as canceled on receiving the DisConn (§8.2.1).
+            return true;
+        }
         if self.z.sinks.len() >= usize::from(self.config.max_adverts) {
             self.violation(Violation::TooManyAdverts(Mid::SINK_AVAIL));
             return false;
@@ -1078,6 +1093,13 @@ impl Conn {
 
     /// SinkAvailCancel (§9.5.5).
     pub(crate) fn on_sink_avail_cancel(&mut self) {
+        if self.disconn_sent() {
+            // It crossed our DisConn, which canceled every SinkAvail at
+            // the Data Sink already (§8.2.1): no SinkCancelAck, which
+            // would answer a cancel the Data Sink no longer has out.
+            self.z.sinks.clear();
+            return;
+        }
         let mut canceled = 0;
         while let Some(s) = self.z.sinks.pop_front() {
             if s.non_discards != self.z.pnd {
@@ -1504,12 +1526,49 @@ impl Conn {
         }
     }
 
-    /// Whether a SinkAvail may go now: Pipelined Mode, no SinkAvailCancel
+    /// The peer's DisConn (§8.2.1 Remote Peer step 1): "MUST consider all
+    /// its outstanding SinkAvail advertisements as canceled, complete all
+    /// ULP receive buffers" — no SinkAvailCancel, whose SinkCancelAck a
+    /// peer that closed its socket would never send. If ours was already
+    /// out, its SinkCancelAck may still come and is ignored.
+    pub(crate) fn on_peer_disconn(&mut self) {
+        if core::mem::take(&mut self.z.sink_cancel) {
+            self.z.sink_cancel_crossed = true;
+        }
+        self.control
+            .retain(|c| !matches!(c, Control::SinkAvailCancel));
+        self.complete_posted();
+    }
+
+    /// Returns every posted buffer that no RDMA Read is filling, unused.
+    pub(crate) fn complete_posted(&mut self) {
+        let mut i = 0;
+        while i < self.z.posted.len() {
+            if self.z.posted.get(i).is_some_and(|p| !p.reading) {
+                if let Some(p) = self.z.posted.remove(i) {
+                    self.release_posted(&p);
+                    self.z.completions.push_back(Completion::Received {
+                        id: p.id,
+                        placed: 0,
+                        copy: 0,
+                    });
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether a SinkAvail may go now: the peer's send half open,
+    /// Pipelined Mode, no SinkAvailCancel
     /// of ours unprocessed (§9.5.5), no SrcAvail to process (§11.3 rule
     /// 2a), none being canceled, no Bcopy owed after our SendSm (§9.2),
     /// and every received byte read (placed bytes keep stream order).
     fn sink_avail_allowed(&self) -> bool {
+        // §8.2.1: after the peer's DisConn, new receive buffers complete at
+        // once; nothing more will be written into them.
         self.config.write_zcopy
+            && self.peer_disconn.is_none()
             && self.zrecv_mode() == FlowControlMode::Pipelined
             && !self.z.sink_cancel
             && self.z.srcs_in.is_empty()

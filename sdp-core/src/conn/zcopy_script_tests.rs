@@ -563,3 +563,138 @@ fn ch_rcv_buf_conflict() {
     read_bytes(&mut pair, 1, 100);
     no_close(&pair);
 }
+
+/// §8.2.1 at the end of a Write Zcopy transfer (the `sdpcat -z both`
+/// reset): the Data Sink closed its send half first and has a SinkAvail
+/// out for its next read when the Data Source's DisConn arrives. The
+/// DisConn cancels the SinkAvail and completes the buffer (unused); no
+/// SinkAvailCancel goes, whose SinkCancelAck a peer that closed its socket
+/// would never send — the read then waited until the LLP teardown and
+/// reported a reset. Nothing at all goes once both DisConns are out.
+#[test]
+fn peer_disconn_completes_an_advertised_buffer_without_a_cancel() {
+    let mut pair = pipelined(43);
+    pair.conns[1].shutdown(super::Shutdown::Write).unwrap();
+    pair.drain();
+    assert_eq!(pair.on_wire(1), ["DisConn"]);
+    quiet(&mut pair);
+    let r = post(&mut pair, 1, 3000);
+    let sink = pair.on_wire(1);
+    assert_eq!(sink.len(), 1, "{sink:?}");
+    assert!(sink[0].starts_with("SinkAvail"), "{sink:?}");
+    // The SinkAvail reaches the Data Source after its DisConn went.
+    pair.conns[0].shutdown(super::Shutdown::Write).unwrap();
+    pair.drain();
+    assert_eq!(pair.on_wire(0), ["DisConn"]);
+    pair.deliver_all(1);
+    pair.drain();
+    assert_eq!(pair.on_wire(0), ["DisConn"]);
+    pair.deliver_all(0);
+    pair.drain();
+    // Before: a SinkAvailCancel here.
+    assert_eq!(pair.on_wire(1), Vec::<String>::new());
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r,
+            placed: 0,
+            copy: 0
+        }]
+    );
+    let mut b = [0u8; 16];
+    assert_eq!(pair.conns[1].recv(&mut b, RecvFlags::EMPTY), Ok(0));
+    // A read posted now completes at once, unadvertised.
+    let late = post(&mut pair, 1, 3000);
+    assert_eq!(pair.on_wire(1), Vec::<String>::new());
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: late,
+            placed: 0,
+            copy: 0
+        }]
+    );
+    assert!(pair.settle(100_000));
+    for side in 0..2 {
+        assert_eq!(
+            pair.conns[side].close_reason(),
+            Some(&super::CloseReason::Graceful),
+            "side {side}"
+        );
+    }
+}
+
+/// A SinkAvailCancel that crossed the Data Source's DisConn is not
+/// answered (the DisConn canceled the SinkAvails, §8.2.1); a SinkCancelAck
+/// from a peer that answers anyway is accepted once.
+#[test]
+fn sink_avail_cancel_crossing_the_peer_disconn() {
+    let mut pair = pipelined(44);
+    let r = post(&mut pair, 1, 3000);
+    pair.deliver_all(1);
+    pair.complete_delivered(1);
+    assert!(pair.conns[1].cancel_recv(r));
+    pair.drain();
+    assert_eq!(pair.on_wire(1), ["SinkAvailCancel"]);
+    pair.conns[0].shutdown(super::Shutdown::Write).unwrap();
+    pair.drain();
+    assert_eq!(pair.on_wire(0), ["DisConn"]);
+    quiet(&mut pair);
+    // No SinkCancelAck, no violation; the buffer came back unused.
+    no_close(&pair);
+    assert_eq!(pair.conns[0].zcopy_state().sink_in, 0);
+    assert_eq!(pair.conns[0].zcopy_stats().cancels, 0);
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r,
+            placed: 0,
+            copy: 0
+        }]
+    );
+    // Another implementation's SinkCancelAck after its DisConn.
+    pair.check_non_discards = false;
+    let ack = message(&pair, Flags::EMPTY, Body::SinkCancelAck);
+    pair.inject(1, &ack, ack.len()).unwrap();
+    pair.drain();
+    no_close(&pair);
+    // A second one is a violation.
+    let ack = message(&pair, Flags::EMPTY, Body::SinkCancelAck);
+    pair.inject(1, &ack, ack.len()).unwrap();
+    pair.drain();
+    assert_violation(pair.conns[1].close_reason().copied(), "§9.5.5");
+}
+
+/// §8.2.1, credits: once the peer's DisConn arrived and our own went, the
+/// buffers our application frees by reading the last data are not
+/// advertised — a credit update could reach a peer that closed its socket
+/// after its DisConn was acknowledged (as a TCP sender may exit after
+/// its last write) and be answered with a reset.
+#[test]
+fn no_credit_update_after_both_disconns() {
+    let config = Config {
+        bufs: 4,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&config, &config, 45);
+    pair.conns[1].shutdown(super::Shutdown::Write).unwrap();
+    pair.drain();
+    quiet(&mut pair);
+    // Side 0 fills side 1's buffers, then closes.
+    let mut sent = 0;
+    while pair.conns[0].credit_state().send_credit >= 3 {
+        send_bytes(&mut pair, 0, 1000);
+        sent += 1000;
+    }
+    pair.conns[0].shutdown(super::Shutdown::Write).unwrap();
+    pair.drain();
+    pair.deliver_all(0);
+    pair.drain();
+    assert!(pair.conns[1].disconn_received() && pair.conns[1].disconn_sent());
+    read_bytes(&mut pair, 1, sent);
+    // Before: a credit update (the peer's credit had dropped to one).
+    assert_eq!(pair.on_wire(1), Vec::<String>::new());
+    assert!(!pair.conns[1].credit_state().must_update);
+    let mut b = [0u8; 16];
+    assert_eq!(pair.conns[1].recv(&mut b, RecvFlags::EMPTY), Ok(0));
+}

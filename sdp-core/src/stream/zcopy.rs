@@ -191,9 +191,9 @@ pub(super) fn read(
                 }
                 continue;
             }
-            if g.link.bytes_readable() > 0 || (g.link.conn().disconn_received() && !canceled) {
-                // Bcopy bytes came first, or the peer's DisConn (nothing
-                // more will fill the buffer): the buffer is taken back (it
+            // (The peer's DisConn returns the buffer by itself, §8.2.1.)
+            if g.link.bytes_readable() > 0 && !canceled {
+                // Bcopy bytes came first: the buffer is taken back (it
                 // returns at once unless advertised or being filled).
                 canceled = true;
                 g.link.cancel_recv_zcopy();
