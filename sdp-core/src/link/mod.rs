@@ -695,9 +695,17 @@ impl Link {
                     return;
                 }
                 Some(LlpEnd::Failed(kind)) => kind,
-                // RFC 5044 §8 code 1 with the LLP still there: the MPA
-                // startup timed out.
-                None if code == TermCode::MPA_CONNECTION_LOST => ErrorKind::TimedOut,
+                // RFC 5044 §8 code 1 before we heard from the LLP: during
+                // the MPA startup, its timer expired; once connected, the
+                // driver saw the TCP connection fail (a reset) before
+                // telling us how.
+                None if code == TermCode::MPA_CONNECTION_LOST => {
+                    if self.is_connected() {
+                        ErrorKind::Reset
+                    } else {
+                        ErrorKind::TimedOut
+                    }
+                }
                 None => {
                     self.log(format!("iWARP connection failed: {code}"));
                     ErrorKind::Terminated
