@@ -433,11 +433,13 @@ fn every_operation_every_size_every_framing() {
         }
         // Without markers, Read Responses came straight into place, bar
         // the octets read ahead with headers (up to 1 KiB once or twice
-        // per 64 KiB FPDU). With markers, runs of at most 508 octets are
-        // copied from scratch: cheaper than a system call each.
+        // per 64 KiB FPDU, more often when a loaded machine hands the
+        // reader part FPDUs: up to about 5 % was seen). With markers, runs
+        // of at most 508 octets are copied from scratch: cheaper than a
+        // system call each.
         let (total, placed) = (link.ep.rx_total(), link.ep.rx_placed());
         if !markers {
-            assert!(total - placed < total / 20, "{placed} of {total}");
+            assert!(total - placed < total / 10, "{placed} of {total}");
         }
         link.finish();
     }
