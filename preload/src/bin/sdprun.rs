@@ -165,13 +165,15 @@ fn ensure_portmapper() {
         );
         return;
     }
-    // Each probe waits out the client's own retransmission schedule, so
-    // a handful of probes covers the daemon's start-up.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // A probe ends early when the port is still closed (ICMP): pause
+    // between probes so that they do not take the CPU the starting daemon
+    // needs on a busy machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if portmapper_answers() {
             return;
         }
+        std::thread::sleep(Duration::from_millis(10));
     }
     eprintln!("sdprun: the port mapper started but does not answer; connections will use TCP");
 }
