@@ -1651,7 +1651,9 @@ mod tests {
     /// The panic message of `f`, if it panics.
     fn panic_of(f: impl FnOnce()) -> Option<String> {
         let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
-        err.downcast_ref::<String>().cloned().or(Some(String::new()))
+        err.downcast_ref::<String>()
+            .cloned()
+            .or(Some(String::new()))
     }
 
     /// §9.5.4: a Pipelined SrcAvail passes, the same SrcAvail while our
@@ -1675,11 +1677,21 @@ mod tests {
         let mut c = SinkCancels::default();
         let ack = send(Body::SinkCancelAck);
         let got = panic_of(|| check_modes(1, &v, &mut c.clone(), &ack));
-        assert!(got.unwrap().contains("SinkCancelAck without a SinkAvailCancel"));
+        assert!(got
+            .unwrap()
+            .contains("SinkCancelAck without a SinkAvailCancel"));
         check_accept(1, &v, &mut c, &message(Body::SinkAvailCancel));
         check_modes(1, &v, &mut c, &ack);
-        assert_eq!(c, SinkCancels { received: 1, acked: 1 });
+        assert_eq!(
+            c,
+            SinkCancels {
+                received: 1,
+                acked: 1
+            }
+        );
         let got = panic_of(|| check_modes(1, &v, &mut c, &ack));
-        assert!(got.unwrap().contains("SinkCancelAck without a SinkAvailCancel"));
+        assert!(got
+            .unwrap()
+            .contains("SinkCancelAck without a SinkAvailCancel"));
     }
 }
