@@ -13,7 +13,8 @@
 //! ends it), and anything else Terminates (RFC 5040 §4.8). Every work
 //! request is checked against Figure 25 of the draft for the Modes its
 //! side is in ([`check_modes`]), and every received message against what
-//! the receiver may accept ([`check_accept`]).
+//! the receiver may accept ([`check_accept`]); both also hold each side
+//! to the cancel rules of §9.5.4 and §9.5.5.
 //!
 //! ```
 //! use sdp_core::conn::Config;
@@ -225,18 +226,33 @@ impl ModeView {
     }
 }
 
+/// §9.5.5 as one side sees it as a Data Source: the SinkAvailCancels it
+/// received and the SinkCancelAcks it sent. "Exactly one SinkCancelAck"
+/// answers a cancel that canceled something, none one that found every
+/// SinkAvail Processed: never more acks than cancels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkCancels {
+    /// SinkAvailCancel Messages received.
+    pub received: u64,
+    /// SinkCancelAck Messages sent.
+    pub acked: u64,
+}
+
 /// Figure 25 of the draft ("Summary of Permitted Actions By Mode Pair")
 /// for one work request issued by `side` in the Modes `v`: RDMA Read
 /// Requests only when the peer's half towards us is Combined or Pipelined,
 /// RDMA Writes only when ours is Pipelined, SrcAvail only when ours is not
 /// Buffered (one at a time with payload in Combined, without payload in
 /// Pipelined), SinkAvail and Transaction only when the peer's half is
-/// Pipelined, ModeChange only from the Mode Master (Figure 27).
+/// Pipelined, ModeChange only from the Mode Master (Figure 27). Also the
+/// cancels: no SrcAvail while our SrcAvailCancel is not Processed
+/// (§9.5.4), and no SinkCancelAck beyond the SinkAvailCancels received
+/// (`cancels`, §9.5.5).
 ///
 /// # Panics
 ///
-/// If the rule is broken.
-pub fn check_modes(side: usize, v: &ModeView, work: &Work) {
+/// If a rule is broken.
+pub fn check_modes(side: usize, v: &ModeView, cancels: &mut SinkCancels, work: &Work) {
     use FlowControlMode::*;
     match work {
         Work::Rdma(RdmaOp::Read { .. }) => {
@@ -249,6 +265,15 @@ pub fn check_modes(side: usize, v: &ModeView, work: &Work) {
             header, payload, ..
         }) => {
             let with_payload = payload.end > payload.start;
+            if header.first() == Some(&0x0a) {
+                // SinkCancelAck.
+                cancels.acked += 1;
+                assert!(
+                    cancels.acked <= cancels.received,
+                    "side {side}: SinkCancelAck without a SinkAvailCancel to answer: {cancels:?}"
+                );
+                return;
+            }
             if !matches!(header.first(), Some(0xfe | 0xfd | 0x07)) {
                 return;
             }
@@ -261,6 +286,13 @@ pub fn check_modes(side: usize, v: &ModeView, work: &Work) {
             match msg.body {
                 Body::SrcAvail { .. } => {
                     assert!(v.send != Buffered, "side {side}: SrcAvail in {v:?}");
+                    // §9.5.4: "after sending a SrcAvailCancel Message, MUST
+                    // NOT send any new SrcAvail Messages until the
+                    // SrcAvailCancel Message has been Processed".
+                    assert!(
+                        !v.z.src_cancel_sent,
+                        "side {side}: SrcAvail while its SrcAvailCancel is outstanding"
+                    );
                     if v.send == Combined {
                         assert!(
                             with_payload,
@@ -298,17 +330,19 @@ pub fn check_modes(side: usize, v: &ModeView, work: &Work) {
 /// the Modes `v`: SrcAvail only if the peer's half towards us is Combined
 /// (one at a time) or Pipelined; SinkAvail (and Transaction) only if our
 /// half is Pipelined — or was, with our ModeChange to Combined not yet
-/// acknowledged (Figure 30, §12.4).
+/// acknowledged (Figure 30, §12.4). A SinkAvailCancel is counted in
+/// `cancels` (see [`check_modes`]).
 ///
 /// # Panics
 ///
 /// If the rule is broken.
-pub fn check_accept(side: usize, v: &ModeView, bytes: &[u8]) {
+pub fn check_accept(side: usize, v: &ModeView, cancels: &mut SinkCancels, bytes: &[u8]) {
     use FlowControlMode::*;
     let Ok(msg) = MessageRepr::parse(bytes) else {
         return;
     };
     match msg.body {
+        Body::SinkAvailCancel => cancels.received += 1,
         Body::SrcAvail { .. } => {
             assert!(v.recv != Buffered, "side {side}: SrcAvail arrives in {v:?}");
             if v.recv == Combined {
@@ -1039,6 +1073,8 @@ pub struct Pair<T: Transport = MemTransport> {
     pub check_non_discards: bool,
     /// Messages checked against Figure 25's Accept columns.
     pub accepts_checked: u64,
+    /// §9.5.5 counts of each side (see [`check_modes`]).
+    pub sink_cancels: [SinkCancels; 2],
     /// The transport errors and closes each side saw.
     pub transport_events: [Vec<Event>; 2],
     /// The application stream offset of each connection's send stream
@@ -1085,6 +1121,7 @@ impl<T: Transport> Pair<T> {
             works_checked: 0,
             check_non_discards: true,
             accepts_checked: 0,
+            sink_cancels: [SinkCancels::default(); 2],
             transport_events: [Vec::new(), Vec::new()],
             tx_base: [0; 2],
             events: Vec::new(),
@@ -1120,7 +1157,7 @@ impl<T: Transport> Pair<T> {
                     {
                         self.check_send(side, &before, header, payload.end > payload.start);
                     }
-                    check_modes(side, &view, &work);
+                    check_modes(side, &view, &mut self.sink_cancels[side], &work);
                     self.works_checked += 1;
                     let base = self.tx_base[side];
                     let range = match &work {
@@ -1231,7 +1268,12 @@ impl<T: Transport> Pair<T> {
                     .buffer(wr_id.0 as usize)
                     .and_then(|b| b.get(..len));
                 if let Some(bytes) = bytes {
-                    check_accept(side, &ModeView::of(conn), bytes);
+                    check_accept(
+                        side,
+                        &ModeView::of(conn),
+                        &mut self.sink_cancels[side],
+                        bytes,
+                    );
                     self.accepts_checked += 1;
                 }
             }
@@ -1518,6 +1560,7 @@ impl<T: Transport> Pair<T> {
             return false;
         };
         self.conns[other] = accepted;
+        self.sink_cancels[other] = SinkCancels::default();
         self.transport = T::default();
         self.drain();
         self.feed(other, Event::Established);
@@ -1548,5 +1591,107 @@ impl<T: Transport> Pair<T> {
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Flags, SrcAvailRepr};
+
+    fn message(body: Body<'_>) -> Vec<u8> {
+        let msg = MessageRepr {
+            bufs: 4,
+            flags: Flags::EMPTY,
+            mseq: 7,
+            mseq_ack: 3,
+            body,
+        };
+        let mut out = vec![0; msg.buffer_len()];
+        msg.emit(&mut out);
+        out
+    }
+
+    /// One message as a work request: its header, and the stream range of
+    /// the payload that follows it.
+    fn send(body: Body<'_>) -> Work {
+        let header_len = body.ext_header_len() + crate::wire::bsdh::HEADER_LEN;
+        let out = message(body);
+        Work::Op(Op::Send {
+            wr_id: WrId(1),
+            kind: SendKind::Send,
+            header: crate::verbs::SendHeader::from_slice(&out[..header_len]).unwrap(),
+            payload: 0..(out.len() - header_len) as u64,
+        })
+    }
+
+    fn src_avail() -> Work {
+        let header = SrcAvailRepr {
+            len: 10_000,
+            stag: 9,
+            va: 0,
+        };
+        send(Body::SrcAvail {
+            header,
+            payload: &[],
+        })
+    }
+
+    fn pipelined(src_cancel_sent: bool) -> ModeView {
+        ModeView {
+            send: FlowControlMode::Pipelined,
+            recv: FlowControlMode::Pipelined,
+            z: ZcopyState {
+                src_cancel_sent,
+                ..ZcopyState::default()
+            },
+        }
+    }
+
+    /// The panic message of `f`, if it panics.
+    fn panic_of(f: impl FnOnce()) -> Option<String> {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
+        err.downcast_ref::<String>()
+            .cloned()
+            .or(Some(String::new()))
+    }
+
+    /// §9.5.4: a Pipelined SrcAvail passes, the same SrcAvail while our
+    /// SrcAvailCancel is outstanding fails.
+    #[test]
+    fn src_avail_after_src_avail_cancel_fails() {
+        let mut c = SinkCancels::default();
+        check_modes(0, &pipelined(false), &mut c, &src_avail());
+        let got = panic_of(|| check_modes(0, &pipelined(true), &mut c, &src_avail()));
+        assert_eq!(
+            got.as_deref(),
+            Some("side 0: SrcAvail while its SrcAvailCancel is outstanding")
+        );
+    }
+
+    /// §9.5.5: one SinkCancelAck per SinkAvailCancel received passes; a
+    /// second ack for one cancel, or an ack for none, fails.
+    #[test]
+    fn sink_cancel_ack_beyond_the_cancels_fails() {
+        let v = pipelined(false);
+        let mut c = SinkCancels::default();
+        let ack = send(Body::SinkCancelAck);
+        let got = panic_of(|| check_modes(1, &v, &mut c.clone(), &ack));
+        assert!(got
+            .unwrap()
+            .contains("SinkCancelAck without a SinkAvailCancel"));
+        check_accept(1, &v, &mut c, &message(Body::SinkAvailCancel));
+        check_modes(1, &v, &mut c, &ack);
+        assert_eq!(
+            c,
+            SinkCancels {
+                received: 1,
+                acked: 1
+            }
+        );
+        let got = panic_of(|| check_modes(1, &v, &mut c, &ack));
+        assert!(got
+            .unwrap()
+            .contains("SinkCancelAck without a SinkAvailCancel"));
     }
 }

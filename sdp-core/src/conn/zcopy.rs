@@ -127,6 +127,10 @@ pub struct ZcopyState {
     pub potential_non_discards: u32,
     /// Our §9.5.1 NonDiscards (Data Sink).
     pub non_discards: u32,
+    /// Our SrcAvailCancel went and is not yet Processed (§9.5.4): a
+    /// SendSm or RdmaRdCompl (or a SinkAvail, §11.3 rule 1b) has not yet
+    /// finished every SrcAvail it canceled.
+    pub src_cancel_sent: bool,
 }
 
 /// A ULP send buffer (Data Source).
@@ -320,6 +324,7 @@ impl Conn {
             mode_ack_pending: self.z.mode_ack.is_some(),
             potential_non_discards: self.z.pnd,
             non_discards: self.z.nd,
+            src_cancel_sent: matches!(self.z.src_cancel, Some(Some(_))),
         }
     }
 

@@ -226,6 +226,13 @@ fn sink_avail_cancel_while_rdma_write_in_process() {
             "SinkCancelAck"
         ]
     );
+    assert_eq!(
+        pair.sink_cancels[0],
+        crate::testing::SinkCancels {
+            received: 1,
+            acked: 1
+        }
+    );
     quiet(&mut pair);
     no_close(&pair);
     let got = completions(&mut pair, 1);
@@ -289,6 +296,7 @@ fn src_avail_cancel_while_rdma_read_in_process() {
     pair.conns[0].handle_timeout(pair.now);
     pair.drain();
     assert_eq!(pair.on_wire(0), ["SrcAvailCancel"]);
+    assert!(pair.conns[0].zcopy_state().src_cancel_sent);
     let cancel = pair.conns[0].credit_state().lsseq;
     pair.deliver_all(0);
     // A message the Data Sink sends meanwhile: MSeqAck held below it.
@@ -304,6 +312,8 @@ fn src_avail_cancel_while_rdma_read_in_process() {
     );
     assert!(pair.on_wire_seq(1)[1].1 >= cancel);
     quiet(&mut pair);
+    // The SendSm Processed the cancel: SrcAvails may go again.
+    assert!(!pair.conns[0].zcopy_state().src_cancel_sent);
     no_close(&pair);
     let cut = payload as u32 + 4000;
     assert_eq!(
