@@ -649,21 +649,33 @@ while n < 10 * 1024 * 1024:
 print("received", n, ok, flush=True)
 "#;
 
-#[test]
-fn bytes_reach_the_peer_while_the_sender_sleeps() {
-    let stat = TempDir::new("sdp-sleepy");
-    let pm = PortMapper::start();
-    let mut cmd = python_command(COUNTING_RECEIVER, Mode::Sdp, stat.path());
+/// Starts the `receiver` program (it prints its port), then the `sender`
+/// program with that port, logging at `info` to the returned file.
+fn receiver_then_sender(
+    stat: &TempDir,
+    pm: &PortMapper,
+    receiver: &str,
+    sender: &str,
+) -> (Background, Background, std::path::PathBuf) {
+    let mut cmd = python_command(receiver, Mode::Sdp, stat.path());
     pm.apply(&mut cmd);
     let mut receiver = Background::start(cmd);
     let port = numbers(&receiver.wait_for_line("port"))[0];
     let log = stat.path().join("sender.log");
-    let mut cmd = python_command(SLEEPY_SENDER, Mode::Sdp, stat.path());
+    let mut cmd = python_command(sender, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
         .arg(port.to_string())
         .env("SDP_LOG", "info")
         .env("SDP_LOG_FILE", &log);
-    let mut sender = Background::start(cmd);
+    (receiver, Background::start(cmd), log)
+}
+
+#[test]
+fn bytes_reach_the_peer_while_the_sender_sleeps() {
+    let stat = TempDir::new("sdp-sleepy");
+    let pm = PortMapper::start();
+    let (mut receiver, mut sender, log) =
+        receiver_then_sender(&stat, &pm, COUNTING_RECEIVER, SLEEPY_SENDER);
     sender.wait_for_line("sent 10485760");
     let start = Instant::now();
     let line = receiver.wait_for_line("received");
@@ -719,17 +731,8 @@ print("eof", n, h.hexdigest() == sent, flush=True)
 fn a_sender_that_exits_after_close_delivers_everything_then_eof() {
     let stat = TempDir::new("sdp-hasty");
     let pm = PortMapper::start();
-    let mut cmd = python_command(READER_TO_EOF, Mode::Sdp, stat.path());
-    pm.apply(&mut cmd);
-    let mut receiver = Background::start(cmd);
-    let port = numbers(&receiver.wait_for_line("port"))[0];
-    let log = stat.path().join("sender.log");
-    let mut cmd = python_command(HASTY_SENDER, Mode::Sdp, stat.path());
-    pm.apply(&mut cmd)
-        .arg(port.to_string())
-        .env("SDP_LOG", "info")
-        .env("SDP_LOG_FILE", &log);
-    let mut sender = Background::start(cmd);
+    let (mut receiver, mut sender, log) =
+        receiver_then_sender(&stat, &pm, READER_TO_EOF, HASTY_SENDER);
     // What the close left queued (up to the peer's credits and the staging
     // ring) goes out during the exit, before the process ends.
     sender.wait_for_line("closed");
