@@ -236,6 +236,31 @@ pub trait SdpEndpoint: Send + Sync {
     fn wait(&self, _events: i16, _deadline: Option<Instant>) -> Option<Result<(), Errno>> {
         None
     }
+    /// A blocking `send` of one large buffer by Zcopy (`SDP_ZCOPY`): the
+    /// call blocks in the endpoint until the peer took the buffer — it
+    /// may read it from our memory, or we write it into the peer's —
+    /// `deadline` passed (`SO_SNDTIMEO`) or a signal came; the buffer is
+    /// never referred to after the return. `Some(Ok(n))`: `n` bytes are in
+    /// the stream (fewer than `buf.len()` only after the deadline or a
+    /// signal); `Some(Err(EAGAIN))` the deadline, `Some(Err(EINTR))` a
+    /// signal, with nothing sent. `None`: not by Zcopy (too small, Zcopy
+    /// off); the hooks go the usual way.
+    fn send_zcopy(&self, _buf: &[u8], _deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
+        None
+    }
+    /// A blocking `recv` into one large buffer by Zcopy: posted before
+    /// the call waits, so the peer's next large send can land in it.
+    /// `Some(Ok(n))` as `recv` (0 at EOF); `Some(Err(EAGAIN))` when nothing
+    /// came by `deadline` or nothing yet (the hooks then wait and receive
+    /// the usual way); `Some(Err(EINTR))` a signal. `None`: not by Zcopy.
+    fn recv_zcopy(
+        &self,
+        _buf: &mut [u8],
+        _waitall: bool,
+        _deadline: Option<Instant>,
+    ) -> Option<Result<usize, Errno>> {
+        None
+    }
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}

@@ -1038,7 +1038,6 @@ fn zcopy_stream(mode: &str) -> (statfile::Record, statfile::Record) {
 }
 
 #[test]
-#[ignore = "Zcopy does not engage under the preload yet: its streams are nonblocking (docs/preload.md, Known problems)"]
 fn read_zcopy_under_the_preload() {
     let (c, a) = zcopy_stream("read");
     // Each 4 MiB write is a Combined Mode SrcAvail carrying its first
@@ -1049,7 +1048,6 @@ fn read_zcopy_under_the_preload() {
 }
 
 #[test]
-#[ignore = "Zcopy does not engage under the preload yet: its streams are nonblocking (docs/preload.md, Known problems)"]
 fn write_zcopy_under_the_preload() {
     let (c, a) = zcopy_stream("write");
     // Pipelined Mode towards the reader; its posted reads are advertised

@@ -201,6 +201,17 @@ impl Ep {
         }
     }
 
+    /// The stream, claimed, for a call that blocks in it: the call runs
+    /// outside the fork gate, as a blocked wait does (a fork goes ahead;
+    /// the child forgets the call, `fork_child`).
+    fn blocking_stream(&self) -> Option<SdpStream> {
+        let _g = fdtable::enter_gate();
+        match self.access() {
+            Access::Stream(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// `Failed`: the error once, then what TCP gives on an unconnected
     /// socket (`otherwise`).
     fn failed(&self, otherwise: Errno) -> Errno {
@@ -406,15 +417,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn wait(&self, events: i16, deadline: Option<Instant>) -> Option<Result<(), Errno>> {
-        let stream = {
-            let _g = fdtable::enter_gate();
-            match self.access() {
-                Access::Stream(s) => s,
-                _ => return None,
-            }
-        };
-        // Outside the gate: a fork goes ahead while this thread sleeps
-        // (the child forgets it, `fork_child`).
+        let stream = self.blocking_stream()?;
         let interest = if events & libc::POLLOUT != 0 {
             Interest::Write
         } else {
@@ -692,7 +695,38 @@ impl SdpEndpoint for Ep {
 
     fn kernel_fd(&self) -> Option<RawFd> {
         let fd = self.sock.load(Ordering::Relaxed);
-        (fd >= 0 && self.own.owned()).then_some(fd)
+        if fd < 0 || !self.own.owned() {
+            return None;
+        }
+        // While another thread's Zcopy call holds the socket only it
+        // reads it: input there would wake this thread again and again.
+        let stream = match &*self.lock() {
+            State::Connected(s) => s.clone(),
+            _ => return None,
+        };
+        (!stream.zcopy_elsewhere()).then_some(fd)
+    }
+
+    fn send_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
+        let stream = self.blocking_stream()?;
+        let r = stream.write_zcopy(buf, deadline)?;
+        Some(r.map_err(|e| errno_of(&e)))
+    }
+
+    fn recv_zcopy(
+        &self,
+        buf: &mut [u8],
+        waitall: bool,
+        deadline: Option<Instant>,
+    ) -> Option<Result<usize, Errno>> {
+        let stream = self.blocking_stream()?;
+        let flags = if waitall {
+            SdpRecv::WAITALL
+        } else {
+            SdpRecv::EMPTY
+        };
+        let r = stream.read_zcopy(buf, flags, deadline)?;
+        Some(r.map_err(|e| errno_of(&e)))
     }
 
     fn pump(&self) {

@@ -215,6 +215,16 @@ fn wait_endpoint(h: &StreamHandle, events: i16, deadline: Option<Instant>) -> Re
     }
 }
 
+/// The index of the only non-empty buffer of `bufs` (a Zcopy call lends
+/// one buffer).
+fn single<B: std::ops::Deref<Target = [u8]>>(bufs: &[B]) -> Option<usize> {
+    let mut it = bufs.iter().enumerate().filter(|(_, b)| !b.is_empty());
+    match (it.next(), it.next()) {
+        (Some((i, _)), None) => Some(i),
+        _ => None,
+    }
+}
+
 fn publish_stats(fd: c_int, h: &StreamHandle) {
     fdtable::publish_stats(fd, &h.endpoint.stats());
 }
@@ -248,10 +258,32 @@ fn sdp_recv_inner(
         timeout(fd, h, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
+    // SDP_ZCOPY: one large buffer is lent to the endpoint before the wait,
+    // so the peer's next large send may go straight into it.
+    if !dontwait && !rflags.peek && !rflags.oob {
+        if let Some(i) = single(bufs) {
+            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline) {
+                Some(Ok(n)) if n == 0 || !waitall || n >= total => {
+                    publish_stats(fd, h);
+                    return n as ssize_t;
+                }
+                Some(Ok(n)) => {
+                    done = n;
+                    IoSliceMut::advance_slices(&mut bufs, n);
+                }
+                // Nothing yet, by Bcopy: wait and receive as usual.
+                Some(Err(libc::EAGAIN)) | None => {}
+                Some(Err(e)) => {
+                    publish_stats(fd, h);
+                    return fail(e);
+                }
+            }
+        }
+    }
     // A blocking receive waits first: what is held or in the socket ends
     // the wait at once, and when nothing is, a nonblocking read of the
     // socket before it would only say EAGAIN.
-    if !dontwait && !rflags.oob && total > 0 {
+    if !dontwait && !rflags.oob && total > done {
         // Past the deadline the read below still takes what came.
         if let Some(Err(libc::EINTR)) = h.endpoint.wait(libc::POLLIN, deadline) {
             return fail(libc::EINTR);
@@ -310,7 +342,14 @@ fn sdp_send_inner(
         timeout(fd, h, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
-    let result = loop {
+    // SDP_ZCOPY: one large buffer is lent to the endpoint until the peer
+    // took it (or the deadline or a signal cut it short).
+    let zcopy = if !dontwait && !sflags.oob && !sflags.more {
+        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline))
+    } else {
+        None
+    };
+    let result = zcopy.unwrap_or_else(|| loop {
         if done >= total && total > 0 {
             break Ok(done);
         }
@@ -330,7 +369,7 @@ fn sdp_send_inner(
             }
             Err(e) => break if done > 0 { Ok(done) } else { Err(e) },
         }
-    };
+    });
     publish_stats(fd, h);
     match result {
         Ok(n) => n as ssize_t,

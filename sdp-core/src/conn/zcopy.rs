@@ -417,6 +417,20 @@ impl Conn {
         true
     }
 
+    /// Takes back a send buffer as its deadline would at `now` (a signal
+    /// interrupted the blocking call that lent it): an outstanding
+    /// SrcAvail of it is canceled (§9.5.4), and its completion tells how
+    /// much of it is in the stream. A buffer not advertised yet is canceled
+    /// once it is. False if it is no longer under way.
+    pub fn cancel_send(&mut self, id: SendId, now: Instant) -> bool {
+        let Some(z) = self.z.zsends.iter_mut().find(|z| z.id == id) else {
+            return false;
+        };
+        z.deadline = Some(z.deadline.map_or(now, |d| d.min(now)));
+        self.zcopy_timeout(now);
+        true
+    }
+
     /// The next finished ULP buffer. A [`Completion::Received`] with placed
     /// bytes comes once every stream byte before them was read.
     pub fn poll_completion(&mut self) -> Option<Completion> {

@@ -126,6 +126,15 @@ impl Link {
         }
     }
 
+    /// Takes the send buffer back ([`crate::conn::Conn::cancel_send`]): its
+    /// completion follows once the peer answered the cancel.
+    pub fn cancel_send_zcopy(&mut self, now: Instant) -> bool {
+        match self.zc.send {
+            Some((id, _)) => self.conn.cancel_send(id, now),
+            None => false,
+        }
+    }
+
     /// The registrations the link holds for the connection.
     #[cfg(test)]
     pub(crate) fn zc_regs(&self) -> usize {

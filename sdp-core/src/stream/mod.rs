@@ -529,7 +529,11 @@ impl SdpStream {
         let shared = self.shared();
         let mut g = shared.lock();
         if flags == SendFlags::EMPTY && zcopy::write_by_zcopy(&g, buf.len()) {
-            if let Some(r) = zcopy::write(&mut g, buf) {
+            let call = zcopy::Call {
+                deadline: g.write_timeout.map(|t| Instant::now() + t),
+                interruptible: false,
+            };
+            if let Some(r) = zcopy::write(&mut g, buf, call) {
                 return r;
             }
         }
@@ -563,7 +567,11 @@ impl SdpStream {
         let mut g = shared.lock();
         let mut got = 0;
         if zcopy::read_by_zcopy(&g, buf.len(), flags) {
-            let r = zcopy::read(&mut g, buf, flags, &mut got);
+            let call = zcopy::Call {
+                deadline: g.read_timeout.map(|t| Instant::now() + t),
+                interruptible: false,
+            };
+            let r = zcopy::read(&mut g, buf, flags, &mut got, call);
             g.reader_leaves(Instant::now(), &buf[got..]);
             return r;
         }
@@ -572,6 +580,65 @@ impl SdpStream {
         // back to the Private Buffers.
         g.reader_leaves(Instant::now(), &buf[got..]);
         r
+    }
+
+    /// A blocking `write` of `buf` by Zcopy, whatever the stream's
+    /// nonblocking mode, for a caller that does its own blocking around
+    /// nonblocking calls (the preload): `deadline` is its SO_SNDTIMEO, and
+    /// a signal ends the call once the buffer is taken back (see
+    /// [`zcopy`]). `Some` with the bytes in the stream (fewer than
+    /// `buf.len()` only after the deadline or a signal), EAGAIN when the
+    /// deadline passed before any, EINTR when a signal came first; `None`
+    /// when the write does not go by Zcopy (the Bcopy Threshold, not
+    /// connected) and the caller goes its usual way.
+    pub fn write_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<io::Result<usize>> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        if !zcopy::fits(&g, buf.len()) {
+            return None;
+        }
+        let call = zcopy::Call {
+            deadline,
+            interruptible: true,
+        };
+        zcopy::write(&mut g, buf, call)
+    }
+
+    /// A blocking `read` into `buf` by Zcopy, whatever the stream's
+    /// nonblocking mode (see [`SdpStream::write_zcopy`]): with nothing
+    /// unread, `buf` is posted before the call waits, so that the peer's
+    /// next large write may go straight into it. `Some` with the bytes
+    /// read (0 at the end of the stream), EAGAIN when nothing came by the
+    /// deadline or the read went by Bcopy and found nothing yet (the
+    /// caller then waits its usual way), EINTR when a signal came first;
+    /// `None` when the read does not go by Zcopy (PEEK, OOB, the Bcopy
+    /// Threshold, Zcopy off, another Zcopy call under way).
+    pub fn read_zcopy(
+        &self,
+        buf: &mut [u8],
+        flags: RecvFlags,
+        deadline: Option<Instant>,
+    ) -> Option<io::Result<usize>> {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        if !zcopy::read_fits(&g, buf.len(), flags) {
+            return None;
+        }
+        let call = zcopy::Call {
+            deadline,
+            interruptible: true,
+        };
+        let mut got = 0;
+        let r = zcopy::read(&mut g, buf, flags, &mut got, call);
+        g.reader_leaves(Instant::now(), &buf[got..]);
+        Some(r)
+    }
+
+    /// Whether another thread's Zcopy call holds the socket now: a thread
+    /// that waits for this stream then waits for that call's progress,
+    /// not for the socket (which only that call reads).
+    pub fn zcopy_elsewhere(&self) -> bool {
+        self.shared().lock().zcopy_elsewhere()
     }
 
     /// `shutdown(2)`. Write: DisConn once every accepted byte is sent

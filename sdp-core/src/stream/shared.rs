@@ -726,6 +726,14 @@ impl Shared {
             let mut buf = [0u8; 8];
             let _ = rustix::io::read(&self.wake, &mut buf);
         }
+        g.zc_writer_waiting = false;
+        if g.zc_owner.take().is_some() {
+            // The thread that lent a Zcopy buffer is not here: this copy
+            // of the connection cannot keep its promises to the peer about
+            // that buffer, so it is aborted — should this process use it.
+            let inner = &mut *g;
+            inner.link.abandon_zcopy(inner.ep.connection_mut());
+        }
     }
 
     fn publish_deadline(&self, g: &Inner) -> bool {

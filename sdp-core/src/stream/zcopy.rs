@@ -19,6 +19,14 @@
 //!
 //! While its buffer is lent, the call is the Zcopy owner of the socket
 //! (see [`super::shared`]).
+//!
+//! A caller that keeps the stream nonblocking and does its own blocking
+//! (the preload library, whose hooks keep the program's socket semantics)
+//! enters by [`SdpStream::write_zcopy`](super::SdpStream::write_zcopy) and
+//! [`SdpStream::read_zcopy`](super::SdpStream::read_zcopy): the deadline
+//! is its own, and a signal ends the call — the buffer is taken back
+//! first (a cancel, §9.5.4 and §9.5.5, when advertised) and the call
+//! returns what it moved, or EINTR.
 
 use std::io;
 use std::time::Instant;
@@ -28,27 +36,41 @@ use super::{recv_loop, to_io, would_block};
 use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
-/// Whether a blocking call with `len` bytes of buffer goes by Zcopy.
-fn large(g: &Locked<'_>, len: usize) -> bool {
-    !g.nonblocking && g.link.is_connected() && (len as u64) > g.link.conn().config().bcopy_threshold
+/// How one blocking Zcopy call waits.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call {
+    /// SO_SNDTIMEO or SO_RCVTIMEO as a point in time.
+    pub deadline: Option<Instant>,
+    /// A signal ends the call (EINTR, or the bytes moved by then).
+    pub interruptible: bool,
+}
+
+/// Whether a call with `len` bytes of buffer is large enough for Zcopy.
+pub(super) fn fits(g: &Locked<'_>, len: usize) -> bool {
+    g.link.is_connected() && (len as u64) > g.link.conn().config().bcopy_threshold
 }
 
 /// Whether a blocking `write` of `len` bytes goes by Zcopy.
 pub(super) fn write_by_zcopy(g: &Locked<'_>, len: usize) -> bool {
-    large(g, len)
+    !g.nonblocking && fits(g, len)
 }
 
-/// Whether a blocking `read` into `len` bytes with `flags` goes by Zcopy:
-/// the connection takes the peer's buffers (Read Zcopy) or advertises
-/// ours (Write Zcopy).
-pub(super) fn read_by_zcopy(g: &Locked<'_>, len: usize, flags: RecvFlags) -> bool {
+/// Whether a `read` into `len` bytes with `flags` may go by Zcopy: the
+/// connection takes the peer's buffers (Read Zcopy) or advertises ours
+/// (Write Zcopy).
+pub(super) fn read_fits(g: &Locked<'_>, len: usize, flags: RecvFlags) -> bool {
     let config = g.link.conn().config();
-    large(g, len)
+    fits(g, len)
         && (config.read_zcopy || config.write_zcopy)
         && !flags.contains(RecvFlags::PEEK)
         && !flags.contains(RecvFlags::OOB)
         && !g.link.zcopy_lent()
         && !g.zc_writer_waiting
+}
+
+/// Whether a blocking `read` into `len` bytes with `flags` goes by Zcopy.
+pub(super) fn read_by_zcopy(g: &Locked<'_>, len: usize, flags: RecvFlags) -> bool {
+    !g.nonblocking && read_fits(g, len, flags)
 }
 
 /// The error of a connection that ended while a Zcopy buffer was lent.
@@ -65,56 +87,74 @@ fn ended(g: &mut Locked<'_>) -> Option<io::Error> {
     Some(to_io(e))
 }
 
+fn interrupted() -> io::Error {
+    io::Error::from_raw_os_error(rustix::io::Errno::INTR.raw_os_error())
+}
+
+fn is_interrupt(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Interrupted
+}
+
+/// Sleeps as the call may: a signal ends an interruptible call's sleep.
+fn sleep(g: &mut Locked<'_>, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
+    if interruptible {
+        g.wait_interruptible(deadline)
+    } else {
+        g.wait(deadline)
+    }
+}
+
 /// A blocking `write` of `buf` by Zcopy; returns the bytes in the stream,
 /// or `None` when it must go by Bcopy. Another thread's Zcopy read that
 /// holds the socket is asked to give it up: its buffer is taken back (at
 /// once if unused; after the SinkAvailCancel exchange, §9.5.5, if
 /// advertised; after the RDMA Read under way) and that read goes on by
 /// Bcopy.
-pub(super) fn write(g: &mut Locked<'_>, buf: &[u8]) -> Option<io::Result<usize>> {
-    let deadline = g.write_timeout.map(|t| Instant::now() + t);
+pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call) -> Option<io::Result<usize>> {
     if g.zcopy_elsewhere() {
         if !g.link.cancel_recv_zcopy() {
             return None;
         }
         g.zc_writer_waiting = true;
         while g.zcopy_elsewhere() {
-            if let Err(e) = g.wait(deadline) {
+            if let Err(e) = sleep(g, call.deadline, call.interruptible) {
                 g.zc_writer_waiting = false;
                 return Some(Err(e));
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if call.deadline.is_some_and(|d| Instant::now() >= d) {
                 g.zc_writer_waiting = false;
                 return Some(Err(would_block()));
             }
         }
         g.zc_writer_waiting = false;
     }
-    Some(write_owned(g, buf, deadline))
+    Some(write_owned(g, buf, call))
 }
 
-fn write_owned(g: &mut Locked<'_>, buf: &[u8], deadline: Option<Instant>) -> io::Result<usize> {
+fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Call) -> io::Result<usize> {
     loop {
-        match g.link.send_zcopy(buf.len(), deadline) {
+        match g.link.send_zcopy(buf.len(), call.deadline) {
             Ok(_) => break,
             Err(Error::WouldBlock) => {
                 // A Zcopy buffer of another thread, or a stream cut by a
                 // cancel the application has not seen yet.
-                if deadline.is_some_and(|d| Instant::now() >= d) {
+                if call.deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(would_block());
                 }
-                g.wait(deadline)?;
+                sleep(g, call.deadline, call.interruptible)?;
                 g.pump(Instant::now());
             }
             Err(e) => return Err(to_io(e)),
         }
     }
     g.zcopy_begin();
+    let mut signalled = false;
     let r = loop {
         g.pump_zcopy(Instant::now(), Some(buf), None);
         if let Some(c) = g.poll_zcopy() {
             if let Completion::Sent { len, .. } = c {
                 break match len {
+                    0 if signalled => Err(interrupted()),
                     0 => Err(would_block()),
                     n => Ok(usize::try_from(n).unwrap_or(buf.len()).min(buf.len())),
                 };
@@ -124,8 +164,16 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], deadline: Option<Instant>) -> io:
         if let Some(e) = ended(g) {
             break Err(e);
         }
-        if let Err(e) = g.wait(None) {
-            break Err(e);
+        match sleep(g, None, call.interruptible && !signalled) {
+            Ok(()) => {}
+            Err(e) if is_interrupt(&e) => {
+                // The buffer must not outlive the call: its advertisement
+                // is canceled (§9.5.4) and the completion says how much
+                // of it the stream kept.
+                signalled = true;
+                g.link.cancel_send_zcopy(Instant::now());
+            }
+            Err(e) => break Err(e),
         }
     };
     g.zcopy_end(Instant::now());
@@ -138,8 +186,9 @@ pub(super) fn read(
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
+    call: Call,
 ) -> io::Result<usize> {
-    let deadline = g.read_timeout.map(|t| Instant::now() + t);
+    let deadline = call.deadline;
     let waitall = flags.contains(RecvFlags::WAITALL);
     // Posts returned unused in a row (a Mode change, a cancel for Bcopy
     // bytes): after a few, the read goes by Bcopy.
@@ -173,7 +222,7 @@ pub(super) fn read(
             }
         }
         let rest = buf.len() - *got;
-        if !large(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
+        if !fits(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
             return recv_loop(g, buf, flags, got);
         }
         let len = u32::try_from(rest).unwrap_or(u32::MAX);
@@ -183,6 +232,7 @@ pub(super) fn read(
         g.zcopy_begin();
         let into = buf.get_mut(*got..).unwrap_or_default();
         let mut canceled = false;
+        let mut signalled = false;
         let c = loop {
             g.pump_zcopy(Instant::now(), None, Some(&mut *into));
             if let Some(c) = g.poll_zcopy() {
@@ -202,8 +252,17 @@ pub(super) fn read(
             if let Some(e) = ended(g) {
                 break Err(e);
             }
-            if let Err(e) = g.wait(None) {
-                break Err(e);
+            match sleep(g, None, call.interruptible && !signalled) {
+                Ok(()) => {}
+                Err(e) if is_interrupt(&e) => {
+                    // Taken back before the call returns: at once if
+                    // unused, else after the SinkAvailCancel exchange
+                    // (§9.5.5) or the RDMA Read under way.
+                    signalled = true;
+                    canceled = true;
+                    g.link.cancel_recv_zcopy();
+                }
+                Err(e) => break Err(e),
             }
         };
         g.zcopy_end(Instant::now());
@@ -215,6 +274,13 @@ pub(super) fn read(
                 let n = g.link.recv(into, RecvFlags::EMPTY).unwrap_or(0);
                 g.pump_out(Instant::now());
                 *got += n;
+            }
+            Ok(_) if signalled => {
+                return if *got > 0 {
+                    Ok(*got)
+                } else {
+                    Err(interrupted())
+                };
             }
             Ok(_) => {
                 // Returned unused: its deadline passed, Bcopy bytes came
@@ -232,7 +298,7 @@ pub(super) fn read(
             Err(_) if *got > 0 => return Ok(*got),
             Err(e) => return Err(e),
         }
-        if !waitall || *got == buf.len() {
+        if signalled || !waitall || *got == buf.len() {
             return Ok(*got);
         }
     }
