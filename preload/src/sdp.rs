@@ -145,6 +145,24 @@ pub struct Counters {
     /// Of `bcopy_rx`, bytes received straight into a waiting reader's
     /// buffer (no copy from a Private Buffer, DESIGN §7).
     pub bcopy_rx_direct: u64,
+    /// Received bytes copied from a Private Buffer into the reader's
+    /// buffer (with `bcopy_rx_direct`, every byte read).
+    pub rx_copied: u64,
+    /// Bytes placed in a waiting reader's buffer that had to go back into
+    /// the Private Buffer (the read ended before the message was whole): a
+    /// copy on top.
+    pub rx_copied_back: u64,
+}
+
+/// Zcopy and ModeChange Messages this end sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Messages {
+    pub src_avails: u64,
+    pub sink_avails: u64,
+    pub send_sms: u64,
+    /// SrcAvailCancel and SinkAvailCancel.
+    pub cancels: u64,
+    pub mode_changes: u64,
 }
 
 /// What `sdp-stat` shows of a live SDP connection.
@@ -153,6 +171,7 @@ pub struct Stats {
     pub tx_mode: Mode,
     pub rx_mode: Mode,
     pub bytes: Counters,
+    pub messages: Messages,
     /// Receive buffers we have advertised to the peer (our credits to it).
     pub local_credits: u32,
     /// Send credits the peer has given us.
@@ -244,8 +263,15 @@ pub trait SdpEndpoint: Send + Sync {
     /// the stream (fewer than `buf.len()` only after the deadline or a
     /// signal); `Some(Err(EAGAIN))` the deadline, `Some(Err(EINTR))` a
     /// signal, with nothing sent. `None`: not by Zcopy (too small, Zcopy
-    /// off); the hooks go the usual way.
-    fn send_zcopy(&self, _buf: &[u8], _deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
+    /// off); the hooks go the usual way. `lent` is called once the
+    /// buffer is offered to the peer, when the call first waits (the hooks
+    /// refresh the state export, so a long transfer shows).
+    fn send_zcopy(
+        &self,
+        _buf: &[u8],
+        _deadline: Option<Instant>,
+        _lent: &mut dyn FnMut(),
+    ) -> Option<Result<usize, Errno>> {
         None
     }
     /// A blocking `recv` into one large buffer by Zcopy: posted before
@@ -253,11 +279,13 @@ pub trait SdpEndpoint: Send + Sync {
     /// `Some(Ok(n))` as `recv` (0 at EOF); `Some(Err(EAGAIN))` when nothing
     /// came by `deadline` or nothing yet (the hooks then wait and receive
     /// the usual way); `Some(Err(EINTR))` a signal. `None`: not by Zcopy.
+    /// `lent` as for [`SdpEndpoint::send_zcopy`].
     fn recv_zcopy(
         &self,
         _buf: &mut [u8],
         _waitall: bool,
         _deadline: Option<Instant>,
+        _lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
         None
     }

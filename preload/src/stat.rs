@@ -1,6 +1,6 @@
 //! State export for `sdp-stat`: each preloaded process that manages a
 //! socket publishes one file, `<dir>/<pid>.stat`, a header and one fixed
-//! 128-byte record per fd number, mapped shared into the process and
+//! 192-byte record per fd number, mapped shared into the process and
 //! updated in place (a sequence counter per record, no syscall per update).
 //! The format is documented in `docs/preload.md`; [`parse`] reads it.
 //!
@@ -20,6 +20,7 @@ use crate::rules::Family;
 use crate::sdp::Stats;
 use std::ffi::CString;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::ptr;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -340,7 +341,7 @@ fn record(fd: i32, create_it: bool) -> Option<*mut u8> {
 fn write_record(rec: *mut u8, parts: &[(usize, &[u8])]) {
     // SAFETY: the record is RECORD_LEN bytes of a live shared mapping, its
     // first 4 bytes (4-aligned: the window is page-aligned and records are
-    // 128 bytes) are used only as this atomic.
+    // 192 bytes) are used only as this atomic.
     let seq = unsafe { &*(rec as *const AtomicU32) };
     let s = seq.load(Ordering::Relaxed);
     seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
@@ -415,33 +416,51 @@ pub fn publish(fd: i32, entry: Option<&Entry>) {
 }
 
 fn stats_bytes(stats: &Stats) -> StatsPart {
-    let mut counters = [0u8; STATS_LEN];
+    let mut part = [0u8; STATS_LEN];
+    let mut put = |f: Range<usize>, values: &[u64]| {
+        debug_assert_eq!(values.len() * 8, f.len());
+        for (b, v) in part[in_part(f)].chunks_exact_mut(8).zip(values) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+    };
     let c = &stats.bytes;
-    for (i, v) in [
-        c.bcopy_tx,
-        c.bcopy_rx,
-        c.read_zcopy_tx,
-        c.read_zcopy_rx,
-        c.write_zcopy_tx,
-        c.write_zcopy_rx,
-    ]
-    .iter()
-    .enumerate()
-    {
-        counters[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-    }
-    counters[48..52].copy_from_slice(&stats.local_credits.to_le_bytes());
-    counters[52..56].copy_from_slice(&stats.remote_credits.to_le_bytes());
-    counters[56..64].copy_from_slice(&c.bcopy_tx_direct.to_le_bytes());
-    counters[64..72].copy_from_slice(&c.bcopy_rx_direct.to_le_bytes());
-    ([stats.tx_mode as u8, stats.rx_mode as u8], counters)
+    let m = &stats.messages;
+    put(
+        field::COUNTERS,
+        &[
+            c.bcopy_tx,
+            c.bcopy_rx,
+            c.read_zcopy_tx,
+            c.read_zcopy_rx,
+            c.write_zcopy_tx,
+            c.write_zcopy_rx,
+        ],
+    );
+    put(field::DIRECT, &[c.bcopy_tx_direct, c.bcopy_rx_direct]);
+    put(
+        field::MESSAGES,
+        &[
+            m.src_avails,
+            m.sink_avails,
+            m.send_sms,
+            m.cancels,
+            m.mode_changes,
+        ],
+    );
+    put(field::COPIED, &[c.rx_copied, c.rx_copied_back]);
+    part[in_part(field::LOCAL_CREDITS)].copy_from_slice(&stats.local_credits.to_le_bytes());
+    part[in_part(field::REMOTE_CREDITS)].copy_from_slice(&stats.remote_credits.to_le_bytes());
+    ([stats.tx_mode as u8, stats.rx_mode as u8], part)
 }
 
 fn write_stats(rec: *mut u8, stats: &Stats) {
-    let (modes, counters) = stats_bytes(stats);
+    write_part(rec, &stats_bytes(stats));
+}
+
+fn write_part(rec: *mut u8, (modes, counters): &StatsPart) {
     write_record(
         rec,
-        &[(field::TX_MODE, &modes), (field::COUNTERS.start, &counters)],
+        &[(field::TX_MODE, modes), (field::COUNTERS.start, counters)],
     );
 }
 
@@ -452,12 +471,18 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
     }
 }
 
-/// Bytes of a record from [`field::COUNTERS`] to its end: the counters,
-/// the credits, the direct counters.
-const STATS_LEN: usize = field::DIRECT.end - field::COUNTERS.start;
+/// Bytes of a record from [`field::COUNTERS`] to the end of
+/// [`field::COPIED`]: the byte counters, the credits, the direct counters,
+/// the messages and the copy counters.
+const STATS_LEN: usize = field::COPIED.end - field::COUNTERS.start;
 
-/// The SDP part of a record: the modes and the counters with credits.
+/// The SDP part of a record: the modes, and the counters with credits.
 type StatsPart = ([u8; 2], [u8; STATS_LEN]);
+
+/// Where the record field `f` lies in the counters of a [`StatsPart`].
+fn in_part(f: Range<usize>) -> Range<usize> {
+    f.start - field::COUNTERS.start..f.end - field::COUNTERS.start
+}
 
 /// The SDP part of a record as the parent last wrote it, if the record is
 /// in use and not caught mid-update.
@@ -557,11 +582,8 @@ pub fn fork_child() {
             continue;
         };
         write_record(rec, &[(field::ENTRY_PART.start, entry)]);
-        if let Some((modes, counters)) = stats {
-            write_record(
-                rec,
-                &[(field::TX_MODE, modes), (field::COUNTERS.start, counters)],
-            );
+        if let Some(part) = stats {
+            write_part(rec, part);
         }
     }
 }
@@ -578,7 +600,7 @@ pub fn current_path() -> Option<String> {
 mod tests {
     use super::*;
     use crate::fdtable::{DecidedBy, SocketRole, TcpReason, Transport};
-    use crate::sdp::{Counters, Mode};
+    use crate::sdp::{Counters, Messages, Mode};
     use crate::stat_format::le_u32;
 
     #[test]
@@ -620,9 +642,35 @@ mod tests {
         assert_eq!((r.tx_mode, r.rx_mode), (1, 3));
         assert_eq!(r.counters, [1, 2, 3, 4, 5, 6]);
         assert_eq!(r.direct, [9, 10]);
+        assert_eq!(r.messages, [11, 12, 13, 14, 15]);
+        assert_eq!(r.copied, [16, 17]);
         assert_eq!((r.local_credits, r.remote_credits), (7, 8));
+        let rec = &file[HEADER_LEN + 2 * RECORD_LEN..];
+        assert!(rec[field::RESERVED].iter().all(|&b| b == 0));
         // Sequence: two writes, each leaving it even.
         assert_eq!(le_u32(&file[HEADER_LEN + 2 * RECORD_LEN..]), 4);
+    }
+
+    /// A forked child rewrites its records from the table plus the SDP
+    /// part of the parent's record (`fork_child`): every statistic goes
+    /// along.
+    #[test]
+    fn the_sdp_part_carries_every_statistic() {
+        let mut file = header().to_vec();
+        file.resize(HEADER_LEN + 2 * RECORD_LEN, 0);
+        let entry = entry_bytes(&Entry::new(false, false));
+        let parent = file[HEADER_LEN..].as_mut_ptr();
+        write_record(parent, &[(field::ENTRY_PART.start, &entry)]);
+        publish_stats_into(parent);
+        let part = stats_part(parent).unwrap();
+        let child = file[HEADER_LEN + RECORD_LEN..].as_mut_ptr();
+        write_record(child, &[(field::ENTRY_PART.start, &entry)]);
+        write_part(child, &part);
+        let state = parse(&file).unwrap();
+        let [p, c] = &state.records[..] else {
+            panic!("{state:?}")
+        };
+        assert_eq!(Record { fd: 0, ..c.clone() }, *p);
     }
 
     fn publish_stats_into(rec: *mut u8) {
@@ -638,6 +686,15 @@ mod tests {
                 write_zcopy_rx: 6,
                 bcopy_tx_direct: 9,
                 bcopy_rx_direct: 10,
+                rx_copied: 16,
+                rx_copied_back: 17,
+            },
+            messages: Messages {
+                src_avails: 11,
+                sink_avails: 12,
+                send_sms: 13,
+                cancels: 14,
+                mode_changes: 15,
             },
             local_credits: 7,
             remote_credits: 8,
@@ -652,6 +709,9 @@ mod tests {
         let mut h = header().to_vec();
         h[8] = 9;
         assert_eq!(parse(&h), Err(ParseError::UnsupportedVersion(9)));
+        // Version 1 records were 128 bytes, without the messages.
+        h[8] = 1;
+        assert_eq!(parse(&h), Err(ParseError::UnsupportedVersion(1)));
         let mut f = header().to_vec();
         f.resize(HEADER_LEN + RECORD_LEN, 0);
         f[HEADER_LEN] = 1;

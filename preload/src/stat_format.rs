@@ -8,15 +8,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// First 8 bytes of the file.
 pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
 /// Format version (header offset 8).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes before record 0 (one page).
 pub const HEADER_LEN: usize = 4096;
 /// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
-pub const RECORD_LEN: usize = 128;
+pub const RECORD_LEN: usize = 192;
 
 // Every field lies inside a record (the writer reads and writes them in
 // place).
-const _: () = assert!(field::DIRECT.end <= RECORD_LEN);
+const _: () = assert!(field::RESERVED.end <= RECORD_LEN);
 
 /// Byte ranges of the header and of a record.
 pub mod field {
@@ -45,9 +45,16 @@ pub mod field {
     pub const COUNTERS: std::ops::Range<usize> = 56..104;
     pub const LOCAL_CREDITS: std::ops::Range<usize> = 104..108;
     pub const REMOTE_CREDITS: std::ops::Range<usize> = 108..112;
-    /// Bcopy bytes sent and received without a copy (DESIGN §7); zero in
-    /// files of writers that predate them.
+    /// Bcopy bytes sent and received without a copy (DESIGN §7).
     pub const DIRECT: std::ops::Range<usize> = 112..128;
+    /// Messages this end sent: SrcAvail, SinkAvail, SendSm, SrcAvailCancel
+    /// and SinkAvailCancel, ModeChange.
+    pub const MESSAGES: std::ops::Range<usize> = 128..168;
+    /// Received bytes copied from a Private Buffer into the reader's
+    /// buffer, and bytes that had to go back into a Private Buffer.
+    pub const COPIED: std::ops::Range<usize> = 168..184;
+    /// Reserved: zero.
+    pub const RESERVED: std::ops::Range<usize> = 184..192;
     /// What `publish` owns: everything but the sequence word and the
     /// engine's statistics.
     pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
@@ -96,6 +103,11 @@ pub struct Record {
     /// Of bcopy tx/rx, the bytes sent straight from the application's
     /// buffer and received straight into it.
     pub direct: [u64; 2],
+    /// Messages sent: SrcAvail, SinkAvail, SendSm, cancels, ModeChange.
+    pub messages: [u64; 5],
+    /// Received bytes copied from a Private Buffer into the reader's
+    /// buffer, and bytes copied back into a Private Buffer.
+    pub copied: [u64; 2],
     pub local_credits: u32,
     pub remote_credits: u32,
 }
@@ -120,6 +132,15 @@ pub fn le_u64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[..8]);
     u64::from_le_bytes(a)
+}
+
+/// Consecutive u64s (`N` of them: the length of a field).
+fn le_u64s<const N: usize>(b: &[u8]) -> [u64; N] {
+    let mut out = [0; N];
+    for (v, c) in out.iter_mut().zip(b.chunks_exact(8)) {
+        *v = le_u64(c);
+    }
+    out
 }
 
 fn parse_addr(b: &[u8]) -> Option<SocketAddr> {
@@ -174,13 +195,6 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
         if r[field::IN_USE] == 0 {
             continue;
         }
-        let mut counters = [0u64; 6];
-        for (i, c) in counters.iter_mut().enumerate() {
-            let at = field::COUNTERS.start + i * 8;
-            *c = le_u64(&r[at..at + 8]);
-        }
-        let at = field::DIRECT.start;
-        let direct = [le_u64(&r[at..at + 8]), le_u64(&r[at + 8..at + 16])];
         state.records.push(Record {
             fd: fd as u32,
             transport: r[field::TRANSPORT],
@@ -194,8 +208,10 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             flags: r[field::FLAGS],
             local: parse_addr(&r[field::LOCAL]),
             peer: parse_addr(&r[field::PEER]),
-            counters,
-            direct,
+            counters: le_u64s(&r[field::COUNTERS]),
+            direct: le_u64s(&r[field::DIRECT]),
+            messages: le_u64s(&r[field::MESSAGES]),
+            copied: le_u64s(&r[field::COPIED]),
             local_credits: le_u32(&r[field::LOCAL_CREDITS]),
             remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
         });

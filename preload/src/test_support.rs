@@ -5,7 +5,8 @@
 
 use crate::fdtable::{self, Entry, SdpSide, Transport};
 use crate::sdp::{
-    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
+    Counters, Errno, Messages, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats,
+    WakeFd,
 };
 use libc::c_int;
 use sdp_core::stream::readiness::Readiness as Levels;
@@ -174,6 +175,7 @@ impl SdpEndpoint for FakeEndpoint {
             tx_mode: Mode::Combined,
             rx_mode: Mode::Combined,
             bytes: Counters::default(),
+            messages: Messages::default(),
             local_credits: 0,
             remote_credits: 0,
         }

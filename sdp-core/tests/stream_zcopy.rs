@@ -106,3 +106,271 @@ fn posted_receive_moves_by_write_zcopy_without_a_copy() {
     assert_eq!(rx.copies.bytes_received_direct, 0, "{rx:?}");
     assert_eq!(c.info().zcopy.write_zcopy_sent, sent.len() as u64);
 }
+
+// ----- The entries for a caller that blocks on its own (the preload) -----
+
+extern "C" fn ignore(_: libc::c_int) {}
+
+/// SIGUSR1 runs a handler that does nothing, without SA_RESTART: a
+/// blocking call it interrupts ends with EINTR.
+fn install_sigusr1() {
+    // SAFETY: a zeroed sigaction with a plain handler and an empty mask.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Sends SIGUSR1 to `thread` until `done` says its call returned (a
+/// signal that lands just before the call sleeps interrupts nothing).
+fn interrupt_until<T>(thread: libc::pthread_t, done: &std::sync::mpsc::Receiver<T>) -> T {
+    loop {
+        // SAFETY: the thread is alive until it sent on `done`.
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+        if let Ok(v) = done.recv_timeout(Duration::from_millis(20)) {
+            return v;
+        }
+    }
+}
+
+fn nonblocking_pair(client: &Config, server: &Config) -> (SdpStream, SdpStream) {
+    let (c, s) = pair_with(client, server);
+    c.set_nonblocking(true).unwrap();
+    s.set_nonblocking(true).unwrap();
+    (c, s)
+}
+
+/// Reads everything until the end of the stream, blocking on the stream's
+/// readiness (the stream itself is nonblocking).
+fn read_to_end_nonblocking(s: &SdpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0; MIB];
+    loop {
+        match (&*s).read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                s.wait_ready(sdp_core::stream::Interest::Read, None)
+                    .unwrap();
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// `read_zcopy` on a nonblocking stream posts the buffer before it waits:
+/// once `lent` is called the SinkAvail is out, and a write after that
+/// point lands in the buffer by RDMA Write, nothing copied.
+#[test]
+fn read_zcopy_posts_before_waiting_and_is_written_into() {
+    let client = Config {
+        pipelining: Pipelining::Always,
+        ..zcopy_config()
+    };
+    let (c, s) = nonblocking_pair(&client, &zcopy_config());
+    let sent = data(16 * MIB, 3);
+    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let s2 = s.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0; 16 * MIB];
+        let r = s2.read_zcopy(
+            &mut buf,
+            sdp_core::conn::RecvFlags::EMPTY,
+            None,
+            &mut || lent_tx.send(()).unwrap(),
+        );
+        let n = r.expect("by Zcopy").unwrap();
+        buf.truncate(n);
+        buf
+    });
+    lent_rx.recv().unwrap();
+    assert_eq!(s.info().zcopy.sink_avails, 1);
+    let n = c.write_zcopy(&sent, None, &mut || {}).expect("by Zcopy");
+    assert_eq!(n.unwrap(), sent.len());
+    let got = reader.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+    let rx = s.info();
+    assert_eq!(rx.zcopy.write_zcopy_received, sent.len() as u64, "{rx:?}");
+    assert_eq!(rx.copies.bytes_copied_from_pool, 0, "{rx:?}");
+    assert_eq!(c.info().zcopy.write_zcopy_sent, sent.len() as u64);
+}
+
+/// Below the Bcopy Threshold, or with Zcopy off, the entries decline and
+/// the caller goes its usual way.
+#[test]
+fn zcopy_entries_decline_small_buffers_and_zcopy_off() {
+    let (c, s) = nonblocking_pair(&zcopy_config(), &Config::default());
+    assert!(c.write_zcopy(&[0; 1024], None, &mut || {}).is_none());
+    let mut buf = vec![0; 4 * MIB];
+    // The server side has Zcopy off.
+    let flags = sdp_core::conn::RecvFlags::EMPTY;
+    assert!(s.read_zcopy(&mut buf, flags, None, &mut || {}).is_none());
+    let mut small = [0; 100];
+    assert!(c.read_zcopy(&mut small, flags, None, &mut || {}).is_none());
+}
+
+/// A deadline that passes with the buffer posted and advertised: the
+/// SinkAvail is canceled (§9.5.5), the call says EAGAIN, and the stream
+/// goes on intact.
+#[test]
+fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
+    let client = Config {
+        pipelining: Pipelining::Always,
+        ..zcopy_config()
+    };
+    let (c, s) = nonblocking_pair(&client, &zcopy_config());
+    let mut buf = vec![0; 4 * MIB];
+    let deadline = Some(std::time::Instant::now() + Duration::from_millis(50));
+    let flags = sdp_core::conn::RecvFlags::EMPTY;
+    let r = s.read_zcopy(&mut buf, flags, deadline, &mut || {});
+    let e = r.expect("by Zcopy").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(s.info().zcopy.cancels, 1, "{:?}", s.info().zcopy);
+    let sent = data(8 * MIB, 4);
+    let writer = {
+        let (c, sent) = (c.clone(), sent.clone());
+        std::thread::spawn(move || {
+            assert_eq!(
+                c.write_zcopy(&sent, None, &mut || {}).unwrap().unwrap(),
+                sent.len()
+            );
+            c.shutdown(Shutdown::Write).unwrap();
+        })
+    };
+    let got = read_to_end_nonblocking(&s);
+    writer.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+}
+
+/// A signal while the read's buffer is advertised: the buffer is taken
+/// back first (SinkAvailCancel, §9.5.5), then the call ends with EINTR;
+/// what the peer writes afterwards arrives whole.
+#[test]
+fn a_signal_ends_a_posted_read_zcopy_with_eintr() {
+    install_sigusr1();
+    let client = Config {
+        pipelining: Pipelining::Always,
+        ..zcopy_config()
+    };
+    let (c, s) = nonblocking_pair(&client, &zcopy_config());
+    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let s2 = s.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0; 4 * MIB];
+        // SAFETY: the calling thread's own id.
+        let me = unsafe { libc::pthread_self() };
+        let flags = sdp_core::conn::RecvFlags::EMPTY;
+        let r = s2.read_zcopy(&mut buf, flags, None, &mut || lent_tx.send(me).unwrap());
+        done_tx
+            .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
+            .unwrap();
+    });
+    let thread = lent_rx.recv().unwrap();
+    let r = interrupt_until(thread, &done_rx);
+    reader.join().unwrap();
+    assert_eq!(r, Some(Err(Some(libc::EINTR))));
+    let zc = s.info().zcopy;
+    assert_eq!((zc.sink_avails, zc.cancels), (1, 1), "{zc:?}");
+    let sent = data(8 * MIB, 5);
+    let writer = {
+        let (c, sent) = (c.clone(), sent.clone());
+        std::thread::spawn(move || {
+            assert_eq!(
+                c.write_zcopy(&sent, None, &mut || {}).unwrap().unwrap(),
+                sent.len()
+            );
+            c.shutdown(Shutdown::Write).unwrap();
+        })
+    };
+    let got = read_to_end_nonblocking(&s);
+    writer.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+}
+
+/// A signal while the write's SrcAvail waits for a reader that posts
+/// nothing: the SrcAvail is canceled (§9.5.4), the call returns what the
+/// stream kept (a Combined Mode SrcAvail's payload) or EINTR, and the
+/// rest, written again, follows it intact.
+#[test]
+fn a_signal_ends_a_write_zcopy_once_its_srcavail_is_canceled() {
+    install_sigusr1();
+    let (c, s) = nonblocking_pair(&zcopy_config(), &zcopy_config());
+    let sent = data(8 * MIB, 6);
+    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let (c, sent) = (c.clone(), sent.clone());
+        std::thread::spawn(move || {
+            // SAFETY: the calling thread's own id.
+            let me = unsafe { libc::pthread_self() };
+            let r = c.write_zcopy(&sent, None, &mut || lent_tx.send(me).unwrap());
+            done_tx
+                .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
+                .unwrap();
+        })
+    };
+    let thread = lent_rx.recv().unwrap();
+    let r = interrupt_until(thread, &done_rx);
+    writer.join().unwrap();
+    let kept = match r {
+        Some(Ok(n)) => n,
+        Some(Err(Some(libc::EINTR))) => 0,
+        other => panic!("write_zcopy: {other:?}"),
+    };
+    assert!(kept < sent.len(), "{kept}");
+    let zc = c.info().zcopy;
+    assert_eq!((zc.src_avails, zc.cancels), (1, 1), "{zc:?}");
+    let rest = sent[kept..].to_vec();
+    let writer = {
+        let c = c.clone();
+        std::thread::spawn(move || {
+            assert_eq!(
+                c.write_zcopy(&rest, None, &mut || {}).unwrap().unwrap(),
+                rest.len()
+            );
+            c.shutdown(Shutdown::Write).unwrap();
+        })
+    };
+    let got = read_to_end_nonblocking(&s);
+    writer.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+}
+
+/// Blocking reads with buffers below the Bcopy Threshold against large
+/// writes: each SrcAvail finds no posted buffer and the read that finds
+/// nothing answers it with SendSm (§9.2 step 2a) before it sleeps, so the
+/// writer goes on by Bcopy.
+#[test]
+fn small_blocking_reads_answer_srcavails_with_sendsm() {
+    let (c, s) = pair_with(&zcopy_config(), &zcopy_config());
+    let sent = data(16 * MIB, 7);
+    let writer = {
+        let (c, sent) = (c.clone(), sent.clone());
+        std::thread::spawn(move || {
+            for chunk in sent.chunks(4 * MIB) {
+                (&c).write_all(chunk).unwrap();
+            }
+            c.shutdown(Shutdown::Write).unwrap();
+        })
+    };
+    let mut got = Vec::new();
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        match (&s).read(&mut buf).unwrap() {
+            0 => break,
+            n => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    writer.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+    let rx = s.info().zcopy;
+    assert!(rx.send_sms > 0, "{rx:?}");
+    assert_eq!(
+        rx.read_zcopy_received + rx.write_zcopy_received,
+        0,
+        "{rx:?}"
+    );
+}

@@ -26,6 +26,12 @@ pub struct Record {
     /// Of the Bcopy bytes, sent straight from the application's buffer and
     /// received straight into a waiting reader's buffer.
     pub direct: [u64; 2],
+    /// Messages sent: SrcAvail, SinkAvail, SendSm, cancels (SrcAvailCancel
+    /// and SinkAvailCancel), ModeChange.
+    pub messages: [u64; 5],
+    /// Received bytes copied from a Private Buffer into the reader's
+    /// buffer, and bytes copied back into a Private Buffer.
+    pub copied: [u64; 2],
     /// Receive buffers advertised to the peer, and send credits from it.
     pub local_credits: u32,
     pub remote_credits: u32,
@@ -97,7 +103,7 @@ pub fn read(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 fn torn(bytes: &[u8]) -> bool {
     bytes.len() > 4096
         && bytes[4096..]
-            .chunks(128)
+            .chunks(192)
             .any(|r| r.len() >= 4 && u32_at(r, 0) % 2 == 1)
 }
 
@@ -105,10 +111,10 @@ fn torn(bytes: &[u8]) -> bool {
 pub fn parse(bytes: &[u8]) -> StatFile {
     assert!(bytes.len() >= 4096, "header is one page");
     assert_eq!(&bytes[0..8], b"SDPSTAT1");
-    assert_eq!(u32_at(bytes, 8), 1, "version");
+    assert_eq!(u32_at(bytes, 8), 2, "version");
     let header_len = u32_at(bytes, 12) as usize;
     let record_len = u32_at(bytes, 16) as usize;
-    assert_eq!((header_len, record_len), (4096, 128));
+    assert_eq!((header_len, record_len), (4096, 192));
     let name = &bytes[32..96];
     let end = name.iter().position(|&c| c == 0).unwrap_or(64);
     let mut file = StatFile {
@@ -127,6 +133,11 @@ pub fn parse(bytes: &[u8]) -> StatFile {
         for (i, c) in counters.iter_mut().enumerate() {
             *c = u64_at(r, 56 + 8 * i);
         }
+        let mut messages = [0u64; 5];
+        for (i, m) in messages.iter_mut().enumerate() {
+            *m = u64_at(r, 128 + 8 * i);
+        }
+        assert_eq!(u64_at(r, 184), 0, "record {fd}: reserved bytes");
         file.records.push(Record {
             fd,
             transport: r[5],
@@ -142,6 +153,8 @@ pub fn parse(bytes: &[u8]) -> StatFile {
             peer: addr(&r[36..56]),
             counters,
             direct: [u64_at(r, 112), u64_at(r, 120)],
+            messages,
+            copied: [u64_at(r, 168), u64_at(r, 176)],
             local_credits: u32_at(r, 104),
             remote_credits: u32_at(r, 108),
         });
@@ -158,7 +171,7 @@ pub fn snapshot(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 }
 
 fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
-    const RECORD: usize = 128;
+    const RECORD: usize = 192;
     const HEADER: usize = 4096;
     let mut prev = std::fs::read(path)?;
     let mut taken: Vec<Option<Vec<u8>>> = Vec::new();
@@ -171,14 +184,14 @@ fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
             continue;
         }
         if &prev[0..8] != b"SDPSTAT1"
-            || u32_at(&prev, 8) != 1
+            || u32_at(&prev, 8) != 2
             || u32_at(&prev, 12) as usize != HEADER
             || u32_at(&prev, 16) as usize != RECORD
             || !(prev.len() - HEADER).is_multiple_of(RECORD)
         {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{}: not a version 1 state export file", path.display()),
+                format!("{}: not a version 2 state export file", path.display()),
             ));
         }
         let records = (prev.len() - HEADER) / RECORD;

@@ -1059,3 +1059,167 @@ fn write_zcopy_under_the_preload() {
     assert!(c.counters[4] > 0, "{c:?}");
     assert_eq!(c.counters[2], 0, "{c:?}");
 }
+
+/// A 16 MiB `recv_into` posted before the peer writes: the harness lets
+/// the writer go once the export shows the reader's SinkAvail, and the
+/// payload lands in the reader's buffer by RDMA Write, not one byte of it
+/// copied on receive.
+const POSTED_FIRST: &str = r#"
+import hashlib, os, socket, sys, threading
+N = 16 << 20
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+# One byte there and back: the writer's ModeChange to Pipelined Mode,
+# sent first, has reached the reader.
+c.sendall(b"x")
+assert a.recv(1) == b"x"
+buf = bytearray(N)
+got = []
+t = threading.Thread(target=lambda: got.append(a.recv_into(memoryview(buf))))
+t.start()
+print("fds", os.getpid(), c.fileno(), a.fileno(), flush=True)
+sys.stdin.readline()
+data = hashlib.sha256(b"posted first").digest() * (N // 32)
+c.sendall(data)
+t.join()
+print("received", got[0], bytes(buf[:got[0]]) == data, flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn a_receive_posted_before_the_send_is_written_into_without_a_copy() {
+    const N: u64 = 16 << 20;
+    let stat = TempDir::new("sdp-zcopy-posted");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(POSTED_FIRST, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_ZCOPY", "write")
+        .env("SDP_ZCOPY_THRESHOLD", "1M")
+        .stdin(Stdio::piped());
+    let mut program = Background::start(cmd);
+    let (_, fds) = lines_until(&mut program, "fds ");
+    let n = numbers(&fds);
+    let (pid, client, accepted) = (n[0] as u32, n[1] as usize, n[2] as usize);
+    // The export's SinkAvail count: the reader's buffer is advertised.
+    let posted = state_when(stat.path(), pid, |s| {
+        s.record(accepted).is_some_and(|r| r.messages[1] == 1)
+    });
+    let before = posted.record(accepted).expect("accepted record").clone();
+    assert_eq!(before.messages[1], 1, "no SinkAvail: {before:?}");
+    let mut stdin = program.child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
+    let (_, received) = lines_until(&mut program, "received ");
+    assert_eq!(received.trim_end(), format!("received {N} True"));
+    let state = state_when(stat.path(), pid, |s| {
+        s.record(client).is_some_and(|r| r.counters[4] == N)
+    });
+    drop(stdin);
+    let (status, out) = program.finish();
+    assert!(status.success(), "{out}");
+    let c = state.record(client).expect("client record");
+    let a = state.record(accepted).expect("accepted record");
+    assert_eq!((c.tx_mode, a.rx_mode), (3, 3));
+    // All of it by RDMA Write into the posted buffer ...
+    assert_eq!((c.counters[4], a.counters[5]), (N, N), "{c:?} {a:?}");
+    // ... and none of it copied on receive (the one byte before it was).
+    assert_eq!(a.counters[1], 1, "{a:?}");
+    assert_eq!(a.copied, before.copied, "{a:?}");
+    assert!(a.copied[0] <= 1, "{a:?}");
+}
+
+/// A blocking 8 MiB `recv_into` whose buffer is advertised, interrupted
+/// by a signal whose handler raises: the call ends with EINTR (Python
+/// raises the handler's exception) after the SinkAvail is canceled, and
+/// the stream goes on intact.
+const ZCOPY_SIGNAL: &str = r#"
+import hashlib, os, signal, socket, sys, threading
+N = 8 << 20
+class Interrupted(Exception):
+    pass
+armed = True
+def on_usr1(sig, frame):
+    global armed
+    if armed:
+        armed = False
+        raise Interrupted()
+signal.signal(signal.SIGUSR1, on_usr1)
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+c.sendall(b"x")
+assert a.recv(1) == b"x"
+print("fds", os.getpid(), c.fileno(), a.fileno(), flush=True)
+buf = bytearray(N)
+try:
+    n = a.recv_into(memoryview(buf))
+    print("not interrupted", n, flush=True)
+except Interrupted:
+    print("interrupted", flush=True)
+data = hashlib.sha256(b"after the signal").digest() * (N // 32)
+def write():
+    c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+t = threading.Thread(target=write)
+t.start()
+got = bytearray()
+while True:
+    k = a.recv_into(memoryview(buf))
+    if k == 0:
+        break
+    got += buf[:k]
+t.join()
+print("received", len(got), bytes(got) == data, flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn a_signal_interrupts_a_zcopy_receive_with_eintr() {
+    let stat = TempDir::new("sdp-zcopy-signal");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(ZCOPY_SIGNAL, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_ZCOPY", "write")
+        .env("SDP_ZCOPY_THRESHOLD", "1M")
+        .stdin(Stdio::piped());
+    let mut program = Background::start(cmd);
+    let (_, fds) = lines_until(&mut program, "fds ");
+    let n = numbers(&fds);
+    let (pid, accepted) = (n[0] as u32, n[2] as usize);
+    let posted = state_when(stat.path(), pid, |s| {
+        s.record(accepted).is_some_and(|r| r.messages[1] == 1)
+    });
+    assert_eq!(posted.record(accepted).map(|r| r.messages[1]), Some(1));
+    // A signal that lands just before the call sleeps interrupts nothing:
+    // again until the export shows the SinkAvailCancel it led to.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+        let s = state_when(stat.path(), pid, |_| true);
+        if s.record(accepted).is_some_and(|r| r.messages[3] == 1) || Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (before, received) = lines_until(&mut program, "received ");
+    assert_eq!(before, ["interrupted\n"]);
+    assert_eq!(received.trim_end(), format!("received {} True", 8 << 20));
+    let state = state_when(stat.path(), pid, |_| true);
+    let a = state.record(accepted).expect("accepted record").clone();
+    drop(program.child.stdin.take());
+    let (status, out) = program.finish();
+    assert!(status.success(), "{out}");
+    // The interrupted read's SinkAvail, canceled (§9.5.5), then the next
+    // read's; the 8 MiB after the signal all arrived.
+    assert_eq!((a.messages[1], a.messages[3]), (2, 1), "{a:?}");
+    assert_eq!(
+        a.counters[1] + a.counters[3] + a.counters[5],
+        1 + (8 << 20),
+        "{a:?}"
+    );
+}

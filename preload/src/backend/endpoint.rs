@@ -604,6 +604,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn stats(&self) -> Stats {
+        use crate::sdp::Messages;
         let _g = fdtable::enter_gate();
         let stream = match &*self.lock() {
             State::Connected(s) => Some(s.clone()),
@@ -625,6 +626,15 @@ impl SdpEndpoint for Ep {
                         write_zcopy_rx: i.zcopy.write_zcopy_received,
                         bcopy_tx_direct: i.copies.bytes_sent_direct,
                         bcopy_rx_direct: i.copies.bytes_received_direct,
+                        rx_copied: i.copies.bytes_copied_from_pool,
+                        rx_copied_back: i.copies.bytes_copied_back,
+                    },
+                    messages: Messages {
+                        src_avails: i.zcopy.src_avails,
+                        sink_avails: i.zcopy.sink_avails,
+                        send_sms: i.zcopy.send_sms,
+                        cancels: i.zcopy.cancels,
+                        mode_changes: i.zcopy.mode_changes,
                     },
                     // Buffers advertised to the peer: its send credit.
                     local_credits: clamp_u32(i.credits.remote_credit),
@@ -635,6 +645,7 @@ impl SdpEndpoint for Ep {
                 tx_mode: Mode::Combined,
                 rx_mode: Mode::Combined,
                 bytes: Counters::default(),
+                messages: Messages::default(),
                 local_credits: 0,
                 remote_credits: 0,
             },
@@ -707,9 +718,14 @@ impl SdpEndpoint for Ep {
         (!stream.zcopy_elsewhere()).then_some(fd)
     }
 
-    fn send_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
+    fn send_zcopy(
+        &self,
+        buf: &[u8],
+        deadline: Option<Instant>,
+        lent: &mut dyn FnMut(),
+    ) -> Option<Result<usize, Errno>> {
         let stream = self.blocking_stream()?;
-        let r = stream.write_zcopy(buf, deadline)?;
+        let r = stream.write_zcopy(buf, deadline, lent)?;
         Some(r.map_err(|e| errno_of(&e)))
     }
 
@@ -718,6 +734,7 @@ impl SdpEndpoint for Ep {
         buf: &mut [u8],
         waitall: bool,
         deadline: Option<Instant>,
+        lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
         let stream = self.blocking_stream()?;
         let flags = if waitall {
@@ -725,7 +742,7 @@ impl SdpEndpoint for Ep {
         } else {
             SdpRecv::EMPTY
         };
-        let r = stream.read_zcopy(buf, flags, deadline)?;
+        let r = stream.read_zcopy(buf, flags, deadline, lent)?;
         Some(r.map_err(|e| errno_of(&e)))
     }
 

@@ -4,8 +4,10 @@
 //! of `docs/preload.md`, "State export"), each socket the preload manages:
 //! local and peer address, role, SDP or TCP and why (the rule, PMDeny, a
 //! port mapper timeout, an MPA reject...), the flow-control mode of each
-//! direction, bytes moved by Bcopy, Read Zcopy and Write Zcopy, and the
-//! credits. `--json` prints the same as one JSON document.
+//! direction, bytes moved by Bcopy, Read Zcopy and Write Zcopy, the
+//! credits, the Zcopy messages sent (SrcAvail, SinkAvail, SendSm, cancels,
+//! ModeChange) and the received bytes copied from Private Buffers. `--json`
+//! prints the same as one JSON document.
 //!
 //! Files of processes that are gone (or whose pid now runs another
 //! process) are skipped. The directory is `--dir`, else `SDP_STAT_DIR`,
@@ -29,7 +31,9 @@ const USAGE: &str = "\
 usage: sdp-stat [--dir DIR] [--json] [--pid PID]...
 
 Lists the sockets of every process running under the SDP preload: role,
-addresses, SDP or TCP and why, modes, bytes by mechanism, credits.
+addresses, SDP or TCP and why, modes, bytes by mechanism, credits, Zcopy
+messages sent (ZC MSGS: SrcAvail/SinkAvail/SendSm/cancels/ModeChange),
+received bytes copied from Private Buffers and copied back (COPIED).
 
   --dir DIR   the state export directory (default: SDP_STAT_DIR, else
               $XDG_RUNTIME_DIR/sdp, else /tmp/sdp-<uid>)
@@ -214,7 +218,7 @@ fn table(states: &[ProcessState]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11}",
+        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23}",
         "PID",
         "PROGRAM",
         "FD",
@@ -228,7 +232,9 @@ fn table(states: &[ProcessState]) -> String {
         "DIRECT TX/RX",
         "RZCOPY TX/RX",
         "WZCOPY TX/RX",
-        "CREDITS L/R"
+        "CREDITS L/R",
+        "ZC MSGS SRC/SINK/SM/CAN/MC",
+        "COPIED RX/BACK"
     );
     for s in states {
         for r in &s.records {
@@ -245,7 +251,7 @@ fn table(states: &[ProcessState]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11}",
+                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23}",
                 s.pid,
                 s.program.chars().take(14).collect::<String>(),
                 r.fd,
@@ -259,7 +265,9 @@ fn table(states: &[ProcessState]) -> String {
                 format!("{}/{}", r.direct[0], r.direct[1]),
                 format!("{}/{}", c[2], c[3]),
                 format!("{}/{}", c[4], c[5]),
-                credits
+                credits,
+                r.messages.map(|m| m.to_string()).join("/"),
+                format!("{}/{}", r.copied[0], r.copied[1])
             );
         }
     }
@@ -303,7 +311,7 @@ fn json(states: &[ProcessState]) -> String {
             if j > 0 {
                 out.push(',');
             }
-            let c = &r.counters;
+            let (c, m) = (&r.counters, &r.messages);
             let _ = write!(
                 out,
                 "\n    {{\"fd\": {}, \"role\": {}, \"transport\": {}, \"want\": {}, \
@@ -311,7 +319,9 @@ fn json(states: &[ProcessState]) -> String {
                  \"local\": {}, \"peer\": {}, \"tx_mode\": {}, \"rx_mode\": {}, \
                  \"forced\": {}, \"ipv6\": {}, \"bytes\": {{\"bcopy_tx\": {}, \"bcopy_rx\": {}, \
                  \"bcopy_tx_direct\": {}, \"bcopy_rx_direct\": {}, \"read_zcopy_tx\": {}, \"read_zcopy_rx\": {}, \"write_zcopy_tx\": {}, \
-                 \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}}}",
+                 \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}, \
+                 \"src_avails\": {}, \"sink_avails\": {}, \"send_sms\": {}, \"cancels\": {}, \
+                 \"mode_changes\": {}, \"bytes_copied_rx\": {}, \"bytes_copied_back\": {}}}",
                 r.fd,
                 json_str(role(r.role)),
                 json_str(transport(r.transport)),
@@ -335,7 +345,14 @@ fn json(states: &[ProcessState]) -> String {
                 c[4],
                 c[5],
                 r.local_credits,
-                r.remote_credits
+                r.remote_credits,
+                m[0],
+                m[1],
+                m[2],
+                m[3],
+                m[4],
+                r.copied[0],
+                r.copied[1]
             );
         }
         out.push_str(if s.records.is_empty() { "]}" } else { "\n  ]}" });
@@ -395,6 +412,8 @@ mod tests {
             peer: Some("127.0.0.1:5201".parse().unwrap()),
             counters: [1, 2, 3, 4, 5, 6],
             direct: [7, 8],
+            messages: [9, 10, 11, 12, 13],
+            copied: [14, 15],
             local_credits: 0,
             remote_credits: 0,
         }
@@ -433,8 +452,24 @@ mod tests {
             j.contains("\"bcopy_tx_direct\": 7, \"bcopy_rx_direct\": 8"),
             "{j}"
         );
+        assert!(
+            j.contains(
+                "\"src_avails\": 9, \"sink_avails\": 10, \"send_sms\": 11, \"cancels\": 12, \
+                 \"mode_changes\": 13, \"bytes_copied_rx\": 14, \"bytes_copied_back\": 15}"
+            ),
+            "{j}"
+        );
         assert_eq!(json(&[]), "[]\n");
         let t = table(&[]);
         assert!(t.starts_with("    PID PROGRAM"), "{t}");
+        let s = ProcessState {
+            pid: 42,
+            start_time: 1,
+            program: "p".into(),
+            records: vec![record()],
+        };
+        let t = table(&[s]);
+        assert!(t.contains(" 9/10/11/12/13 "), "{t}");
+        assert!(t.trim_end().ends_with(" 14/15"), "{t}");
     }
 }

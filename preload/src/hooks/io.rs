@@ -262,7 +262,8 @@ fn sdp_recv_inner(
     // so the peer's next large send may go straight into it.
     if !dontwait && !rflags.peek && !rflags.oob {
         if let Some(i) = single(bufs) {
-            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline) {
+            let lent = &mut || publish_stats(fd, h);
+            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline, lent) {
                 Some(Ok(n)) if n == 0 || !waitall || n >= total => {
                     publish_stats(fd, h);
                     return n as ssize_t;
@@ -345,7 +346,8 @@ fn sdp_send_inner(
     // SDP_ZCOPY: one large buffer is lent to the endpoint until the peer
     // took it (or the deadline or a signal cut it short).
     let zcopy = if !dontwait && !sflags.oob && !sflags.more {
-        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline))
+        let lent = &mut || publish_stats(fd, h);
+        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline, lent))
     } else {
         None
     };

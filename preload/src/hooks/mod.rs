@@ -85,6 +85,19 @@ pub fn internal_thread() {
     let _ = INSIDE.try_with(|inside| inside.set(true));
 }
 
+/// Blocks every signal on the calling thread, one of the library's own: a
+/// signal for the process then goes to a thread of the program, whose
+/// blocking call it interrupts (`EINTR`) as it would without the library.
+pub fn block_signals() {
+    // SAFETY: a local set filled by sigfillset; only this thread's mask
+    // changes.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// This process's id, as the library last saw it (start, fork child).
 static PID: AtomicI32 = AtomicI32::new(0);
 

@@ -1823,6 +1823,13 @@ impl Conn {
         }
     }
 
+    /// Whether control messages wait to be sent (a SendSm that a `recv`
+    /// finding nothing queued, say): whoever goes to sleep drives the link
+    /// first, or the peer would wait for it.
+    pub fn control_pending(&self) -> bool {
+        !self.control.is_empty()
+    }
+
     /// Bytes readable now (FIONREAD).
     pub fn bytes_readable(&self) -> u64 {
         self.rx.readable(self.config.oob_inline)

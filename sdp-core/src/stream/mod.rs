@@ -222,6 +222,11 @@ fn recv_loop(
                 pumped = true;
             }
             Err(Error::WouldBlock) if g.nonblocking => {
+                // A SendSm for a SrcAvail this read cannot take (§9.2
+                // step 2a) goes now: the caller may wait in epoll.
+                if g.link.conn().control_pending() {
+                    g.pump_out(Instant::now());
+                }
                 return if *got > 0 {
                     Ok(*got)
                 } else {
@@ -529,10 +534,7 @@ impl SdpStream {
         let shared = self.shared();
         let mut g = shared.lock();
         if flags == SendFlags::EMPTY && zcopy::write_by_zcopy(&g, buf.len()) {
-            let call = zcopy::Call {
-                deadline: g.write_timeout.map(|t| Instant::now() + t),
-                interruptible: false,
-            };
+            let call = zcopy::Call::plain(g.write_timeout.map(|t| Instant::now() + t));
             if let Some(r) = zcopy::write(&mut g, buf, call) {
                 return r;
             }
@@ -567,10 +569,7 @@ impl SdpStream {
         let mut g = shared.lock();
         let mut got = 0;
         if zcopy::read_by_zcopy(&g, buf.len(), flags) {
-            let call = zcopy::Call {
-                deadline: g.read_timeout.map(|t| Instant::now() + t),
-                interruptible: false,
-            };
+            let call = zcopy::Call::plain(g.read_timeout.map(|t| Instant::now() + t));
             let r = zcopy::read(&mut g, buf, flags, &mut got, call);
             g.reader_leaves(Instant::now(), &buf[got..]);
             return r;
@@ -590,8 +589,16 @@ impl SdpStream {
     /// `buf.len()` only after the deadline or a signal), EAGAIN when the
     /// deadline passed before any, EINTR when a signal came first; `None`
     /// when the write does not go by Zcopy (the Bcopy Threshold, not
-    /// connected) and the caller goes its usual way.
-    pub fn write_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<io::Result<usize>> {
+    /// connected) and the caller goes its usual way. `lent` is called,
+    /// without the stream's lock, once the buffer is lent and offered to
+    /// the peer, when the call first waits (to refresh exported
+    /// statistics: a long transfer shows while it is under way).
+    pub fn write_zcopy(
+        &self,
+        buf: &[u8],
+        deadline: Option<Instant>,
+        lent: &mut dyn FnMut(),
+    ) -> Option<io::Result<usize>> {
         let shared = self.shared();
         let mut g = shared.lock();
         if !zcopy::fits(&g, buf.len()) {
@@ -600,6 +607,7 @@ impl SdpStream {
         let call = zcopy::Call {
             deadline,
             interruptible: true,
+            lent: Some(lent),
         };
         zcopy::write(&mut g, buf, call)
     }
@@ -612,12 +620,15 @@ impl SdpStream {
     /// deadline or the read went by Bcopy and found nothing yet (the
     /// caller then waits its usual way), EINTR when a signal came first;
     /// `None` when the read does not go by Zcopy (PEEK, OOB, the Bcopy
-    /// Threshold, Zcopy off, another Zcopy call under way).
+    /// Threshold, Zcopy off, another Zcopy call under way). `lent` as for
+    /// [`SdpStream::write_zcopy`]: once the buffer is posted (and
+    /// advertised, if it is).
     pub fn read_zcopy(
         &self,
         buf: &mut [u8],
         flags: RecvFlags,
         deadline: Option<Instant>,
+        lent: &mut dyn FnMut(),
     ) -> Option<io::Result<usize>> {
         let shared = self.shared();
         let mut g = shared.lock();
@@ -627,6 +638,7 @@ impl SdpStream {
         let call = zcopy::Call {
             deadline,
             interruptible: true,
+            lent: Some(lent),
         };
         let mut got = 0;
         let r = zcopy::read(&mut g, buf, flags, &mut got, call);

@@ -49,6 +49,17 @@ const INTEREST: EventFlags = EventFlags::IN
     .union(EventFlags::RDHUP)
     .union(EventFlags::ET);
 
+/// What runs first on a progress thread ([`set_thread_start`]).
+static THREAD_START: OnceLock<fn()> = OnceLock::new();
+
+/// Has `f` run first on every progress thread started from now on: a host
+/// that interposes on a program (the preload) blocks signals there, so
+/// that a signal for the process interrupts one of the program's threads,
+/// as it would without the library. The first call wins.
+pub fn set_thread_start(f: fn()) {
+    let _ = THREAD_START.set(f);
+}
+
 /// Epoll key of the thread's own wake-up eventfd.
 const WAKE_KEY: u64 = u64::MAX;
 
@@ -99,7 +110,12 @@ fn thread() -> io::Result<&'static Thread> {
         }));
         std::thread::Builder::new()
             .name("sdp-progress".into())
-            .spawn(move || t.run())?;
+            .spawn(move || {
+                if let Some(f) = THREAD_START.get() {
+                    f();
+                }
+                t.run()
+            })?;
         Ok(t)
     })
     .as_ref()

@@ -779,6 +779,19 @@ impl<'a> Locked<'a> {
         self.wait_as(deadline, true)
     }
 
+    /// Runs `f` with the lock released (it may call the stream's own
+    /// methods); the caller pumps afterwards, as after a wait.
+    pub fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        if let Some(g) = self.guard.take() {
+            if g.cond_waiters > 0 {
+                self.shared.cond.notify_all();
+            }
+        }
+        let r = f();
+        self.guard = Some(self.shared.lock_inner());
+        r
+    }
+
     /// Another thread is the poller, or owns the socket for Zcopy: a wait
     /// now would sleep on the condition variable.
     pub fn waits_elsewhere(&self) -> bool {
@@ -792,6 +805,11 @@ impl<'a> Locked<'a> {
         let Some(mut g) = self.guard.take() else {
             return Ok(());
         };
+        if g.link.conn().control_pending() {
+            // What the link owes the peer (a SendSm answering a SrcAvail
+            // that a read found, §9.2 step 2a) goes before the sleep.
+            g.pump_out(Instant::now());
+        }
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
         let zc_elsewhere = g.zcopy_elsewhere();

@@ -37,12 +37,41 @@ use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
 /// How one blocking Zcopy call waits.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Call {
+pub(super) struct Call<'c> {
     /// SO_SNDTIMEO or SO_RCVTIMEO as a point in time.
     pub deadline: Option<Instant>,
     /// A signal ends the call (EINTR, or the bytes moved by then).
     pub interruptible: bool,
+    /// Called without the lock once the buffer is lent and offered to the
+    /// peer, before the call first sleeps (a host refreshes its exported
+    /// statistics).
+    pub lent: Option<&'c mut dyn FnMut()>,
+}
+
+impl Call<'_> {
+    /// A call of [`super::SdpStream`]'s own blocking `read` or `write`.
+    pub fn plain(deadline: Option<Instant>) -> Call<'static> {
+        Call {
+            deadline,
+            interruptible: false,
+            lent: None,
+        }
+    }
+
+    /// Tells the host once, at the first sleep of a lent buffer: true if
+    /// it did (the lock was released; pump again before sleeping).
+    fn tell_lent(&mut self, g: &mut Locked<'_>, told: &mut bool) -> bool {
+        if std::mem::replace(told, true) {
+            return false;
+        }
+        match self.lent.as_mut() {
+            Some(f) => {
+                g.unlocked(f);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Whether a call with `len` bytes of buffer is large enough for Zcopy.
@@ -110,7 +139,7 @@ fn sleep(g: &mut Locked<'_>, deadline: Option<Instant>, interruptible: bool) -> 
 /// once if unused; after the SinkAvailCancel exchange, §9.5.5, if
 /// advertised; after the RDMA Read under way) and that read goes on by
 /// Bcopy.
-pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call) -> Option<io::Result<usize>> {
+pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io::Result<usize>> {
     if g.zcopy_elsewhere() {
         if !g.link.cancel_recv_zcopy() {
             return None;
@@ -131,7 +160,7 @@ pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call) -> Option<io::Re
     Some(write_owned(g, buf, call))
 }
 
-fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Call) -> io::Result<usize> {
+fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result<usize> {
     loop {
         match g.link.send_zcopy(buf.len(), call.deadline) {
             Ok(_) => break,
@@ -149,6 +178,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Call) -> io::Result<usize> 
     }
     g.zcopy_begin();
     let mut signalled = false;
+    let mut told = false;
     let r = loop {
         g.pump_zcopy(Instant::now(), Some(buf), None);
         if let Some(c) = g.poll_zcopy() {
@@ -163,6 +193,9 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Call) -> io::Result<usize> 
         }
         if let Some(e) = ended(g) {
             break Err(e);
+        }
+        if call.tell_lent(g, &mut told) {
+            continue;
         }
         match sleep(g, None, call.interruptible && !signalled) {
             Ok(()) => {}
@@ -186,7 +219,7 @@ pub(super) fn read(
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
-    call: Call,
+    mut call: Call<'_>,
 ) -> io::Result<usize> {
     let deadline = call.deadline;
     let waitall = flags.contains(RecvFlags::WAITALL);
@@ -233,6 +266,7 @@ pub(super) fn read(
         let into = buf.get_mut(*got..).unwrap_or_default();
         let mut canceled = false;
         let mut signalled = false;
+        let mut told = false;
         let c = loop {
             g.pump_zcopy(Instant::now(), None, Some(&mut *into));
             if let Some(c) = g.poll_zcopy() {
@@ -251,6 +285,9 @@ pub(super) fn read(
             }
             if let Some(e) = ended(g) {
                 break Err(e);
+            }
+            if call.tell_lent(g, &mut told) {
+                continue;
             }
             match sleep(g, None, call.interruptible && !signalled) {
                 Ok(()) => {}
