@@ -374,3 +374,54 @@ fn small_blocking_reads_answer_srcavails_with_sendsm() {
         "{rx:?}"
     );
 }
+
+/// An epoll-style reader (nonblocking, sleeping on the readiness
+/// descriptor) against a Pipelined Mode writer, whose SrcAvail carries no
+/// data: the SrcAvail alone makes the stream readable, the read that finds
+/// nothing answers it with SendSm, and the bytes follow by Bcopy. (Had the
+/// progress thread taken the SrcAvail in, with no reader to answer it,
+/// both ends would wait for each other.)
+#[test]
+fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let client = Config {
+        pipelining: Pipelining::Always,
+        ..zcopy_config()
+    };
+    let (c, s) = nonblocking_pair(&client, &zcopy_config());
+    let sent = data(8 * MIB, 8);
+    let writer = {
+        let (c, sent) = (c.clone(), sent.clone());
+        std::thread::spawn(move || {
+            for chunk in sent.chunks(2 * MIB) {
+                assert_eq!(
+                    c.write_zcopy(chunk, None, &mut || {}).unwrap().unwrap(),
+                    chunk.len()
+                );
+            }
+            c.shutdown(Shutdown::Write).unwrap();
+        })
+    };
+    let mut got = Vec::new();
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(&s, PollFlags::IN)];
+                let ten = Timespec {
+                    tv_sec: 10,
+                    tv_nsec: 0,
+                };
+                let n = poll(&mut fds, Some(&ten)).unwrap();
+                assert!(n == 1, "not readable: {}", s.debug_state());
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    writer.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+    let zc = s.info().zcopy;
+    assert_eq!(zc.send_sms, 4, "{zc:?}");
+}

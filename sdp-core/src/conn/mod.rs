@@ -1795,7 +1795,8 @@ impl Conn {
         self.config.oob_inline = inline;
     }
 
-    /// Readable (POLLIN): data, end of stream, or a pending error.
+    /// Readable (POLLIN): data (a SrcAvail waiting for a reader too), end
+    /// of stream, or a pending error.
     pub fn readable(&self) -> bool {
         match self.state {
             State::HelloSent | State::HelloReceived => false,
@@ -1804,6 +1805,7 @@ impl Conn {
                     || self.completion_ready()
                     || self.error.is_some()
                     || self.at_eof()
+                    || self.src_avail_unanswered()
             }
         }
     }

@@ -1889,14 +1889,22 @@ impl Conn {
     /// posted buffer that is not there is answered with SendSm (§9.2 step
     /// 2a: the application's buffer is "unsuitable for Read Zcopy").
     pub(crate) fn recv_would_block(&mut self) {
-        if self.z.posted.is_empty()
+        if self.src_avail_unanswered() {
+            self.queue_send_sm(None);
+        }
+    }
+
+    /// A peer's SrcAvail waits for a reader: no buffer is posted for it,
+    /// and no RDMA Read, SendSm or cancel is under way. Its bytes are data
+    /// the application can read, so the stream polls readable — a reader
+    /// woken by it that brings no buffer answers with SendSm
+    /// ([`Conn::recv_would_block`]) and gets the bytes by Bcopy.
+    pub(crate) fn src_avail_unanswered(&self) -> bool {
+        self.z.posted.is_empty()
             && self.z.srcs_in.front().is_some_and(|s| s.reading.is_none())
             && self.z.cancel_in.is_none()
             && self.z.forced_until.is_none()
             && !self.control_has_send_sm()
-        {
-            self.queue_send_sm(None);
-        }
     }
 
     /// Whether send-side Zcopy work blocks plain `send` (§11.2: no Bcopy

@@ -646,6 +646,12 @@ impl SdpStream {
         Some(r)
     }
 
+    /// The connection's whole state, for a test that hangs.
+    #[cfg(feature = "testing")]
+    pub fn debug_state(&self) -> String {
+        format!("{:#?}", self.shared().lock().link.conn())
+    }
+
     /// Whether another thread's Zcopy call holds the socket now: a thread
     /// that waits for this stream then waits for that call's progress,
     /// not for the socket (which only that call reads).
