@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use sdp_core::conn::{
     Config, Conn, FlowControlMode, Pipelining, RecvFlags, SendFlags, Shutdown,
 };
-use sdp_core::verbs::{ErrorKind, Event, MemId, Op, RdmaOp, RecvId, Work, WrId};
+use sdp_core::verbs::{ErrorKind, Event, MemId, Op, RdmaOp, RecvId, SendId, Work, WrId};
 
 /// The connection and what the adapter would track for it.
 struct Harness {
@@ -29,6 +29,8 @@ struct Harness {
     next_stag: u32,
     /// Receive buffers posted with `post_recv`.
     ulp_recvs: Vec<RecvId>,
+    /// Send buffers handed with `send_zcopy`.
+    ulp_sends: Vec<SendId>,
     now: Instant,
 }
 
@@ -143,6 +145,7 @@ fn setup(config: &Config, client: bool) -> Option<Harness> {
         regs: VecDeque::new(),
         next_stag: 0,
         ulp_recvs: Vec::new(),
+        ulp_sends: Vec::new(),
         now,
     };
     h.drain();
@@ -310,7 +313,9 @@ fuzz_target!(|data: &[u8]| {
                 let n = u64::from(input.byte().unwrap_or(1)) * 61;
                 let deadline = (cmd & 0x80 != 0)
                     .then(|| h.now + Duration::from_millis(u64::from(cmd >> 4 & 7)));
-                let _ = h.conn.send_zcopy(n, deadline);
+                if let Ok(id) = h.conn.send_zcopy(n, deadline) {
+                    h.ulp_sends.push(id);
+                }
             }
             12 => {
                 let n = u32::from(input.byte().unwrap_or(1)) * 53;
@@ -327,7 +332,12 @@ fuzz_target!(|data: &[u8]| {
             }
             13 => {
                 let i = usize::from(cmd >> 4);
-                if let Some(&id) = h.ulp_recvs.get(i % h.ulp_recvs.len().max(1)) {
+                if cmd & 0x08 != 0 {
+                    // A signal interrupts a Zcopy write.
+                    if let Some(&id) = h.ulp_sends.get(i % h.ulp_sends.len().max(1)) {
+                        let _ = h.conn.cancel_send(id, h.now);
+                    }
+                } else if let Some(&id) = h.ulp_recvs.get(i % h.ulp_recvs.len().max(1)) {
                     let _ = h.conn.cancel_recv(id);
                 }
                 while h.conn.poll_completion().is_some() {}

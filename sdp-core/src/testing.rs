@@ -970,6 +970,8 @@ pub struct App {
     /// Completions seen: Zcopy sends, sends cut by a cancel, receive
     /// buffers with placed bytes, with bytes to copy, unused.
     pub seen: [u64; 5],
+    /// Zcopy sends taken back by [`Pair::app_interrupt`].
+    pub interrupts: u64,
     /// Bytes accepted and not yet released, from offset `staged_base`.
     staged: Vec<u8>,
     staged_start: usize,
@@ -996,6 +998,7 @@ impl App {
             posted: Vec::new(),
             copy_left: 0,
             seen: [0; 5],
+            interrupts: 0,
             staged: Vec::new(),
             staged_start: 0,
             staged_base: 0,
@@ -1049,6 +1052,9 @@ pub struct ZcopyUse {
     pub post_deadline_us: u64,
     /// A step asks for a Mode transition.
     pub mode_chance: u64,
+    /// A step takes a Zcopy send buffer back, as a signal interrupting
+    /// the blocking write does ([`Conn::cancel_send`]).
+    pub interrupt_chance: u64,
 }
 
 /// Two connected [`Conn`]s with their applications; see the module
@@ -1327,6 +1333,21 @@ impl<T: Transport> Pair<T> {
         }
     }
 
+    /// A signal interrupts the application of `side` in one of its Zcopy
+    /// writes: the buffer is taken back ([`Conn::cancel_send`]); its
+    /// completion says what stayed in the stream.
+    pub fn app_interrupt(&mut self, side: usize) {
+        let zsends = &self.apps[side].zsends;
+        if zsends.is_empty() {
+            return;
+        }
+        let (id, ..) = zsends[self.rng.below(zsends.len() as u64) as usize];
+        if self.conns[side].cancel_send(id, self.now) {
+            self.apps[side].interrupts += 1;
+        }
+        self.drain();
+    }
+
     /// The application of `side` takes its finished Zcopy buffers: checks
     /// the placed bytes, notes the bytes to copy, rolls its stream back to
     /// what a canceled send left in it.
@@ -1497,6 +1518,12 @@ impl<T: Transport> Pair<T> {
             if !app.zsends.is_empty() && conn.completion_ready() {
                 choices.push(9 + side);
             }
+            if z.interrupt_chance > 0
+                && !app.zsends.is_empty()
+                && self.rng.chance(z.interrupt_chance, 100)
+            {
+                choices.push(11 + side);
+            }
         }
         let Some(&choice) = choices.get(self.rng.below(choices.len() as u64) as usize) else {
             // Idle: jump to the next timer, if any.
@@ -1527,7 +1554,8 @@ impl<T: Transport> Pair<T> {
             3 | 4 => self.app_read(choice - 3),
             5 | 6 => self.app_post(choice - 5),
             7 | 8 => self.app_mode(choice - 7),
-            _ => self.app_completions(choice - 9),
+            9 | 10 => self.app_completions(choice - 9),
+            _ => self.app_interrupt(choice - 11),
         }
         self.drain();
         true

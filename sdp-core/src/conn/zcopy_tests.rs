@@ -180,15 +180,16 @@ fn every_mode_transition_both_ways() {
 }
 
 /// Randomized operation sequences: Bcopy and Zcopy sends, posted and
-/// plain receives, MSG_WAITALL, send deadlines that cancel SrcAvails,
-/// receive deadlines that cancel SinkAvails (§9.5.5), Mode changes asked
-/// by the applications at random and Pipelined Mode entered and left on
-/// REQ_PIPE hints — in both directions, 100 000 steps each, the byte
-/// streams intact. Every work request is checked against Figure 25 and
+/// plain receives, MSG_WAITALL, send deadlines and signals that cancel
+/// SrcAvails (§9.5.4), receive deadlines that cancel SinkAvails (§9.5.5),
+/// Mode changes asked by the applications at random and Pipelined Mode
+/// entered and left on REQ_PIPE hints — in both directions, 100 000 steps
+/// each, the byte streams intact. Every work request is checked against Figure 25 and
 /// the two sides' §9.5.1 counters against each other.
 #[test]
 fn randomized_100k_steps_keep_the_streams_intact() {
     let mut total = ZcopyStats::default();
+    let (mut interrupts, mut cut) = (0, 0);
     for seed in 0..4u64 {
         let a = Config {
             pipelining: if seed % 2 == 0 {
@@ -210,6 +211,7 @@ fn randomized_100k_steps_keep_the_streams_intact() {
                 waitall_chance: 20,
                 post_deadline_us: 3_000,
                 mode_chance: 2,
+                interrupt_chance: 1,
             };
             pair.apps[side].to_write = u64::MAX / 2;
         }
@@ -268,6 +270,8 @@ fn randomized_100k_steps_keep_the_streams_intact() {
         assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
         assert_eq!(pair.apps[0].read_hash, pair.apps[1].write_hash);
         for side in 0..2 {
+            interrupts += pair.apps[side].interrupts;
+            cut += pair.apps[side].seen[1];
             let s = pair.conns[side].zcopy_stats();
             total.src_avails += s.src_avails;
             total.sink_avails += s.sink_avails;
@@ -289,4 +293,6 @@ fn randomized_100k_steps_keep_the_streams_intact() {
             && total.send_sms > 0,
         "{total:?}"
     );
+    // Sends were interrupted, and some of them cut the stream (§9.5.4).
+    assert!(interrupts > 0 && cut > 0, "{interrupts} {cut}");
 }
