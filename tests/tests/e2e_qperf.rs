@@ -1,5 +1,6 @@
 //! Issue 6, item 3: `qperf` with `sdp_bw`, `sdp_lat` and `tcp_bw`, server
-//! and client preloaded. qperf's `sdp_*` tests make their data sockets with
+//! and client preloaded; `sdp_bw` with 1 MiB messages by Read Zcopy
+//! (issue 7). qperf's `sdp_*` tests make their data sockets with
 //! `socket(AF_INET_SDP = 27, ...)`, which only the preload turns into
 //! something that works; `tcp_bw` uses ordinary sockets, which the preload
 //! carries over SDP too.
@@ -31,18 +32,36 @@ fn value(output: &str, name: &str) -> (f64, String) {
 }
 
 fn run(test: &str) -> String {
+    run_with(test, None)
+}
+
+/// Runs qperf `test`; with `zcopy`, both ends have `SDP_ZCOPY=zcopy` and
+/// send 1 MiB messages, and the data connection must show Zcopy bytes
+/// and messages on both ends while the test runs.
+fn run_with(test: &str, zcopy: Option<&str>) -> String {
     require("qperf");
-    let env = Env::new(test);
+    let env = match zcopy {
+        Some(mode) => Env::new(&format!("{test}-zcopy-{mode}")),
+        None => Env::new(test),
+    };
     let (sync_port, data_port) = (free_port(), free_port());
     let mut server = env.preloaded("qperf");
     server.args(["-lp", &sync_port.to_string()]);
+    let mut client = env.preloaded("qperf");
+    client.args(["-lp", &sync_port.to_string(), "-ip", &data_port.to_string()]);
+    // One second; three with Zcopy, for the export to show it mid-run.
+    client.args(["-t", if zcopy.is_some() { "3" } else { "1" }]);
+    if let Some(mode) = zcopy {
+        for cmd in [&mut server, &mut client] {
+            cmd.env("SDP_ZCOPY", mode)
+                .env("SDP_ZCOPY_THRESHOLD", "256K");
+        }
+        // (Options after the test name are not the test's.)
+        client.args(["-m", "1M"]);
+    }
+    client.args(["-vv", "127.0.0.1", test]);
     let server = Proc::spawn("qperf server", server, false);
     env.wait_listener(server.pid(), sync_port);
-
-    let mut client = env.preloaded("qperf");
-    client
-        .args(["-lp", &sync_port.to_string(), "-ip", &data_port.to_string()])
-        .args(["-t", "1", "-vv", "127.0.0.1", test]);
     let client = Proc::spawn(&format!("qperf {test}"), client, false);
     for (what, port) in [("synchronisation", sync_port), ("data", data_port)] {
         let c = env
@@ -52,8 +71,18 @@ fn run(test: &str) -> String {
             .remove(0);
         expect_sdp(&format!("qperf {test}: client's {what} connection"), &c);
         let local = c.local.expect("the client's local address");
-        let (_, s) = env.accepted_from(local);
+        let (pid, s) = env.accepted_from(local);
         expect_sdp(&format!("qperf {test}: server's {what} connection"), &s);
+        if zcopy.is_some() && port == data_port {
+            // Sent by SrcAvail and the server's RDMA Reads of the
+            // client's buffers, straight into the server's.
+            env.wait_records("Zcopy bytes sent", client.pid(), 1, |r| {
+                r.local == Some(local) && r.counters[2] > 0 && r.messages[0] > 0
+            });
+            env.wait_records("Zcopy bytes received", pid, 1, |r| {
+                r.peer.is_some_and(|a| a.port() == local.port()) && r.counters[3] > 0
+            });
+        }
     }
     let out = client.finish_ok();
     assert!(
@@ -92,6 +121,15 @@ fn check_bandwidth(out: &str) {
 #[test]
 fn qperf_sdp_bw() {
     check_bandwidth(&run("sdp_bw"));
+}
+
+/// The unmodified program's blocking 1 MiB sends and receives go by Read
+/// Zcopy under `SDP_ZCOPY=read`.
+#[test]
+fn qperf_sdp_bw_by_read_zcopy() {
+    let out = run_with("sdp_bw", Some("read"));
+    check_bandwidth(&out);
+    assert_eq!(value(&out, "msg_size"), (1.0, "MiB".to_owned()), "{out}");
 }
 
 #[test]
