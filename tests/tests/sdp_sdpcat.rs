@@ -148,6 +148,7 @@ fn transfer(bytes: u64) {
         .arg(addr.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("sdpcat client");
     let mut local_sum = Command::new("sha256sum")
@@ -169,9 +170,14 @@ fn transfer(bytes: u64) {
             left -= n as u64;
         }
     }
-    assert!(client.wait().unwrap().success(), "client failed");
+    let out = client.wait_with_output().unwrap();
+    let msgs = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "client failed: {msgs}");
     assert!(srv.wait().unwrap().success(), "server failed");
     let secs = t.elapsed().as_secs_f64();
+    // The client's counters, printed once everything went, add up.
+    let tx = mechanism_line(&msgs);
+    assert_eq!(tx[0] + tx[1] + tx[2], bytes, "{msgs}");
     let (sent, received) = (digest(local_sum), digest(srv_sum));
     eprintln!(
         "{bytes} bytes in {secs:.1} s ({:.2} Gbit/s with the hashing)",

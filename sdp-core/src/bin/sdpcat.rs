@@ -185,6 +185,8 @@ fn main() -> ExitCode {
     if let Ok(n) = down {
         eprintln!("sdpcat: received {n} bytes");
     }
+    // Counted once sent: the last bytes written may still be queued.
+    let _ = (&stream).flush();
     let i = stream.info();
     let z = i.zcopy;
     eprintln!(
