@@ -1223,3 +1223,65 @@ fn a_signal_interrupts_a_zcopy_receive_with_eintr() {
         "{a:?}"
     );
 }
+
+/// 32 MiB of blocking 4 MiB `sendall`s in Pipelined Mode (SrcAvails with
+/// no payload) against an epoll reader of a nonblocking socket: each
+/// SrcAvail alone wakes the reader, whose read finds nothing, answers
+/// with SendSm and gets the bytes by Bcopy.
+const ZCOPY_TO_EPOLL: &str = r#"
+import hashlib, selectors, socket, threading
+CHUNK = 4 << 20
+TOTAL = 32 << 20
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+sent = hashlib.sha256()
+def writer():
+    for i in range(TOTAL // CHUNK):
+        b = hashlib.sha256(i.to_bytes(8, "little")).digest() * (CHUNK // 32)
+        sent.update(b)
+        c.sendall(b)
+    c.shutdown(socket.SHUT_WR)
+# A daemon: should the reader give up, the program ends anyway.
+t = threading.Thread(target=writer, daemon=True)
+t.start()
+a.setblocking(False)
+sel = selectors.EpollSelector()
+sel.register(a, selectors.EVENT_READ)
+got = hashlib.sha256()
+n = 0
+eof = False
+while not eof:
+    assert sel.select(timeout=20), "no readiness in 20 s"
+    while True:
+        try:
+            b = a.recv(65536)
+        except BlockingIOError:
+            break
+        if not b:
+            eof = True
+            break
+        got.update(b)
+        n += len(b)
+t.join()
+print("received", n, got.hexdigest() == sent.hexdigest(), flush=True)
+"#;
+
+#[test]
+fn an_epoll_reader_gets_a_zcopy_writers_bytes() {
+    let stat = TempDir::new("sdp-zcopy-epoll");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(ZCOPY_TO_EPOLL, Mode::Sdp, stat.path());
+    // Both: the reader would take a SrcAvail by RDMA Read into a posted
+    // buffer, so it waits for a read instead of answering at once.
+    pm.apply(&mut cmd)
+        .env("SDP_ZCOPY", "both")
+        .env("SDP_ZCOPY_THRESHOLD", "1M");
+    let out = run_ok(cmd);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        format!("received {} True", 32 << 20)
+    );
+}
