@@ -289,6 +289,12 @@ pub trait SdpEndpoint: Send + Sync {
     ) -> Option<Result<usize, Errno>> {
         None
     }
+    /// Another thread's Zcopy call holds the connection's socket: only it
+    /// reads the socket meanwhile, so a blocked call waits on the wake fd
+    /// alone (input on the socket would wake it again and again).
+    fn zcopy_elsewhere(&self) -> bool {
+        false
+    }
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}

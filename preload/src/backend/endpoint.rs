@@ -706,16 +706,14 @@ impl SdpEndpoint for Ep {
 
     fn kernel_fd(&self) -> Option<RawFd> {
         let fd = self.sock.load(Ordering::Relaxed);
-        if fd < 0 || !self.own.owned() {
-            return None;
+        (fd >= 0 && self.own.owned()).then_some(fd)
+    }
+
+    fn zcopy_elsewhere(&self) -> bool {
+        match &*self.lock() {
+            State::Connected(s) => s.zcopy_elsewhere(),
+            _ => false,
         }
-        // While another thread's Zcopy call holds the socket only it
-        // reads it: input there would wake this thread again and again.
-        let stream = match &*self.lock() {
-            State::Connected(s) => s.clone(),
-            _ => return None,
-        };
-        (!stream.zcopy_elsewhere()).then_some(fd)
     }
 
     fn send_zcopy(

@@ -206,12 +206,14 @@ pub fn wait(
 fn wait_endpoint(h: &StreamHandle, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
     match h.endpoint.wait(events, deadline) {
         Some(r) => r,
-        None => wait(
-            h.endpoint.wake_fd(),
-            events,
-            h.endpoint.kernel_fd(),
-            deadline,
-        ),
+        None => {
+            let kernel = if h.endpoint.zcopy_elsewhere() {
+                None
+            } else {
+                h.endpoint.kernel_fd()
+            };
+            wait(h.endpoint.wake_fd(), events, kernel, deadline)
+        }
     }
 }
 
