@@ -1214,9 +1214,10 @@ fn a_signal_interrupts_a_zcopy_receive_with_eintr() {
     drop(program.child.stdin.take());
     let (status, out) = program.finish();
     assert!(status.success(), "{out}");
-    // The interrupted read's SinkAvail, canceled (§9.5.5), then the next
-    // read's; the 8 MiB after the signal all arrived.
-    assert_eq!((a.messages[1], a.messages[3]), (2, 1), "{a:?}");
+    // The interrupted read's SinkAvail, canceled (§9.5.5); the next
+    // read's may be advertised too, or the writer's SrcAvail come first
+    // (SendSm). The 8 MiB after the signal all arrived.
+    assert!(a.messages[1] >= 1 && a.messages[3] == 1, "{a:?}");
     assert_eq!(
         a.counters[1] + a.counters[3] + a.counters[5],
         1 + (8 << 20),
