@@ -26,6 +26,15 @@ fn data(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+/// A Data Source that enters Pipelined Mode at once (Write Zcopy into
+/// posted reads).
+fn pipelined() -> Config {
+    Config {
+        pipelining: Pipelining::Always,
+        ..zcopy_config()
+    }
+}
+
 fn zcopy_config() -> Config {
     Config {
         bcopy_threshold: 256 * 1024,
@@ -80,10 +89,7 @@ fn large_writes_move_by_read_zcopy() {
 /// payload straight into it — no byte of it is copied on receive.
 #[test]
 fn posted_receive_moves_by_write_zcopy_without_a_copy() {
-    let client = Config {
-        pipelining: Pipelining::Always,
-        ..zcopy_config()
-    };
+    let client = pipelined();
     let (c, s) = pair_with(&client, &zcopy_config());
     let sent = data(16 * MIB, 2);
     let s2 = s.clone();
@@ -178,15 +184,26 @@ fn read_to_end_nonblocking(s: &SdpStream) -> Vec<u8> {
     }
 }
 
+/// `data` written by `write_zcopy` from another thread, then the end of
+/// the stream, read at `s` with [`read_to_end_nonblocking`].
+fn write_zcopy_then_read_to_end(c: &SdpStream, s: &SdpStream, data: Vec<u8>) -> Vec<u8> {
+    let c = c.clone();
+    let writer = std::thread::spawn(move || {
+        let n = c.write_zcopy(&data, None, &mut || {}).expect("by Zcopy");
+        assert_eq!(n.unwrap(), data.len());
+        c.shutdown(Shutdown::Write).unwrap();
+    });
+    let got = read_to_end_nonblocking(s);
+    writer.join().unwrap();
+    got
+}
+
 /// `read_zcopy` on a nonblocking stream posts the buffer before it waits:
 /// once `lent` is called the SinkAvail is out, and a write after that
 /// point lands in the buffer by RDMA Write, nothing copied.
 #[test]
 fn read_zcopy_posts_before_waiting_and_is_written_into() {
-    let client = Config {
-        pipelining: Pipelining::Always,
-        ..zcopy_config()
-    };
+    let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let sent = data(16 * MIB, 3);
@@ -236,10 +253,7 @@ fn zcopy_entries_decline_small_buffers_and_zcopy_off() {
 /// goes on intact.
 #[test]
 fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
-    let client = Config {
-        pipelining: Pipelining::Always,
-        ..zcopy_config()
-    };
+    let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let mut buf = vec![0; 4 * MIB];
@@ -250,18 +264,7 @@ fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     assert_eq!(s.info().zcopy.cancels, 1, "{:?}", s.info().zcopy);
     let sent = data(8 * MIB, 4);
-    let writer = {
-        let (c, sent) = (c.clone(), sent.clone());
-        std::thread::spawn(move || {
-            assert_eq!(
-                c.write_zcopy(&sent, None, &mut || {}).unwrap().unwrap(),
-                sent.len()
-            );
-            c.shutdown(Shutdown::Write).unwrap();
-        })
-    };
-    let got = read_to_end_nonblocking(&s);
-    writer.join().unwrap();
+    let got = write_zcopy_then_read_to_end(&c, &s, sent.clone());
     assert!(got == sent, "{} bytes", got.len());
 }
 
@@ -271,10 +274,7 @@ fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
 #[test]
 fn a_signal_ends_a_posted_read_zcopy_with_eintr() {
     install_sigusr1();
-    let client = Config {
-        pipelining: Pipelining::Always,
-        ..zcopy_config()
-    };
+    let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let (lent_tx, lent_rx) = std::sync::mpsc::channel();
@@ -297,18 +297,7 @@ fn a_signal_ends_a_posted_read_zcopy_with_eintr() {
     let zc = s.info().zcopy;
     assert_eq!((zc.sink_avails, zc.cancels), (1, 1), "{zc:?}");
     let sent = data(8 * MIB, 5);
-    let writer = {
-        let (c, sent) = (c.clone(), sent.clone());
-        std::thread::spawn(move || {
-            assert_eq!(
-                c.write_zcopy(&sent, None, &mut || {}).unwrap().unwrap(),
-                sent.len()
-            );
-            c.shutdown(Shutdown::Write).unwrap();
-        })
-    };
-    let got = read_to_end_nonblocking(&s);
-    writer.join().unwrap();
+    let got = write_zcopy_then_read_to_end(&c, &s, sent.clone());
     assert!(got == sent, "{} bytes", got.len());
 }
 
@@ -346,18 +335,7 @@ fn a_signal_ends_a_write_zcopy_once_its_srcavail_is_canceled() {
     let zc = c.info().zcopy;
     assert_eq!((zc.src_avails, zc.cancels), (1, 1), "{zc:?}");
     let rest = sent[kept..].to_vec();
-    let writer = {
-        let c = c.clone();
-        std::thread::spawn(move || {
-            assert_eq!(
-                c.write_zcopy(&rest, None, &mut || {}).unwrap().unwrap(),
-                rest.len()
-            );
-            c.shutdown(Shutdown::Write).unwrap();
-        })
-    };
-    let got = read_to_end_nonblocking(&s);
-    writer.join().unwrap();
+    let got = write_zcopy_then_read_to_end(&c, &s, rest);
     assert!(got == sent, "{} bytes", got.len());
 }
 
@@ -406,10 +384,7 @@ fn small_blocking_reads_answer_srcavails_with_sendsm() {
 #[test]
 fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let client = Config {
-        pipelining: Pipelining::Always,
-        ..zcopy_config()
-    };
+    let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let sent = data(8 * MIB, 8);

@@ -58,18 +58,32 @@ impl Call<'_> {
         }
     }
 
-    /// Tells the host once, at the first sleep of a lent buffer: true if
-    /// it did (the lock was released; pump again before sleeping).
-    fn tell_lent(&mut self, g: &mut Locked<'_>, told: &mut bool) -> bool {
-        if std::mem::replace(told, true) {
-            return false;
-        }
-        match self.lent.as_mut() {
-            Some(f) => {
+    /// One wait of a call whose buffer is lent; the caller pumps and looks
+    /// for the completion before and after. The first time, the host is
+    /// told instead (the lock was released: pump again before sleeping).
+    /// A signal during an interruptible call's sleep sets `signalled` and
+    /// runs `take_back` once; later sleeps of the call wait for the
+    /// completion regardless. Other errors end the call.
+    fn wait_lent(
+        &mut self,
+        g: &mut Locked<'_>,
+        told: &mut bool,
+        signalled: &mut bool,
+        take_back: impl FnOnce(&mut Locked<'_>),
+    ) -> io::Result<()> {
+        if !std::mem::replace(told, true) {
+            if let Some(f) = self.lent.as_mut() {
                 g.unlocked(f);
-                true
+                return Ok(());
             }
-            None => false,
+        }
+        match sleep(g, None, self.interruptible && !*signalled) {
+            Err(e) if is_interrupt(&e) => {
+                *signalled = true;
+                take_back(g);
+                Ok(())
+            }
+            r => r,
         }
     }
 }
@@ -194,19 +208,14 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
         if let Some(e) = ended(g) {
             break Err(e);
         }
-        if call.tell_lent(g, &mut told) {
-            continue;
-        }
-        match sleep(g, None, call.interruptible && !signalled) {
-            Ok(()) => {}
-            Err(e) if is_interrupt(&e) => {
-                // The buffer must not outlive the call: its advertisement
-                // is canceled (§9.5.4) and the completion says how much
-                // of it the stream kept.
-                signalled = true;
-                g.link.cancel_send_zcopy(Instant::now());
-            }
-            Err(e) => break Err(e),
+        // A signal: the buffer must not outlive the call, so its
+        // advertisement is canceled (§9.5.4) and the completion says how
+        // much of it the stream kept.
+        let take_back = |g: &mut Locked<'_>| {
+            g.link.cancel_send_zcopy(Instant::now());
+        };
+        if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, take_back) {
+            break Err(e);
         }
     };
     g.zcopy_end(Instant::now());
@@ -286,21 +295,16 @@ pub(super) fn read(
             if let Some(e) = ended(g) {
                 break Err(e);
             }
-            if call.tell_lent(g, &mut told) {
-                continue;
+            // A signal: taken back before the call returns, at once if
+            // unused, else after the SinkAvailCancel exchange (§9.5.5) or
+            // the RDMA Read under way.
+            let take_back = |g: &mut Locked<'_>| {
+                g.link.cancel_recv_zcopy();
+            };
+            if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, take_back) {
+                break Err(e);
             }
-            match sleep(g, None, call.interruptible && !signalled) {
-                Ok(()) => {}
-                Err(e) if is_interrupt(&e) => {
-                    // Taken back before the call returns: at once if
-                    // unused, else after the SinkAvailCancel exchange
-                    // (§9.5.5) or the RDMA Read under way.
-                    signalled = true;
-                    canceled = true;
-                    g.link.cancel_recv_zcopy();
-                }
-                Err(e) => break Err(e),
-            }
+            canceled |= signalled;
         };
         g.zcopy_end(Instant::now());
         match c {
