@@ -722,6 +722,9 @@ impl SdpEndpoint for Ep {
         deadline: Option<Instant>,
         lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
+        if buf.len() as u64 <= super::zcopy_threshold() {
+            return None;
+        }
         let stream = self.blocking_stream()?;
         let r = stream.write_zcopy(buf, deadline, lent)?;
         Some(r.map_err(|e| errno_of(&e)))
@@ -734,6 +737,9 @@ impl SdpEndpoint for Ep {
         deadline: Option<Instant>,
         lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
+        if buf.len() as u64 <= super::zcopy_threshold() {
+            return None;
+        }
         let stream = self.blocking_stream()?;
         let flags = if waitall {
             SdpRecv::WAITALL
