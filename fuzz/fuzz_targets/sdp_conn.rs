@@ -313,7 +313,7 @@ fuzz_target!(|data: &[u8]| {
                 let n = u64::from(input.byte().unwrap_or(1)) * 61;
                 let deadline = (cmd & 0x80 != 0)
                     .then(|| h.now + Duration::from_millis(u64::from(cmd >> 4 & 7)));
-                if let Ok(id) = h.conn.send_zcopy(n, deadline) {
+                if let Ok(id) = h.conn.send_zcopy(n, deadline, h.now) {
                     h.ulp_sends.push(id);
                 }
             }

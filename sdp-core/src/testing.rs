@@ -1303,7 +1303,7 @@ impl<T: Transport> Pair<T> {
             let deadline = (app.zcopy.send_deadline_us > 0).then(|| {
                 self.now + Duration::from_micros(1 + self.rng.below(app.zcopy.send_deadline_us))
             });
-            match self.conns[side].send_zcopy(len, deadline) {
+            match self.conns[side].send_zcopy(len, deadline, self.now) {
                 Ok(id) => {
                     let app = &mut self.apps[side];
                     app.zsends.push((id, app.written, len, app.write_hash));

@@ -7,7 +7,8 @@
 //! ```text
 //! sdp-bench [--bytes N] [--iters N] [--rounds N]
 //! sdp-bench --latency-only tcp|sdp [--iters N]     (for profiling)
-//! sdp-bench --throughput-only tcp|sdp [--bytes N] [--mechanism bcopy|read|write --size N]
+//! sdp-bench --throughput-only tcp|sdp [--bytes N]
+//! sdp-bench --mechanism bcopy|read|write [--size N] [--bytes N]
 //! sdp-bench --mechanisms [--bytes N] [--rounds N]
 //! ```
 //!
@@ -354,6 +355,27 @@ fn main() -> ExitCode {
         return match r {
             Ok((mean, median)) => {
                 println!("{kind}: mean {mean:.2} us median {median:.2} us");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sdp-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(i) = args.iter().position(|a| a == "--mechanism") {
+        // One SDP mechanism at one size, with the writer's counters.
+        let mech = args.get(i + 1).map_or("bcopy", String::as_str);
+        let bytes = arg(&args, "--bytes", 1 << 30);
+        let size = arg(&args, "--size", 1 << 20) as usize;
+        let r = Server::start(&format!("sdp-{mech}")).and_then(|s| {
+            let mut c = s.connect_sdp(mech)?;
+            let bps = sized_throughput(&mut c, size, bytes)?;
+            Ok((bps, c.info().zcopy))
+        });
+        return match r {
+            Ok((bps, z)) => {
+                println!("sdp {mech} {size}: {:.2} Gbit/s; {z:?}", bps * 8.0 / 1e9);
                 ExitCode::SUCCESS
             }
             Err(e) => {

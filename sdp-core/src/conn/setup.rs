@@ -84,6 +84,16 @@ pub struct Config {
     /// Buffered Mode (§12.1, Figure 30 "Receive SendSm: Advisory"). 0:
     /// never.
     pub buffered_after_send_sm: u32,
+    /// Data Source, Pipelined Mode: while the Data Sink keeps its receive
+    /// buffers posted ahead of our sends (the last Zcopy buffer went by
+    /// Write Zcopy), a Zcopy buffer with no SinkAvail in hand waits this
+    /// long for one before it goes by SrcAvail or Bcopy — the choice §9.4
+    /// leaves to the Data Source ("whether to wait for the SinkAvail
+    /// advertisement, generate a SrcAvail advertisement, or transfer the
+    /// ULP data using the Bcopy mechanism"). A SinkAvail arriving (even a
+    /// stale one: the Data Sink has caught up) starts a streak; a wait that
+    /// runs out ends it. Zero: never wait.
+    pub sink_avail_wait: Duration,
 }
 
 /// When the Data Source (Mode Master) moves its send half-connection
@@ -118,6 +128,7 @@ impl Default for Config {
             pipelining: Pipelining::Never,
             req_pipe: false,
             buffered_after_send_sm: 0,
+            sink_avail_wait: Duration::ZERO,
         }
     }
 }
@@ -146,6 +157,7 @@ impl Config {
             pipelining: self.pipelining,
             req_pipe: self.req_pipe,
             buffered_after_send_sm: self.buffered_after_send_sm,
+            sink_avail_wait: self.sink_avail_wait,
         }
     }
 }

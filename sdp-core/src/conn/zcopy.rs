@@ -49,6 +49,13 @@ use crate::wire::{
 /// §6.3.2.1, §6.3.3.1: an advertised buffer is at most 2^31 bytes.
 const MAX_ADVERT: u64 = 1 << 31;
 
+/// SendSms in a row after which a Pipelined Mode Data Source stops
+/// advertising by SrcAvail for [`SKIP_SRC_AVAIL`] bytes.
+const SEND_SMS_TO_SKIP: u32 = 2;
+
+/// How much of the stream goes by Bcopy without asking by SrcAvail again.
+const SKIP_SRC_AVAIL: u64 = 16 << 20;
+
 /// How many bytes of a Combined Mode SrcAvail's buffer travel in it
 /// (§11.2: "greater than zero bytes ... The actual amount of ULP data
 /// included is implementation dependent").
@@ -143,6 +150,10 @@ pub(crate) struct ZSend {
     zcopy: bool,
     deadline: Option<Instant>,
     rdma: u64,
+    /// Until when it waits for a SinkAvail ([`Config::sink_avail_wait`]).
+    ///
+    /// [`Config::sink_avail_wait`]: super::Config::sink_avail_wait
+    sink_wait: Option<Instant>,
 }
 
 /// A SrcAvail we sent, not yet Processed.
@@ -262,6 +273,13 @@ pub(crate) struct Zcopy {
     /// MSeqAck reaches it.
     mode_ack: Option<u32>,
     send_sms_in_row: u32,
+    /// Pipelined Mode: the Data Sink answered our last SrcAvails by
+    /// SendSm; Zcopy buffers before this stream offset go by Bcopy without
+    /// a SrcAvail (see `Conn::skip_src_avail`).
+    skip_src_until: u64,
+    /// The last Zcopy buffer went by Write Zcopy: the Data Sink posts its
+    /// receive buffers ahead of our sends.
+    sink_streak: bool,
     // ----- Data Sink (our receive half)
     srcs_in: VecDeque<SrcIn>,
     posted: VecDeque<Posted>,
@@ -338,8 +356,15 @@ impl Conn {
     /// `deadline`: when its advertisements are canceled (§9.5.4,
     /// SO_SNDTIMEO). Not limited by [`Config::send_buffer`](super::Config):
     /// the adapter keeps (or registers) the whole buffer until its
-    /// completion. Errors as [`Conn::send`]; EINVAL for an empty buffer.
-    pub fn send_zcopy(&mut self, len: u64, deadline: Option<Instant>) -> Result<SendId, Error> {
+    /// completion. `now` starts its wait for a SinkAvail, if it waits
+    /// ([`Config::sink_avail_wait`](super::Config)). Errors as
+    /// [`Conn::send`]; EINVAL for an empty buffer.
+    pub fn send_zcopy(
+        &mut self,
+        len: u64,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<SendId, Error> {
         self.send_allowed()?;
         if len == 0 {
             return Err(Error::InvalidInput);
@@ -350,13 +375,16 @@ impl Conn {
         let start = self.tx.accepted();
         self.tx.accept(len, false);
         let id = SendId(self.z.id());
+        let zcopy = len > self.config.bcopy_threshold;
+        let wait = self.config.sink_avail_wait;
         self.z.zsends.push_back(ZSend {
             id,
             start,
             end: start.saturating_add(len),
-            zcopy: len > self.config.bcopy_threshold,
+            zcopy,
             deadline,
             rdma: 0,
+            sink_wait: (zcopy && self.z.sink_streak && !wait.is_zero()).then(|| now + wait),
         });
         Ok(id)
     }
@@ -511,17 +539,26 @@ impl Conn {
                     .any(|s| s.start < z.end && s.start >= z.start)
             })
             .filter_map(|z| z.deadline);
+        let waits = self.z.zsends.iter().filter_map(|z| z.sink_wait);
         let recvs = self
             .z
             .posted
             .iter()
             .filter(|p| !p.reading)
             .filter_map(|p| p.deadline);
-        sends.chain(recvs).min()
+        sends.chain(waits).chain(recvs).min()
     }
 
     /// Zcopy timers: cancels for expired buffers.
     pub(crate) fn zcopy_timeout(&mut self, now: Instant) {
+        // A wait for a SinkAvail that ran out: SrcAvail or Bcopy now, and
+        // no more waiting until a SinkAvail is used again.
+        for z in &mut self.z.zsends {
+            if z.sink_wait.is_some_and(|t| t <= now) {
+                z.sink_wait = None;
+                self.z.sink_streak = false;
+            }
+        }
         // §9.5.4: a send whose advertisement outlived its deadline.
         let mut expired = false;
         for z in &mut self.z.zsends {
@@ -608,6 +645,21 @@ impl Conn {
                 .is_some_and(|z| z.zcopy && z.end.saturating_sub(at) >= 2)
     }
 
+    /// Whether the Zcopy buffer holding `at` goes by Bcopy with no SrcAvail
+    /// (decided at its start, so none is split by a late SrcAvail):
+    /// Pipelined Mode, no SinkAvail in hand nor awaited, and the Data Sink
+    /// answered our last [`SEND_SMS_TO_SKIP`] SrcAvails by SendSm — a
+    /// SrcAvail would only cost a round trip before the same Bcopy (§9.2),
+    /// and while one is outstanding the Data Sink may not advertise its
+    /// buffers (§11.3 rule 2a), so Write Zcopy could never begin.
+    fn skip_src_avail(&self, at: u64) -> bool {
+        self.zsend_mode() == FlowControlMode::Pipelined
+            && self.z.sinks.is_empty()
+            && self
+                .zsend_at(at)
+                .is_some_and(|z| z.start < self.z.skip_src_until && z.sink_wait.is_none())
+    }
+
     /// Where Bcopy must stop: the §11.2/§11.3 rule that no payload goes
     /// while a SrcAvail is outstanding (but the rest of a SendSm'd buffer,
     /// §9.5.2.1), no payload while an RDMA Write waits for its
@@ -628,7 +680,7 @@ impl Conn {
         if self.zsend_mode() == FlowControlMode::Buffered {
             return u64::MAX;
         }
-        if self.zcopy_from(sent) {
+        if self.zcopy_from(sent) && !self.skip_src_avail(sent) {
             return sent;
         }
         self.z
@@ -679,6 +731,12 @@ impl Conn {
             if let Some(sink) = self.z.sinks.pop_front() {
                 let end = self.zsend_at(sent).map_or(sent, |z| z.end);
                 let n = end.saturating_sub(sent).min(u64::from(sink.len));
+                if sent + n == end {
+                    // Its wait is over: no timer may end the streak for it.
+                    if let Some(z) = self.z.zsends.iter_mut().find(|z| z.end == end) {
+                        z.sink_wait = None;
+                    }
+                }
                 let wr = self.next_wr();
                 self.sends.push_back(super::SendRecord {
                     wr_id: wr,
@@ -694,6 +752,7 @@ impl Conn {
                 self.tx.advance(n);
                 self.attribute_rdma(sent, n);
                 self.z.stats.write_zcopy_sent += n;
+                self.z.sink_streak = true;
                 self.z.writing = Some(Writing {
                     stag: sink.stag,
                     len: n as u32,
@@ -723,6 +782,14 @@ impl Conn {
         // outstanding SrcAvail and SinkAvail advertisements to the HH or
         // HAH MaxAdverts value specified by the Remote Peer".
         if self.z.srcs.len() >= limit || !self.zcopy_from(from) {
+            return;
+        }
+        // §9.4: this buffer waits for the SinkAvail the Data Sink's next
+        // posted buffer brings (Config::sink_avail_wait).
+        if (mode == FlowControlMode::Pipelined
+            && self.zsend_at(from).is_some_and(|z| z.sink_wait.is_some()))
+            || self.skip_src_avail(from)
+        {
             return;
         }
         let end = self.zsend_at(from).map_or(from, |z| z.end);
@@ -930,6 +997,9 @@ impl Conn {
             self.z.src_cancel = None;
         }
         self.z.send_sms_in_row = self.z.send_sms_in_row.saturating_add(1);
+        if self.z.send_sms_in_row >= SEND_SMS_TO_SKIP {
+            self.z.skip_src_until = (front.start + front.len).saturating_add(SKIP_SRC_AVAIL);
+        }
         // Figure 30: "Receive SendSm — Advisory".
         let after = self.config.buffered_after_send_sm;
         match self.zsend_mode() {
@@ -990,6 +1060,7 @@ impl Conn {
         self.attribute_rdma(at, u64::from(len));
         self.z.stats.read_zcopy_sent += u64::from(len);
         self.z.send_sms_in_row = 0;
+        self.z.skip_src_until = 0;
         if let Some(s) = self.z.srcs.front_mut() {
             s.done += u64::from(len);
         }
@@ -1081,6 +1152,9 @@ impl Conn {
             va: header.va,
             non_discards: header.non_discards,
         });
+        // Stale or not, it says the Data Sink has caught up and posts its
+        // receive buffers: our next Zcopy buffer waits for the next one.
+        self.z.sink_streak = true;
         // §11.3: "The Data Source MUST give precedence to discarding stale
         // SinkAvail advertisements"; §9.5.1 step 4, in the order the
         // SinkAvails came: a later one is judged only after every earlier

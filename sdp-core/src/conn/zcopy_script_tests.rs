@@ -63,7 +63,9 @@ fn send_bytes(pair: &mut Pair, side: usize, n: usize) {
 fn send_zcopy(pair: &mut Pair, side: usize, n: usize) -> SendId {
     let mut b = vec![0; n];
     pattern(pair.apps[side].seed, pair.apps[side].written, &mut b);
-    let id = pair.conns[side].send_zcopy(n as u64, None).unwrap();
+    let id = pair.conns[side]
+        .send_zcopy(n as u64, None, pair.now)
+        .unwrap();
     pair.stage(side, &b);
     pair.drain();
     id
@@ -275,7 +277,11 @@ fn src_avail_cancel_while_rdma_read_in_process() {
     let mut b = vec![0; 10_000];
     pattern(pair.apps[0].seed, 0, &mut b);
     let id = pair.conns[0]
-        .send_zcopy(10_000, Some(start + std::time::Duration::from_millis(1)))
+        .send_zcopy(
+            10_000,
+            Some(start + std::time::Duration::from_millis(1)),
+            start,
+        )
         .unwrap();
     pair.stage(0, &b);
     pair.drain();
@@ -707,4 +713,146 @@ fn no_credit_update_after_both_disconns() {
     assert!(!pair.conns[1].credit_state().must_update);
     let mut b = [0u8; 16];
     assert_eq!(pair.conns[1].recv(&mut b, RecvFlags::EMPTY), Ok(0));
+}
+
+/// §9.4's choice for the Data Source, Config::sink_avail_wait: once the
+/// Data Sink posts ahead (a SinkAvail came), a Zcopy buffer with no
+/// SinkAvail in hand sends nothing until the next SinkAvail, which it
+/// then fills; a wait that runs out sends a SrcAvail and ends the streak.
+#[test]
+fn a_sink_streak_makes_the_source_wait_for_the_next_sink_avail() {
+    let wait = std::time::Duration::from_millis(5);
+    let a = Config {
+        pipelining: Pipelining::Always,
+        sink_avail_wait: wait,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&a, &zconfig(), 47);
+    let ok = pair.run(100_000, |p| {
+        p.conns[0].send_mode() == FlowControlMode::Pipelined
+            && p.conns[1].recv_mode() == FlowControlMode::Pipelined
+            && !Transport::busy(&p.transport)
+    });
+    assert!(ok);
+    quiet(&mut pair);
+    // No streak yet: the first buffer does not wait.
+    let first = send_zcopy(&mut pair, 0, 3000);
+    let wire = pair.on_wire(0);
+    assert_eq!(wire.len(), 1);
+    assert!(wire[0].starts_with("SrcAvail"), "{wire:?}");
+    let r = post(&mut pair, 1, 3000);
+    quiet(&mut pair);
+    placed(&mut pair, 1, r, 3000);
+    completions(&mut pair, 1);
+    completions(&mut pair, 0);
+    // A SinkAvail fills a buffer: the streak begins.
+    let r = post(&mut pair, 1, 3000);
+    let sinks = pair.on_wire(1);
+    pair.deliver_all(1);
+    let second = send_zcopy(&mut pair, 0, 3000);
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 3000", stag(&sinks[0]))]
+    );
+    quiet(&mut pair);
+    placed(&mut pair, 1, r, 3000);
+    completions(&mut pair, 1);
+    // The next buffer waits: nothing on the wire, the timer armed.
+    let third = send_zcopy(&mut pair, 0, 3000);
+    assert!(pair.on_wire(0).is_empty());
+    assert_eq!(pair.conns[0].poll_timeout(), Some(pair.now + wait));
+    // The Data Sink posts: its SinkAvail is written into.
+    let r = post(&mut pair, 1, 3000);
+    let sinks = pair.on_wire(1);
+    pair.deliver_all(1);
+    pair.drain();
+    assert_eq!(
+        pair.on_wire(0),
+        [format!("Write stag {} 3000", stag(&sinks[0]))]
+    );
+    quiet(&mut pair);
+    placed(&mut pair, 1, r, 3000);
+    completions(&mut pair, 1);
+    // The next waits in vain: at the timer, a SrcAvail; no more waiting.
+    let fourth = send_zcopy(&mut pair, 0, 3000);
+    assert!(pair.on_wire(0).is_empty());
+    pair.now += wait;
+    pair.conns[0].handle_timeout(pair.now);
+    pair.drain();
+    let wire = pair.on_wire(0);
+    assert_eq!(wire.len(), 1);
+    assert!(wire[0].starts_with("SrcAvail"), "{wire:?}");
+    let r = post(&mut pair, 1, 3000);
+    quiet(&mut pair);
+    placed(&mut pair, 1, r, 3000);
+    completions(&mut pair, 1);
+    assert_eq!(pair.conns[0].poll_timeout(), None);
+    let sent: Vec<_> = completions(&mut pair, 0)
+        .into_iter()
+        .filter_map(|c| match c {
+            Completion::Sent { id, zcopy, .. } => Some((id, zcopy)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, [(second, 3000), (third, 3000), (fourth, 3000)]);
+    let _ = first;
+    no_close(&pair);
+}
+
+/// A Data Sink that answers SrcAvails by SendSm (no Read Zcopy): after two
+/// in a row, a Pipelined Mode Data Source sends its Zcopy buffers by Bcopy
+/// without asking first, so the Data Sink may advertise again (§11.3 rule
+/// 2a); 16 MiB later it asks once more.
+#[test]
+fn send_sms_in_a_row_skip_the_src_avail() {
+    let a = Config {
+        pipelining: Pipelining::Always,
+        ..zconfig()
+    };
+    let b = Config {
+        read_zcopy: false,
+        write_zcopy: false,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&a, &b, 48);
+    let ok = pair.run(100_000, |p| {
+        p.conns[0].send_mode() == FlowControlMode::Pipelined
+            && p.conns[1].recv_mode() == FlowControlMode::Pipelined
+            && !Transport::busy(&p.transport)
+    });
+    assert!(ok);
+    quiet(&mut pair);
+    // Whether a 3000-byte buffer was asked for by SrcAvail.
+    let buffer = |pair: &mut Pair| {
+        let before = pair.conns[0].zcopy_stats().src_avails;
+        send_zcopy(pair, 0, 3000);
+        quiet(pair);
+        let asked = pair.conns[0].zcopy_stats().src_avails > before;
+        assert_eq!(pair.conns[1].bytes_readable(), 3000);
+        read_bytes(pair, 1, 3000);
+        quiet(pair);
+        asked
+    };
+    let asked: Vec<bool> = (0..3).map(|_| buffer(&mut pair)).collect();
+    assert_eq!(asked, [true, true, false]);
+
+    // 16 MiB on, one more SrcAvail; refused again, then Bcopy.
+    let skip = 16 << 20;
+    let before = pair.conns[0].zcopy_stats().src_avails;
+    for _ in 0..skip / 65536 {
+        send_zcopy(&mut pair, 0, 65536);
+        let mut left = 65536;
+        while left > 0 {
+            quiet(&mut pair);
+            let n = pair.conns[1].bytes_readable() as usize;
+            assert!(n > 0);
+            read_bytes(&mut pair, 1, n);
+            left -= n;
+        }
+    }
+    assert_eq!(pair.conns[0].zcopy_stats().src_avails, before);
+    let asked: Vec<bool> = (0..3).map(|_| buffer(&mut pair)).collect();
+    assert_eq!(asked, [true, false, false]);
+    assert_eq!(pair.conns[0].zcopy_stats().src_avails, 3);
+    no_close(&pair);
 }

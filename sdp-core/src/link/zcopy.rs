@@ -82,11 +82,16 @@ impl Link {
     /// region [`SEND_ZCOPY`] until [`Link::poll_zcopy`] returns its
     /// [`Completion::Sent`]: pump only with it lent
     /// ([`Link::memory_zcopy`]). EAGAIN while another one is under way.
-    pub fn send_zcopy(&mut self, len: usize, deadline: Option<Instant>) -> Result<SendId, Error> {
+    pub fn send_zcopy(
+        &mut self,
+        len: usize,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<SendId, Error> {
         if self.zc.send.is_some() || self.send_span.is_some() {
             return Err(Error::WouldBlock);
         }
-        let id = self.conn.send_zcopy(len as u64, deadline)?;
+        let id = self.conn.send_zcopy(len as u64, deadline, now)?;
         let end = self.conn.tx().accepted();
         self.zc.send = Some((
             id,

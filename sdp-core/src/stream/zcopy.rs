@@ -29,7 +29,7 @@
 //! returns what it moved, or EINTR.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::shared::Locked;
 use super::{recv_loop, to_io, would_block};
@@ -176,7 +176,7 @@ pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io
 
 fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result<usize> {
     loop {
-        match g.link.send_zcopy(buf.len(), call.deadline) {
+        match g.link.send_zcopy(buf.len(), call.deadline, Instant::now()) {
             Ok(_) => break,
             Err(Error::WouldBlock) => {
                 // A Zcopy buffer of another thread, or a stream cut by a
@@ -345,6 +345,9 @@ pub(super) fn read(
     }
 }
 
+/// [`Config::sink_avail_wait`] of the modes with Write Zcopy.
+pub const SINK_AVAIL_WAIT: Duration = Duration::from_millis(10);
+
 /// Which Zcopy mechanisms a connection uses: the `SDP_ZCOPY` setting of
 /// the preload, `sdpcat -z`, `sdp-bench --mechanism`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -382,6 +385,14 @@ impl ZcopyMode {
         config.read_zcopy = read;
         config.write_zcopy = write;
         config.pipelining = pipelining;
+        // With Write Zcopy on, a writer whose reader keeps its reads posted
+        // ahead waits this long for the next SinkAvail (a few turnarounds
+        // of a loaded loopback) rather than fall back to SrcAvail or Bcopy.
+        config.sink_avail_wait = if write {
+            SINK_AVAIL_WAIT
+        } else {
+            Duration::ZERO
+        };
     }
 
     /// The mode `config` describes (as [`ZcopyMode::apply`] sets it).
