@@ -73,14 +73,24 @@ fn run_with(test: &str, zcopy: Option<&str>) -> String {
         let local = c.local.expect("the client's local address");
         let (pid, s) = env.accepted_from(local);
         expect_sdp(&format!("qperf {test}: server's {what} connection"), &s);
-        if zcopy.is_some() && port == data_port {
-            // Sent by SrcAvail and the server's RDMA Reads of the
-            // client's buffers, straight into the server's.
+        if let (Some(mode), true) = (zcopy, port == data_port) {
+            // read: sent by SrcAvail and the server's RDMA Reads of the
+            // client's buffers, straight into the server's; write: the
+            // server's SinkAvails and the client's RDMA Writes into them.
+            let (tx, rx, advertiser) = if mode == "write" {
+                (4, 5, 1)
+            } else {
+                (2, 3, 0)
+            };
             env.wait_records("Zcopy bytes sent", client.pid(), 1, |r| {
-                r.local == Some(local) && r.counters[2] > 0 && r.messages[0] > 0
+                r.local == Some(local)
+                    && r.counters[tx] > 0
+                    && (advertiser == 1 || r.messages[0] > 0)
             });
             env.wait_records("Zcopy bytes received", pid, 1, |r| {
-                r.peer.is_some_and(|a| a.port() == local.port()) && r.counters[3] > 0
+                r.peer.is_some_and(|a| a.port() == local.port())
+                    && r.counters[rx] > 0
+                    && (advertiser == 0 || r.messages[1] > 0)
             });
         }
     }
@@ -128,6 +138,15 @@ fn qperf_sdp_bw() {
 #[test]
 fn qperf_sdp_bw_by_read_zcopy() {
     let out = run_with("sdp_bw", Some("read"));
+    check_bandwidth(&out);
+    assert_eq!(value(&out, "msg_size"), (1.0, "MiB".to_owned()), "{out}");
+}
+
+/// The same by Write Zcopy under `SDP_ZCOPY=write`: the server's posted
+/// 1 MiB receives are advertised by SinkAvail and written into.
+#[test]
+fn qperf_sdp_bw_by_write_zcopy() {
+    let out = run_with("sdp_bw", Some("write"));
     check_bandwidth(&out);
     assert_eq!(value(&out, "msg_size"), (1.0, "MiB".to_owned()), "{out}");
 }

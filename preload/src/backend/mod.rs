@@ -70,7 +70,9 @@ pub(crate) fn pm() -> &'static PmClient {
 /// The SDP connection parameters: the defaults, with the Zcopy policy
 /// from `SDP_ZCOPY` (off, read, write, both; default off) and
 /// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
-/// reads and writes larger than it go by Zcopy (docs/preload.md).
+/// reads and writes larger than it go by Zcopy; `SDP_ZCOPY_SINK_WAIT_MS`
+/// (how long a writer waits for the reader's next SinkAvail, default 10
+/// with Write Zcopy on) (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
@@ -90,6 +92,19 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                 .unwrap_or(256 * 1024);
             let mut config = sdp_core::conn::Config::default();
             mode.apply(&mut config, threshold);
+            if let Some(v) = env("SDP_ZCOPY_SINK_WAIT_MS") {
+                match v.parse::<u64>() {
+                    Ok(ms) if config.write_zcopy => {
+                        config.sink_avail_wait = std::time::Duration::from_millis(ms);
+                    }
+                    Ok(_) => {}
+                    Err(_) => crate::log!(
+                        crate::log::Level::Warn,
+                        "SDP_ZCOPY_SINK_WAIT_MS: {v:?} is not a number of milliseconds; {} ms",
+                        config.sink_avail_wait.as_millis()
+                    ),
+                }
+            }
             config
         })
         .clone()
