@@ -324,8 +324,16 @@ pub trait SdpListener: Send + Sync {
     fn readiness(&self) -> Readiness;
     /// `POLLIN` ⇔ an SDP connection is ready to be accepted.
     fn wake_fd(&self) -> WakeFd;
-    /// An established SDP connection, or `Err(EAGAIN)`.
-    fn accept(&self) -> Result<Accepted, Errno>;
+    /// An established SDP connection, or `Err(EAGAIN)`; `nonblocking`: the
+    /// program's call does not wait (the next connection is set up for it).
+    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno>;
+    /// A call that waits for a connection (blocking `accept`, `poll` or
+    /// `select` with the listener) begins (`true`) or ends: while it is
+    /// under way, this process sets up a connection for it.
+    fn waiting(&self, _on: bool) {}
+    /// The listener was added to an epoll set of this process, which then
+    /// sets up connections before anything waits for them.
+    fn in_epoll(&self) {}
     /// The listening fd is closed: deregister and close the hidden listener.
     fn close(&self);
     /// After `fork`, in the parent.

@@ -620,6 +620,61 @@ fn prefork_server_over_sdp() {
     same_over_sdp("sdp-prefork", programs::PREFORK_SERVER, 6);
 }
 
+/// A prefork worker that served its connection and idles (holding the
+/// listener, accepting no more) until it exits, while the next client's
+/// connect waits: the connection must wait for the next worker, as it
+/// waits in the kernel's queue with TCP, not be set up by the idle worker
+/// and reset when it exits. The 300 ms give an idle worker's service
+/// thread the time to take it; the output is the same whether it connected
+/// meanwhile or not.
+const IDLE_WORKER: &str = r#"
+import os, select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+addr = srv.getsockname()
+go_r, go_w = os.pipe()
+def worker(idle):
+    if not idle:
+        # Fails, rather than hangs, if the connection is gone.
+        srv.settimeout(10)
+    conn, _ = srv.accept()
+    conn.sendall(b"reply:" + conn.recv(100))
+    conn.close()
+    if idle:
+        os.read(go_r, 1)
+    os._exit(0)
+a = os.fork()
+if a == 0:
+    worker(True)
+c1 = socket.create_connection(addr)
+c1.sendall(b"one")
+r1 = c1.recv(100).decode()
+c1.close()
+c2 = socket.socket()
+c2.setblocking(False)
+c2.connect_ex(addr)
+select.select([], [c2], [], 0.3)
+os.write(go_w, b"x")
+status_a = os.waitpid(a, 0)[1]
+b = os.fork()
+if b == 0:
+    worker(False)
+srv.close()
+c2.settimeout(10)
+select.select([], [c2], [], 10)
+err = c2.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+c2.sendall(b"two")
+r2 = c2.recv(100).decode()
+c2.close()
+print(r1, r2, err, status_a, os.waitpid(b, 0)[1])
+"#;
+
+#[test]
+fn an_idle_prefork_worker_leaves_the_next_connection_to_the_others() {
+    same_over_sdp("sdp-idle-worker", IDLE_WORKER, 2);
+}
+
 /// A sender writes 10 MiB and then sleeps without any call to the library:
 /// the receiver (another process) must get every byte meanwhile.
 const SLEEPY_SENDER: &str = r#"

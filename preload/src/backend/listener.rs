@@ -8,12 +8,18 @@
 //! only when a connection is ready to be handed out (at most 64 wait set
 //! up, per process, like a backlog).
 //!
-//! Which process takes connections from Q: the one that called `listen`,
-//! from then on (a program may connect to its own listener before it
-//! accepts, as with TCP). After a `fork` neither parent nor child does
-//! until it shows interest — calls `accept` on the listener or polls it:
-//! a prefork master that merely holds the listening socket must not take
-//! the connections its workers wait for.
+//! Which process takes connections from Q, and how many (a connection set
+//! up here can be accepted only here; one left when the process exits is
+//! reset, where a TCP connection would wait in the kernel's queue for the
+//! next process):
+//! * the one that called `listen`, until it forks, and one that has the
+//!   listener in an epoll set: up to [`MAX_QUEUED`] (a program may connect
+//!   to its own listener before it accepts, as with TCP);
+//! * otherwise one connection for each call waiting for one — a blocking
+//!   `accept`, a `poll` or `select` with the listener — and one after a
+//!   nonblocking `accept` found none. A prefork master that merely holds
+//!   the listening socket takes nothing, and a worker that accepted its
+//!   last connection and exits leaves the next one in Q for the others.
 //!
 //! The registration lasts as long as the control connection that made it,
 //! which every process holding the listener keeps open (it is inherited by
@@ -37,7 +43,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -71,10 +77,16 @@ pub struct Shared {
     /// P: the program's listening address.
     p: SocketAddr,
     queue: Mutex<Queue>,
-    /// The service thread of this process takes connections from Q.
-    watched: AtomicBool,
-    /// Bumped when watching stops (fork): an older watch task ends.
-    watch_gen: AtomicU64,
+    /// This process called `listen` and has not forked since.
+    listening: AtomicBool,
+    /// The listener is in an epoll set of this process.
+    in_epoll: AtomicBool,
+    /// Calls under way that wait for a connection.
+    waiters: AtomicUsize,
+    /// A nonblocking `accept` found nothing: set up the next one.
+    want_one: AtomicBool,
+    /// A task of this process's service thread takes from Q.
+    task: AtomicBool,
     control: Mutex<Option<ControlClient>>,
 }
 
@@ -163,13 +175,16 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
                 wake,
                 closed: false,
             }),
-            watched: AtomicBool::new(false),
-            watch_gen: AtomicU64::new(0),
+            listening: AtomicBool::new(true),
+            in_epoll: AtomicBool::new(false),
+            waiters: AtomicUsize::new(0),
+            want_one: AtomicBool::new(false),
+            task: AtomicBool::new(false),
             control: Mutex::new(control),
         }),
     };
     // The listening process takes connections from the start.
-    lst.sh.watch();
+    lst.sh.kick();
     Ok(lst)
 }
 
@@ -188,15 +203,54 @@ impl Shared {
         self.lock().closed
     }
 
-    /// Takes the connections waiting on Q (service thread, inside the fork
-    /// gate) and starts their setup.
-    pub fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
+    /// This process sets up connections before anything waits for them.
+    fn takes_ahead(&self) -> bool {
+        self.listening.load(Ordering::Acquire) || self.in_epoll.load(Ordering::Acquire)
+    }
+
+    /// How many connections this process may hold set up or in setup.
+    fn limit(&self) -> usize {
+        if self.takes_ahead() {
+            return MAX_QUEUED;
+        }
+        let one = usize::from(self.want_one.load(Ordering::Acquire));
+        (self.waiters.load(Ordering::Acquire) + one).min(MAX_QUEUED)
+    }
+
+    /// Whether this process takes another connection from Q now.
+    fn wanted(&self) -> bool {
+        let limit = self.limit();
+        let q = self.lock();
+        !q.closed && q.ready.len() + q.setting_up < limit
+    }
+
+    /// Starts the service thread's task on Q if a connection is wanted and
+    /// none runs.
+    fn kick(self: &Arc<Self>) {
+        if self.wanted() && !self.task.swap(true, Ordering::AcqRel) {
+            service::submit(Task::Listen(self.clone()));
+        }
+    }
+
+    /// The service thread's task on Q (inside the fork gate): takes the
+    /// connections wanted and starts their setup; false when it ends
+    /// (nothing wanted: a later want starts another).
+    pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) -> bool {
+        self.take_connections(now, out);
+        if self.wanted() {
+            return true;
+        }
+        self.task.store(false, Ordering::Release);
+        // A want that came meanwhile found the task still running.
+        self.kick();
+        false
+    }
+
+    /// Takes the connections waiting on Q, as many as wanted.
+    fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
         loop {
-            {
-                let q = self.lock();
-                if q.closed || q.ready.len() + q.setting_up >= MAX_QUEUED {
-                    return;
-                }
+            if !self.wanted() {
+                return;
             }
             let (tcp, peer) = match self.q.accept() {
                 Ok(c) => c,
@@ -208,6 +262,7 @@ impl Shared {
                     return;
                 }
             };
+            self.want_one.store(false, Ordering::Release);
             match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => {
                     self.lock().setting_up += 1;
@@ -218,41 +273,25 @@ impl Shared {
         }
     }
 
-    fn done(&self, ready: Option<Ready>) {
+    fn done(self: &Arc<Self>, ready: Option<Ready>) {
         let mut q = self.lock();
         q.setting_up = q.setting_up.saturating_sub(1);
-        if let Some(r) = ready {
-            if q.closed {
+        match ready {
+            Some(r) if q.closed => {
                 // Nobody will accept it: close it (graceful, background).
                 drop(q);
                 drop(r);
-                return;
             }
-            q.ready.push_back(r);
-            let _ = q.levels.set(true, false);
+            Some(r) => {
+                q.ready.push_back(r);
+                let _ = q.levels.set(true, false);
+            }
+            None => {
+                // Failed: the call that wanted it wants another.
+                drop(q);
+                self.kick();
+            }
         }
-    }
-
-    /// This process wants connections from Q: the service thread watches.
-    fn watch(self: &Arc<Self>) {
-        if !self.watched.swap(true, Ordering::AcqRel) {
-            let gen = self.watch_gen.load(Ordering::Acquire);
-            service::submit(Task::Listen(self.clone(), gen));
-        }
-    }
-
-    /// Whether a watch task made for `gen` goes on.
-    pub fn watching(&self, gen: u64) -> bool {
-        self.watched.load(Ordering::Acquire)
-            && self.watch_gen.load(Ordering::Acquire) == gen
-            && !self.is_closed()
-    }
-
-    /// A fork happened: this process stops taking connections from Q until
-    /// it shows interest again.
-    fn unwatch(&self) {
-        self.watch_gen.fetch_add(1, Ordering::AcqRel);
-        self.watched.store(false, Ordering::Release);
     }
 }
 
@@ -441,7 +480,6 @@ fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
 
 impl SdpListener for Lst {
     fn readiness(&self) -> Readiness {
-        self.sh.watch();
         let _g = fdtable::enter_gate();
         Readiness {
             readable: !self.sh.lock().ready.is_empty(),
@@ -450,13 +488,31 @@ impl SdpListener for Lst {
     }
 
     fn wake_fd(&self) -> WakeFd {
-        self.sh.watch();
         let _g = fdtable::enter_gate();
         self.sh.lock().wake.as_raw_fd()
     }
 
-    fn accept(&self) -> Result<Accepted, Errno> {
-        self.sh.watch();
+    fn waiting(&self, on: bool) {
+        if on {
+            self.sh.waiters.fetch_add(1, Ordering::AcqRel);
+            let _g = fdtable::enter_gate();
+            self.sh.kick();
+        } else {
+            // (Never below zero: each end follows its begin.)
+            let _ = self
+                .sh
+                .waiters
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+    }
+
+    fn in_epoll(&self) {
+        self.sh.in_epoll.store(true, Ordering::Release);
+        let _g = fdtable::enter_gate();
+        self.sh.kick();
+    }
+
+    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno> {
         let _g = fdtable::enter_gate();
         loop {
             let r = {
@@ -468,8 +524,17 @@ impl SdpListener for Lst {
                 r
             };
             let Some(Ready { stream, peer }) = r else {
+                if nonblocking {
+                    self.sh.want_one.store(true, Ordering::Release);
+                }
+                self.sh.kick();
                 return Err(libc::EAGAIN);
             };
+            // Room for the next one, for a listener that takes them
+            // ahead (not for a waiting call: it has this one).
+            if self.sh.takes_ahead() {
+                self.sh.kick();
+            }
             // A connection that ended while it waited is still handed out,
             // as TCP does (the program's first read tells).
             let fd = match dup_for_program(stream.socket_fd()) {
@@ -538,13 +603,19 @@ impl SdpListener for Lst {
                 }
             }
         }
-        // This process's service thread watches once the child shows
-        // interest.
-        self.sh.unwatch();
+        // This process takes connections once it waits for them; its
+        // service thread is a new one, without the parent's task.
+        self.sh.listening.store(false, Ordering::Release);
+        self.sh.in_epoll.store(false, Ordering::Release);
+        self.sh.waiters.store(0, Ordering::Release);
+        self.sh.want_one.store(false, Ordering::Release);
+        self.sh.task.store(false, Ordering::Release);
     }
 
     fn exiting(&self) {
-        self.sh.unwatch();
+        self.sh.listening.store(false, Ordering::Release);
+        self.sh.in_epoll.store(false, Ordering::Release);
+        self.sh.waiters.store(0, Ordering::Release);
         let ready: Vec<Ready> = {
             let _g = fdtable::enter_gate();
             self.sh.lock().ready.drain(..).collect()
@@ -553,8 +624,9 @@ impl SdpListener for Lst {
     }
 
     fn fork_parent(&self) {
-        // The parent too waits for interest (a prefork master must not
-        // take its workers' connections).
-        self.sh.unwatch();
+        // The parent too takes connections only once it waits for them (a
+        // prefork master must not take its workers' connections), or
+        // while it has the listener in an epoll set.
+        self.sh.listening.store(false, Ordering::Release);
     }
 }

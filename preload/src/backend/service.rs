@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 pub enum Task {
     Connect(Box<Connector>),
     Handshake(Box<Handshake>),
-    /// Take connections from a hidden listener, while it is watched with
-    /// this generation.
-    Listen(Arc<ListenerShared>, u64),
+    /// Take connections from a hidden listener while this process wants
+    /// them.
+    Listen(Arc<ListenerShared>),
 }
 
 struct Service {
@@ -159,13 +159,12 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
                 HsStep::Done => None,
             }
         }
-        Task::Listen(l, gen) => {
-            if !l.watching(gen) {
+        Task::Listen(l) => {
+            if !l.listen_step(now, spawned) {
                 return None;
             }
-            l.take_connections(now, spawned);
             let fd = l.q_fd();
-            Some((Task::Listen(l, gen), (fd, libc::POLLIN, None)))
+            Some((Task::Listen(l), (fd, libc::POLLIN, None)))
         }
     }
 }

@@ -190,6 +190,10 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         r.next
     });
     let kernel = matches!(side, Side::Listener(_));
+    if let Side::Listener(h) = &side {
+        // From now on this process sets up connections ahead.
+        h.listener.in_epoll();
+    }
     let wake = hidden_dup(side.wake_fd()).ok_or(libc::ENOMEM)?;
     if let Err(e) = kernel_ctl(
         epfd,

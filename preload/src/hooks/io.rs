@@ -807,6 +807,23 @@ pub unsafe extern "C" fn sendfile64(
     unsafe { real::sendfile64(out, input, offset, n) }
 }
 
+/// A call under way that waits for a connection of `0`
+/// ([`crate::sdp::SdpListener::waiting`]), until dropped.
+pub(super) struct Waiting<'a>(&'a dyn crate::sdp::SdpListener);
+
+impl<'a> Waiting<'a> {
+    pub(super) fn begin(l: &'a dyn crate::sdp::SdpListener) -> Waiting<'a> {
+        l.waiting(true);
+        Waiting(l)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting(false);
+    }
+}
+
 /// `accept` on a listening fd with a hidden SDP listener beside it: the
 /// first connection from either, SDP or TCP.
 pub unsafe fn sdp_accept(
@@ -838,8 +855,10 @@ unsafe fn sdp_accept_inner(
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
     let dontwait = h.nonblock.load(Ordering::Relaxed);
+    // A blocking call has a connection set up for it while it waits.
+    let _waiting = (!dontwait).then(|| Waiting::begin(h.listener.as_ref()));
     loop {
-        match h.listener.accept() {
+        match h.listener.accept(dontwait) {
             Ok(acc) => {
                 let new = acc.fd.into_raw_fd();
                 let _errno = SavedErrno::save();

@@ -9,6 +9,7 @@
 //! as readiness.
 #![allow(clippy::missing_safety_doc)]
 
+use super::io::Waiting;
 use super::{fail, protect, Guard};
 use crate::fdtable::{self, ListenerHandle, StreamHandle};
 use crate::real;
@@ -74,6 +75,16 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
 }
 
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+    // Each listener polled for input has a connection set up for this call.
+    let listeners: Vec<Arc<ListenerHandle>> = fds
+        .iter()
+        .filter(|p| p.events & (libc::POLLIN | libc::POLLRDNORM) != 0)
+        .filter_map(|p| fdtable::listener(p.fd))
+        .collect();
+    let _waiting: Vec<Waiting<'_>> = listeners
+        .iter()
+        .map(|h| Waiting::begin(h.listener.as_ref()))
+        .collect();
     loop {
         // Again on every round: a nonblocking connect that fell back to TCP
         // while we slept is polled as the kernel socket it now is.
