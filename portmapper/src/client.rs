@@ -365,6 +365,32 @@ impl Client {
         &self.cfg
     }
 
+    /// The caches' answer for `ap`, if they have one: then no PMReq, and
+    /// no CpIPAddr, is needed.
+    pub fn cached(&mut self, now: Instant, ap: SocketAddr) -> Option<Decision> {
+        let host = ap.ip().to_canonical();
+        let key = (host, ap.port());
+        if let Some((sdp, e)) = self.positive.get(&key) {
+            if live(e, now) {
+                return Some(Decision::Sdp(*sdp));
+            }
+            self.positive.remove(&key);
+        }
+        if let Some((_, e)) = self.denied.get(&key) {
+            if live(e, now) {
+                return Some(Decision::Tcp(Fallback::Denied));
+            }
+            self.denied.remove(&key);
+        }
+        if let Some((why, e)) = self.dead_hosts.get(&host) {
+            if live(e, now) {
+                return Some(Decision::Tcp(*why));
+            }
+            self.dead_hosts.remove(&host);
+        }
+        None
+    }
+
     /// Start resolving the Conventional Address `ap` for a connection from
     /// `cp` (the local address and TCP port the connection will use).
     /// `rand` is a fresh random number; it becomes the AssocHandle unless
@@ -372,25 +398,8 @@ impl Client {
     /// select the combination of the AssocHandle, CpIPAddr, and CpPort to
     /// ensure that it is unique"; "SHOULD be chosen at random").
     pub fn begin(&mut self, now: Instant, rand: u64, ap: SocketAddr, cp: SocketAddr) -> Lookup {
-        let host = ap.ip().to_canonical();
-        let key = (host, ap.port());
-        if let Some((sdp, e)) = self.positive.get(&key) {
-            if live(e, now) {
-                return Lookup::Decided(Decision::Sdp(*sdp));
-            }
-            self.positive.remove(&key);
-        }
-        if let Some((_, e)) = self.denied.get(&key) {
-            if live(e, now) {
-                return Lookup::Decided(Decision::Tcp(Fallback::Denied));
-            }
-            self.denied.remove(&key);
-        }
-        if let Some((why, e)) = self.dead_hosts.get(&host) {
-            if live(e, now) {
-                return Lookup::Decided(Decision::Tcp(*why));
-            }
-            self.dead_hosts.remove(&host);
+        if let Some(d) = self.cached(now, ap) {
+            return Lookup::Decided(d);
         }
         let cp_addr = cp.ip();
         let mut handle = rand;

@@ -228,11 +228,20 @@ impl PmClient {
         *self.lock().config()
     }
 
+    /// The caches' answer for `ap`, if they have one (no socket needed).
+    pub fn cached(&self, ap: SocketAddr) -> Option<Decision> {
+        self.lock().cached(Instant::now(), ap)
+    }
+
     /// Start resolving `ap` for a TCP connection from `cp`. If `cp`'s
     /// address is unspecified, the source address the kernel picks for the
     /// port mapper becomes CpIPAddr. Never blocks.
     pub fn start(&self, ap: SocketAddr, cp: SocketAddr) -> io::Result<Start> {
         let now = Instant::now();
+        // A cached answer needs no socket (nor the source address).
+        if let Some(d) = self.lock().cached(now, ap) {
+            return Ok(Start::Decided(d));
+        }
         let server = SocketAddr::new(ap.ip(), self.config().server_port);
         let mut sock = None;
         let mut cp = cp;

@@ -255,7 +255,12 @@ impl Connector {
             == Some(libc::AF_INET6);
         let ap = plain(dest);
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
-        if app_local.is_none() {
+        // A cached answer needs no CpPort: no bind before the connect.
+        let cached = {
+            let _g = fdtable::enter_gate();
+            super::pm().cached(ap)
+        };
+        if app_local.is_none() && cached.is_none() {
             let any = if v6 {
                 SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
             } else {
@@ -266,12 +271,15 @@ impl Connector {
                 TcpReason::Internal
             })?;
         }
-        let cp = socket_name(fd, false)
-            .map(plain)
-            .ok_or(TcpReason::Internal)?;
-        let started = {
-            let _g = fdtable::enter_gate();
-            super::pm().start(ap, cp)
+        let started = match cached {
+            Some(d) => Ok(Start::Decided(d)),
+            None => {
+                let cp = socket_name(fd, false)
+                    .map(plain)
+                    .ok_or(TcpReason::Internal)?;
+                let _g = fdtable::enter_gate();
+                super::pm().start(ap, cp)
+            }
         };
         let mut c = Connector {
             fd,
