@@ -1260,6 +1260,16 @@ impl<T: Transport> Pair<T> {
         app.written += bytes.len() as u64;
     }
 
+    /// Takes the application of `side`'s stream back to offset `point`,
+    /// as a cut send buffer leaves it (for scripted tests, which compare
+    /// bytes: the write hash is not rewound).
+    pub fn unstage(&mut self, side: usize, point: u64) {
+        let app = &mut self.apps[side];
+        let keep = (point - app.staged_base) as usize + app.staged_start;
+        app.staged.truncate(keep);
+        app.written = point;
+    }
+
     /// Feeds one event to a side, checking a received message against
     /// what the side's Modes let it accept.
     pub fn feed(&mut self, side: usize, event: Event) {

@@ -500,3 +500,57 @@ fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
     a.write_all(b"hello").unwrap();
     assert_eq!(waiter.join().unwrap(), b"hello");
 }
+
+/// A blocking write larger than `Config::lend_above` sends its Data
+/// Messages straight from the caller's buffer (no byte staged) and returns
+/// once all of it is in Sends; against a reader that stopped, its
+/// SO_SNDTIMEO leaves out of the stream what was not yet in a Send, and
+/// the write returns the bytes the stream kept — which the reader then
+/// gets, followed by the next write, and nothing else.
+#[test]
+fn a_lent_write_times_out_with_what_the_stream_kept() {
+    let (c, s) = pair();
+    let data: Vec<u8> = (0..(8u32 << 20))
+        .map(|k| (k.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    // The reader is not reading: credits run out after its buffers.
+    c.set_write_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let t = Instant::now();
+    let kept = (&c).write(&data).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    assert!(kept > 0 && kept < data.len(), "{kept}");
+    let copies = c.info().copies;
+    assert_eq!(copies.bytes_staged, 0, "{copies:?}");
+    assert_eq!(copies.bytes_sent_direct, kept as u64, "{copies:?}");
+    c.set_write_timeout(None).unwrap();
+    (&c).write_all(b"after the timeout").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    (&s).read_to_end(&mut got).unwrap();
+    let mut want = data[..kept].to_vec();
+    want.extend_from_slice(b"after the timeout");
+    assert!(got == want, "{} bytes, want {}", got.len(), want.len());
+}
+
+/// Lent writes carry a stream intact when the reader keeps up.
+#[test]
+fn lent_writes_carry_a_stream() {
+    let (c, s) = pair();
+    let data: Vec<u8> = (0..(48u32 << 20))
+        .map(|k| (k.wrapping_mul(2_654_435_761) >> 7) as u8)
+        .collect();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        (&s).read_to_end(&mut got).unwrap();
+        got
+    });
+    for chunk in data.chunks((1 << 20) + 17) {
+        (&c).write_all(chunk).unwrap();
+    }
+    c.shutdown(Shutdown::Write).unwrap();
+    assert!(reader.join().unwrap() == data);
+    let copies = c.info().copies;
+    assert_eq!(copies.bytes_staged, 0, "{copies:?}");
+    assert_eq!(copies.bytes_sent_direct, data.len() as u64, "{copies:?}");
+}

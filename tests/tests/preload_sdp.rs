@@ -1092,6 +1092,16 @@ fn zcopy_stream(mode: &str) -> (statfile::Record, statfile::Record) {
     (c, a)
 }
 
+/// With Zcopy off, each blocking 4 MiB `sendall` (above `SDP_LEND_ABOVE`,
+/// 256K) lends its buffer: every byte goes by Bcopy straight from it,
+/// none copied into the send buffer.
+#[test]
+fn blocking_bcopy_writes_go_straight_from_the_buffer() {
+    let (c, _) = zcopy_stream("off");
+    assert_eq!(c.counters[0], 64 << 20, "{c:?}");
+    assert_eq!(c.direct[0], 64 << 20, "{c:?}");
+}
+
 #[test]
 fn read_zcopy_under_the_preload() {
     let (c, a) = zcopy_stream("read");

@@ -722,7 +722,7 @@ impl SdpEndpoint for Ep {
         deadline: Option<Instant>,
         lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
-        if buf.len() as u64 <= super::zcopy_threshold() {
+        if buf.len() as u64 <= super::lend_threshold() {
             return None;
         }
         let stream = self.blocking_stream()?;

@@ -72,7 +72,8 @@ pub(crate) fn pm() -> &'static PmClient {
 /// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
 /// reads and writes larger than it go by Zcopy; `SDP_ZCOPY_SINK_WAIT_MS`
 /// (how long a writer waits for the reader's next SinkAvail, default 10
-/// with Write Zcopy on) (docs/preload.md).
+/// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
+/// go straight from the program's buffer, default 256K) (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
@@ -92,6 +93,18 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                 .unwrap_or(256 * 1024);
             let mut config = sdp_core::conn::Config::default();
             mode.apply(&mut config, threshold);
+            match env("SDP_LEND_ABOVE").as_deref() {
+                None => {}
+                Some("off") => config.lend_above = u64::MAX,
+                Some(v) => match parse_size(v) {
+                    Some(n) => config.lend_above = n,
+                    None => crate::log!(
+                        crate::log::Level::Warn,
+                        "SDP_LEND_ABOVE: {v:?} is neither a size nor off; {}",
+                        config.lend_above
+                    ),
+                },
+            }
             if let Some(v) = env("SDP_ZCOPY_SINK_WAIT_MS") {
                 match v.parse::<u64>() {
                     Ok(ms) if config.write_zcopy => {
@@ -116,6 +129,16 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
 pub(crate) fn zcopy_threshold() -> u64 {
     static THRESHOLD: OnceLock<u64> = OnceLock::new();
     *THRESHOLD.get_or_init(|| sdp_config().bcopy_threshold)
+}
+
+/// The size above which a blocking send lends its buffer, for Zcopy or
+/// for Bcopy straight from it (`SDP_LEND_ABOVE`).
+pub(crate) fn lend_threshold() -> u64 {
+    static THRESHOLD: OnceLock<u64> = OnceLock::new();
+    *THRESHOLD.get_or_init(|| {
+        let c = sdp_config();
+        c.bcopy_threshold.min(c.lend_above)
+    })
 }
 
 impl SdpBackend for Backend {

@@ -345,8 +345,9 @@ fn sdp_send_inner(
         timeout(fd, h, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
     };
     let mut done = 0usize;
-    // SDP_ZCOPY: one large buffer is lent to the endpoint until the peer
-    // took it (or the deadline or a signal cut it short).
+    // SDP_ZCOPY, SDP_LEND_ABOVE: one large buffer is lent to the endpoint
+    // until the peer took it or it is all in the connection's sends (or
+    // the deadline or a signal cut it short).
     let zcopy = if !dontwait && !sflags.oob && !sflags.more {
         let lent = &mut || publish_stats(fd, h);
         single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline, lent))

@@ -94,6 +94,14 @@ pub struct Config {
     /// stale one: the Data Sink has caught up) starts a streak; a wait that
     /// runs out ends it. Zero: never wait.
     pub sink_avail_wait: Duration,
+    /// A blocking write larger than this lends its buffer to the
+    /// connection for the call even when it goes by Bcopy: the Data
+    /// Messages are sent straight from it, and the call returns once all
+    /// of it is in Sends (a TCP write returns once its bytes are in the
+    /// socket buffer) instead of copying what credits hold back into the
+    /// send buffer. Its deadline (SO_SNDTIMEO, a signal) leaves out of the
+    /// stream what is not yet in a Send. `u64::MAX`: never.
+    pub lend_above: u64,
 }
 
 /// When the Data Source (Mode Master) moves its send half-connection
@@ -129,6 +137,7 @@ impl Default for Config {
             req_pipe: false,
             buffered_after_send_sm: 0,
             sink_avail_wait: Duration::ZERO,
+            lend_above: 256 * 1024,
         }
     }
 }
@@ -158,6 +167,7 @@ impl Config {
             req_pipe: self.req_pipe,
             buffered_after_send_sm: self.buffered_after_send_sm,
             sink_avail_wait: self.sink_avail_wait,
+            lend_above: self.lend_above,
         }
     }
 }

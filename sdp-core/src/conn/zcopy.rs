@@ -540,13 +540,21 @@ impl Conn {
             })
             .filter_map(|z| z.deadline);
         let waits = self.z.zsends.iter().filter_map(|z| z.sink_wait);
+        // A buffer going by Bcopy, until its bytes are all in Sends.
+        let sent = self.tx.sent();
+        let bcopy = self
+            .z
+            .zsends
+            .iter()
+            .filter(|z| !z.zcopy && z.end > sent)
+            .filter_map(|z| z.deadline);
         let recvs = self
             .z
             .posted
             .iter()
             .filter(|p| !p.reading)
             .filter_map(|p| p.deadline);
-        sends.chain(waits).chain(recvs).min()
+        sends.chain(waits).chain(bcopy).chain(recvs).min()
     }
 
     /// Zcopy timers: cancels for expired buffers.
@@ -577,6 +585,25 @@ impl Conn {
             self.z.src_cancel = Some(None);
             self.z.stats.cancels += 1;
             self.control.push_back(Control::SrcAvailCancel);
+        }
+        // A buffer going by Bcopy whose deadline passed: what is not yet in
+        // a Send leaves the stream (nothing of it reached the peer), as a
+        // timed-out TCP write returns what the socket took.
+        let sent = self.tx.sent();
+        let cut = self
+            .z
+            .zsends
+            .iter_mut()
+            .find(|z| !z.zcopy && z.end > sent && z.deadline.is_some_and(|d| d <= now))
+            .map(|z| {
+                z.deadline = None;
+                z.start.max(sent)
+            });
+        if let Some(point) = cut {
+            self.retract(point);
+            // Its Sends may all be complete already: nothing else would
+            // report it.
+            self.source_settle();
         }
         self.expire_posted(Some(now));
     }

@@ -856,3 +856,65 @@ fn send_sms_in_a_row_skip_the_src_avail() {
     assert_eq!(pair.conns[0].zcopy_stats().src_avails, 3);
     no_close(&pair);
 }
+
+/// A send buffer going by Bcopy (not larger than the Bcopy Threshold)
+/// whose deadline passes while credits hold the rest back: what is not yet
+/// in a Send leaves the stream, its completion says how much stayed, and
+/// the next bytes follow those.
+#[test]
+fn a_bcopy_send_buffer_is_cut_at_its_deadline() {
+    let config = Config {
+        bcopy_threshold: u64::MAX,
+        ..zconfig()
+    };
+    let mut pair = Pair::new(&config, &config, 49);
+    let ok = pair.run(100_000, |p| !Transport::busy(&p.transport));
+    assert!(ok);
+    quiet(&mut pair);
+    let start = pair.now;
+    let mut b = vec![0; 20_000];
+    pattern(pair.apps[0].seed, 0, &mut b);
+    let id = pair.conns[0]
+        .send_zcopy(
+            20_000,
+            Some(start + std::time::Duration::from_millis(1)),
+            start,
+        )
+        .unwrap();
+    pair.stage(0, &b);
+    pair.drain();
+    quiet(&mut pair);
+    // The reader reads nothing: the credits (8 buffers) ran out.
+    let kept = pair.conns[0].tx().sent();
+    assert!(kept > 0 && kept < 20_000, "{kept}");
+    assert_eq!(completions(&mut pair, 0), []);
+    assert_eq!(
+        pair.conns[0].poll_timeout(),
+        Some(start + std::time::Duration::from_millis(1))
+    );
+    pair.now = start + std::time::Duration::from_millis(1);
+    pair.conns[0].handle_timeout(pair.now);
+    pair.drain();
+    assert_eq!(
+        completions(&mut pair, 0),
+        [Completion::Sent {
+            id,
+            len: kept,
+            zcopy: 0
+        }]
+    );
+    // The stream goes on from there.
+    pair.unstage(0, kept);
+    send_bytes(&mut pair, 0, 100);
+    let mut left = kept as usize + 100;
+    while left > 0 {
+        quiet(&mut pair);
+        let n = pair.conns[1].bytes_readable() as usize;
+        assert!(n > 0);
+        read_bytes(&mut pair, 1, n);
+        left -= n;
+    }
+    quiet(&mut pair);
+    assert_eq!(pair.conns[1].bytes_readable(), 0);
+    no_close(&pair);
+}

@@ -157,7 +157,11 @@ impl Link {
     pub fn poll_zcopy(&mut self, qp: &mut Connection) -> Option<Completion> {
         let c = self.conn.poll_completion()?;
         match c {
-            Completion::Sent { id, .. } if self.zc.send.as_ref().is_some_and(|s| s.0 == id) => {
+            Completion::Sent { id, len, zcopy }
+                if self.zc.send.as_ref().is_some_and(|s| s.0 == id) =>
+            {
+                // What went by Data Messages went straight from the buffer.
+                self.stats.bytes_sent_direct += len.saturating_sub(zcopy);
                 self.end_send_zcopy(qp);
             }
             Completion::Received { id, .. } if self.zc.recv.is_some_and(|r| r.0 == id) => {

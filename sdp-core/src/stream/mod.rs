@@ -601,7 +601,7 @@ impl SdpStream {
     ) -> Option<io::Result<usize>> {
         let shared = self.shared();
         let mut g = shared.lock();
-        if !zcopy::fits(&g, buf.len()) {
+        if !zcopy::lends(&g, buf.len()) {
             return None;
         }
         let call = zcopy::Call {

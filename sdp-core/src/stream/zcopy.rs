@@ -93,9 +93,16 @@ pub(super) fn fits(g: &Locked<'_>, len: usize) -> bool {
     g.link.is_connected() && (len as u64) > g.link.conn().config().bcopy_threshold
 }
 
-/// Whether a blocking `write` of `len` bytes goes by Zcopy.
+/// Whether a write of `len` bytes lends its buffer: for Zcopy, or for
+/// Bcopy straight from it ([`Config::lend_above`]).
+pub(super) fn lends(g: &Locked<'_>, len: usize) -> bool {
+    let config = g.link.conn().config();
+    g.link.is_connected() && (len as u64) > config.bcopy_threshold.min(config.lend_above)
+}
+
+/// Whether a blocking `write` of `len` bytes lends its buffer.
 pub(super) fn write_by_zcopy(g: &Locked<'_>, len: usize) -> bool {
-    !g.nonblocking && fits(g, len)
+    !g.nonblocking && lends(g, len)
 }
 
 /// Whether a `read` into `len` bytes with `flags` may go by Zcopy: the
