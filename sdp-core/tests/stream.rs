@@ -11,11 +11,23 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use sdp_core::stream::{SdpListener, SdpStream};
 
 fn pair() -> (SdpStream, SdpStream) {
-    let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+    pair_with(&sdp_core::conn::Config::default())
+}
+
+fn pair_with(config: &sdp_core::conn::Config) -> (SdpStream, SdpStream) {
+    let listener = SdpListener::bind_with("127.0.0.1:0", config).unwrap();
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || listener.accept().unwrap().0);
-    let c = SdpStream::connect(addr).unwrap();
+    let c = SdpStream::connect_with(addr, config).unwrap();
     (c, t.join().unwrap())
+}
+
+/// Blocking writes above 256 KiB lend their buffer.
+fn lending_pair() -> (SdpStream, SdpStream) {
+    pair_with(&sdp_core::conn::Config {
+        lend_above: 256 * 1024,
+        ..Default::default()
+    })
 }
 
 /// (readable, writable) of the stream's descriptor, waiting at most `ms`
@@ -509,7 +521,7 @@ fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
 /// gets, followed by the next write, and nothing else.
 #[test]
 fn a_lent_write_times_out_with_what_the_stream_kept() {
-    let (c, s) = pair();
+    let (c, s) = lending_pair();
     let data: Vec<u8> = (0..(8u32 << 20))
         .map(|k| (k.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
@@ -536,7 +548,7 @@ fn a_lent_write_times_out_with_what_the_stream_kept() {
 /// Lent writes carry a stream intact when the reader keeps up.
 #[test]
 fn lent_writes_carry_a_stream() {
-    let (c, s) = pair();
+    let (c, s) = lending_pair();
     let data: Vec<u8> = (0..(48u32 << 20))
         .map(|k| (k.wrapping_mul(2_654_435_761) >> 7) as u8)
         .collect();
@@ -553,4 +565,30 @@ fn lent_writes_carry_a_stream() {
     let copies = c.info().copies;
     assert_eq!(copies.bytes_staged, 0, "{copies:?}");
     assert_eq!(copies.bytes_sent_direct, data.len() as u64, "{copies:?}");
+}
+
+/// By default a large blocking write copies what credits hold back into
+/// the send buffer and returns, as a TCP write returns once the socket
+/// buffer has its bytes: two peers that each write 1.5 MiB before they
+/// read both get through (lent writes, `Config::lend_above`, would wait
+/// for each other's credits here).
+#[test]
+fn both_peers_write_before_reading() {
+    let (c, s) = pair();
+    let data: Vec<u8> = (0..(3u32 << 19)).map(|k| (k >> 5) as u8).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for me in [c.try_clone().unwrap(), s.try_clone().unwrap()] {
+        let (tx, data) = (tx.clone(), data.clone());
+        std::thread::spawn(move || {
+            (&me).write_all(&data).unwrap();
+            let mut got = vec![0; data.len()];
+            (&me).read_exact(&mut got).unwrap();
+            tx.send(got == data).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        let ok = rx.recv_timeout(Duration::from_secs(20));
+        assert_eq!(ok, Ok(true));
+    }
+    drop((c, s));
 }
