@@ -30,6 +30,14 @@ fn lending_pair() -> (SdpStream, SdpStream) {
     })
 }
 
+/// `len` bytes of a multiplicative hash of their offset (bits from
+/// `shift` on), so that a misplaced run shows.
+fn scrambled(len: u32, shift: u32) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k.wrapping_mul(2_654_435_761) >> shift) as u8)
+        .collect()
+}
+
 /// (readable, writable) of the stream's descriptor, waiting at most `ms`
 /// for any of `want`.
 fn readiness(s: &SdpStream, want: PollFlags, ms: u64) -> (bool, bool) {
@@ -433,9 +441,7 @@ fn pingpong_counts_its_copies() {
 #[test]
 fn bulk_transfer_counts_its_copies() {
     let (c, s) = pair();
-    let data: Vec<u8> = (0..(24u32 << 20))
-        .map(|k| (k.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    let data = scrambled(24 << 20, 13);
     let len = data.len() as u64;
     let reader = std::thread::spawn(move || {
         let mut got = Vec::with_capacity(24 << 20);
@@ -522,9 +528,7 @@ fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
 #[test]
 fn a_lent_write_times_out_with_what_the_stream_kept() {
     let (c, s) = lending_pair();
-    let data: Vec<u8> = (0..(8u32 << 20))
-        .map(|k| (k.wrapping_mul(2_654_435_761) >> 11) as u8)
-        .collect();
+    let data = scrambled(8 << 20, 11);
     // The reader is not reading: credits run out after its buffers.
     c.set_write_timeout(Some(Duration::from_millis(100)))
         .unwrap();
@@ -549,9 +553,7 @@ fn a_lent_write_times_out_with_what_the_stream_kept() {
 #[test]
 fn lent_writes_carry_a_stream() {
     let (c, s) = lending_pair();
-    let data: Vec<u8> = (0..(48u32 << 20))
-        .map(|k| (k.wrapping_mul(2_654_435_761) >> 7) as u8)
-        .collect();
+    let data = scrambled(48 << 20, 7);
     let reader = std::thread::spawn(move || {
         let mut got = Vec::new();
         (&s).read_to_end(&mut got).unwrap();

@@ -25,11 +25,17 @@ fn zconfig() -> Config {
 /// Side 0 → side 1 in Pipelined Mode (side 0's policy), nothing on the
 /// wire.
 fn pipelined(seed: u64) -> Pair {
+    pipelined_with(&zconfig(), &zconfig(), seed)
+}
+
+/// [`pipelined`] with side 0's and side 1's configurations (side 0's
+/// pipelining set to Always).
+fn pipelined_with(a: &Config, b: &Config, seed: u64) -> Pair {
     let a = Config {
         pipelining: Pipelining::Always,
-        ..zconfig()
+        ..a.clone()
     };
-    let mut pair = Pair::new(&a, &zconfig(), seed);
+    let mut pair = Pair::new(&a, b, seed);
     let ok = pair.run(100_000, |p| {
         p.conns[0].send_mode() == FlowControlMode::Pipelined
             && p.conns[1].recv_mode() == FlowControlMode::Pipelined
@@ -61,10 +67,20 @@ fn send_bytes(pair: &mut Pair, side: usize, n: usize) {
 
 /// `n` bytes of side `side`'s stream as one Zcopy send buffer.
 fn send_zcopy(pair: &mut Pair, side: usize, n: usize) -> SendId {
+    send_zcopy_until(pair, side, n, None)
+}
+
+/// [`send_zcopy`] with a deadline.
+fn send_zcopy_until(
+    pair: &mut Pair,
+    side: usize,
+    n: usize,
+    deadline: Option<std::time::Instant>,
+) -> SendId {
     let mut b = vec![0; n];
     pattern(pair.apps[side].seed, pair.apps[side].written, &mut b);
     let id = pair.conns[side]
-        .send_zcopy(n as u64, None, pair.now)
+        .send_zcopy(n as u64, deadline, pair.now)
         .unwrap();
     pair.stage(side, &b);
     pair.drain();
@@ -274,17 +290,12 @@ fn src_avail_cancel_while_rdma_read_in_process() {
     let mut pair = Pair::new(&zconfig(), &zconfig(), 43);
     quiet(&mut pair);
     let start = pair.now;
-    let mut b = vec![0; 10_000];
-    pattern(pair.apps[0].seed, 0, &mut b);
-    let id = pair.conns[0]
-        .send_zcopy(
-            10_000,
-            Some(start + std::time::Duration::from_millis(1)),
-            start,
-        )
-        .unwrap();
-    pair.stage(0, &b);
-    pair.drain();
+    let id = send_zcopy_until(
+        &mut pair,
+        0,
+        10_000,
+        Some(start + std::time::Duration::from_millis(1)),
+    );
     let wire = pair.on_wire(0);
     assert_eq!(wire.len(), 1);
     assert!(wire[0].starts_with("SrcAvail") && wire[0].contains("len 10000"));
@@ -723,18 +734,10 @@ fn no_credit_update_after_both_disconns() {
 fn a_sink_streak_makes_the_source_wait_for_the_next_sink_avail() {
     let wait = std::time::Duration::from_millis(5);
     let a = Config {
-        pipelining: Pipelining::Always,
         sink_avail_wait: wait,
         ..zconfig()
     };
-    let mut pair = Pair::new(&a, &zconfig(), 47);
-    let ok = pair.run(100_000, |p| {
-        p.conns[0].send_mode() == FlowControlMode::Pipelined
-            && p.conns[1].recv_mode() == FlowControlMode::Pipelined
-            && !Transport::busy(&p.transport)
-    });
-    assert!(ok);
-    quiet(&mut pair);
+    let mut pair = pipelined_with(&a, &zconfig(), 47);
     // No streak yet: the first buffer does not wait.
     let first = send_zcopy(&mut pair, 0, 3000);
     let wire = pair.on_wire(0);
@@ -805,23 +808,12 @@ fn a_sink_streak_makes_the_source_wait_for_the_next_sink_avail() {
 /// 2a); 16 MiB later it asks once more.
 #[test]
 fn send_sms_in_a_row_skip_the_src_avail() {
-    let a = Config {
-        pipelining: Pipelining::Always,
-        ..zconfig()
-    };
     let b = Config {
         read_zcopy: false,
         write_zcopy: false,
         ..zconfig()
     };
-    let mut pair = Pair::new(&a, &b, 48);
-    let ok = pair.run(100_000, |p| {
-        p.conns[0].send_mode() == FlowControlMode::Pipelined
-            && p.conns[1].recv_mode() == FlowControlMode::Pipelined
-            && !Transport::busy(&p.transport)
-    });
-    assert!(ok);
-    quiet(&mut pair);
+    let mut pair = pipelined_with(&zconfig(), &b, 48);
     // Whether a 3000-byte buffer was asked for by SrcAvail.
     let buffer = |pair: &mut Pair| {
         let before = pair.conns[0].zcopy_stats().src_avails;
@@ -872,17 +864,12 @@ fn a_bcopy_send_buffer_is_cut_at_its_deadline() {
     assert!(ok);
     quiet(&mut pair);
     let start = pair.now;
-    let mut b = vec![0; 20_000];
-    pattern(pair.apps[0].seed, 0, &mut b);
-    let id = pair.conns[0]
-        .send_zcopy(
-            20_000,
-            Some(start + std::time::Duration::from_millis(1)),
-            start,
-        )
-        .unwrap();
-    pair.stage(0, &b);
-    pair.drain();
+    let id = send_zcopy_until(
+        &mut pair,
+        0,
+        20_000,
+        Some(start + std::time::Duration::from_millis(1)),
+    );
     quiet(&mut pair);
     // The reader reads nothing: the credits (8 buffers) ran out.
     let kept = pair.conns[0].tx().sent();
