@@ -21,7 +21,9 @@ use crate::stat;
 use std::cell::UnsafeCell;
 use std::net::SocketAddr;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::Arc;
 
 /// Slots per chunk.
@@ -130,7 +132,39 @@ pub struct StreamHandle {
     /// read from the kernel socket, or [`TIMEOUT_UNKNOWN`]: a blocking call
     /// reads them once, not once per call; `setsockopt` forgets them.
     pub timeouts: [AtomicU64; 2],
+    /// Threads of this process inside a call that waits on the fd: a
+    /// blocking `recv`/`send`, or `poll`/`select` with it. A `fork` while
+    /// one waits leaves the connection to this process (see
+    /// [`StreamHandle::in_use`]).
+    waiters: AtomicU32,
     pub endpoint: Arc<dyn SdpEndpoint>,
+}
+
+impl StreamHandle {
+    /// Counts the calling thread as waiting on the fd until the guard
+    /// drops.
+    pub fn watch(&self) -> Watch<'_> {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        Watch(&self.waiters)
+    }
+
+    /// Whether a thread of this process waits on the fd now: at a `fork`,
+    /// the process that is using the connection keeps it (the child's copy
+    /// is lost at once) instead of leaving it to whichever process uses it
+    /// first — a thread asleep in `poll` on it would never see the data
+    /// that the paused connection no longer moves.
+    pub fn in_use(&self) -> bool {
+        self.waiters.load(Ordering::Acquire) > 0
+    }
+}
+
+/// See [`StreamHandle::watch`].
+pub struct Watch<'a>(&'a AtomicU32);
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// See [`StreamHandle::timeouts`].
@@ -178,6 +212,7 @@ impl SdpSide {
                 AtomicU64::new(TIMEOUT_UNKNOWN),
                 AtomicU64::new(TIMEOUT_UNKNOWN),
             ],
+            waiters: AtomicU32::new(0),
             endpoint,
         }))
     }

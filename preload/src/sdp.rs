@@ -228,7 +228,9 @@ pub trait SdpEndpoint: Send + Sync {
     fn stats(&self) -> Stats;
     /// Before `fork`, with every other thread kept out of the fd table
     /// (the fork gate): the connection becomes shared by two processes.
-    fn fork_prepare(&self) {}
+    /// `in_use`: a thread of this process waits on it (a blocking call,
+    /// `poll`, `select`, `epoll_wait`), so this process keeps it.
+    fn fork_prepare(&self, _in_use: bool) {}
     /// After `fork`, in the parent.
     fn fork_parent(&self) {}
     /// Called in the child of `fork` (the only thread there): the endpoint

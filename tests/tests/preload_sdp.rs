@@ -615,6 +615,124 @@ fn accept_then_fork_server_over_sdp() {
     same_over_sdp("sdp-fork", FORKING_SERVER, 3);
 }
 
+/// A server thread that forks a handler for each connection while a client
+/// thread of the same process waits in `select` on its own connection (the
+/// shape of `socketserver.ForkingTCPServer`'s tests): the fork must leave
+/// the waiting client's connection to this process — the child never uses
+/// it — or the client sleeps on a connection nobody moves.
+const FORK_WHILE_A_THREAD_WAITS: &str = r#"
+import os, select, socket, threading
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+addr = srv.getsockname()
+def serve():
+    for i in range(3):
+        conn, _ = srv.accept()
+        if os.fork() == 0:
+            data = conn.recv(100)
+            conn.sendall(data.upper())
+            conn.close()
+            os._exit(0)
+        conn.close()
+        os.wait()
+t = threading.Thread(target=serve)
+t.start()
+for i in range(3):
+    c = socket.create_connection(addr)
+    c.sendall(b"hello %d" % i)
+    r, _, _ = select.select([c], [], [], 10)
+    print(c.recv(100).decode() if r else "select timed out", flush=True)
+    c.close()
+t.join()
+"#;
+
+#[test]
+fn a_fork_leaves_a_connection_a_thread_waits_on_to_the_parent() {
+    same_over_sdp("sdp-fork-waiting", FORK_WHILE_A_THREAD_WAITS, 3);
+}
+
+/// `sendmsg` of two buffers is one operation on the stream: the reader,
+/// already waiting, gets both in one `recv` (CPython's
+/// `testRecvmsgFromSendmsg`), as over TCP.
+const GATHER_WRITE: &str = r#"
+import socket, threading
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+got = []
+for i in range(20):
+    t = threading.Thread(target=lambda: got.append(s.recv(1024)))
+    t.start()
+    c.sendmsg([b"Mic", b"hael Gilfix was here %2d\r\n" % i])
+    t.join()
+print(set(len(g) for g in got))
+"#;
+
+#[test]
+fn a_gather_write_reaches_a_waiting_reader_whole() {
+    same_over_sdp("sdp-gather", GATHER_WRITE, 1);
+}
+
+/// A program that makes its socket buffers small (SO_SNDBUF, and
+/// SO_RCVBUF on the listener, inherited by the accepted socket) gets flow
+/// control early, as over TCP: a nonblocking sender facing a reader that
+/// does not read is told EAGAIN after some KiB, not after SDP buffered
+/// megabytes it never asked for.
+const SMALL_SOCKET_BUFFERS: &str = r#"
+import socket
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+c.setblocking(False)
+sent = 0
+try:
+    while sent < 8 << 20:
+        sent += c.send(b"z" * 4096)
+except BlockingIOError:
+    pass
+print("bounded:", sent < 256 << 10)
+"#;
+
+#[test]
+fn small_socket_buffers_bound_what_a_sender_may_queue() {
+    same_over_sdp("sdp-small-buffers", SMALL_SOCKET_BUFFERS, 1);
+}
+
+/// A receiver closes with data unread: the connection is reset, as TCP
+/// sends an RST, so the sender's next sends fail with ECONNRESET or EPIPE
+/// (MSG_NOSIGNAL) instead of going nowhere.
+const CLOSE_WITH_UNREAD_DATA: &str = r#"
+import errno, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"x" * 2048)
+assert len(s.recv(1024)) > 0
+s.close()
+deadline = time.monotonic() + 10
+try:
+    while time.monotonic() < deadline:
+        c.send(b"y" * 1024, socket.MSG_NOSIGNAL)
+        time.sleep(0.001)
+    print("no error")
+except OSError as e:
+    print("sender:", errno.errorcode[e.errno] in ("ECONNRESET", "EPIPE"))
+"#;
+
+#[test]
+fn a_close_with_unread_data_resets_the_sender() {
+    same_over_sdp("sdp-unread-close", CLOSE_WITH_UNREAD_DATA, 1);
+}
+
 #[test]
 fn prefork_server_over_sdp() {
     same_over_sdp("sdp-prefork", programs::PREFORK_SERVER, 6);

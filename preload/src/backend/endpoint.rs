@@ -279,35 +279,14 @@ fn recv_into(s: &SdpStream, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> io
     Ok(done)
 }
 
-/// Gathers one send from `bufs`; with OOB the last byte taken is urgent.
+/// One send of `bufs` (one operation on the stream); with OOB the last byte is urgent.
 fn send_from(s: &SdpStream, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
-    let last = bufs.iter().rposition(|b| !b.is_empty());
-    let mut done = 0;
-    for (i, b) in bufs.iter().enumerate() {
-        if b.is_empty() {
-            continue;
-        }
-        let f = if flags.oob && Some(i) == last {
-            SdpSend::OOB
-        } else {
-            SdpSend::EMPTY
-        };
-        match s.send_flags(b, f) {
-            Ok(n) => {
-                done += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Err(_) if done > 0 => break,
-            Err(e) => return Err(e),
-        }
-    }
-    if last.is_none() {
-        // Zero bytes: still reports a broken connection.
-        return s.send_flags(&[], SdpSend::EMPTY);
-    }
-    Ok(done)
+    let f = if flags.oob {
+        SdpSend::OOB
+    } else {
+        SdpSend::EMPTY
+    };
+    s.send_vectored_flags(bufs, f)
 }
 
 /// `SO_LINGER` of the kernel socket `fd`: `Some(timeout)` when on.
@@ -566,6 +545,25 @@ impl SdpEndpoint for Ep {
                 s.set_oob_inline(on);
             }
         }
+        if (level, name) == (libc::SOL_SOCKET, libc::SO_SNDBUF) {
+            // What the kernel made of it (twice the value, within limits).
+            let mut v: c_int = 0;
+            let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+            // SAFETY: a local int and its length.
+            let r = unsafe {
+                real::getsockopt(
+                    self.fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&mut v as *mut c_int).cast(),
+                    &mut len,
+                )
+            };
+            let _g = fdtable::enter_gate();
+            if let (0, Access::Stream(s)) = (r, self.access()) {
+                s.set_send_buffer(v.max(1) as u64);
+            }
+        }
         Ok(())
     }
 
@@ -652,10 +650,10 @@ impl SdpEndpoint for Ep {
         }
     }
 
-    fn fork_prepare(&self) {
+    fn fork_prepare(&self, in_use: bool) {
         // The fork gate is closed: no lock is held by another thread.
         if matches!(*self.lock(), State::Connected(_)) {
-            self.own.fork_prepare();
+            self.own.fork_prepare(in_use);
         }
     }
 

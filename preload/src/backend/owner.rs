@@ -19,6 +19,12 @@
 //! * Closing a pending connection without having used it (the parent of an
 //!   accept-then-fork server) lets it go the same way and leaves the word
 //!   at 0 for the other process.
+//! * A connection that a thread of the forking process is waiting on at
+//!   the fork (a blocking call, `poll`, `select` or `epoll_wait` with it)
+//!   is in use already: the parent keeps it, with its progress, and the
+//!   child's copy is lost from the start. Made pending, it would strand
+//!   that thread: asleep on a connection that no progress thread moves,
+//!   it would never see the bytes the peer sends.
 //!
 //! Words are never reused (a process cannot know when the other one is
 //! done with one); the mapping holds 1 Mi of them, reserved but only
@@ -93,7 +99,8 @@ const LOST: u8 = 2;
 pub struct Ownership {
     state: AtomicU8,
     word: AtomicPtr<AtomicU32>,
-    /// The last fork found no word: the child's copy is lost.
+    /// The parent kept the connection at the last fork (in use, or no
+    /// word): the child's copy is lost.
     unshared: AtomicU8,
 }
 
@@ -142,10 +149,17 @@ impl Ownership {
     }
 
     /// Before a fork (other threads kept out): an owned connection becomes
-    /// pending with its word at 0. False if it cannot be shared (no word):
-    /// the parent keeps it.
-    pub fn fork_prepare(&self) -> bool {
+    /// pending with its word at 0. False if the parent keeps it: `in_use`
+    /// (a thread waits on it), or it cannot be shared (no word).
+    pub fn fork_prepare(&self, in_use: bool) -> bool {
         match self.state.load(Ordering::Acquire) {
+            OWNED if in_use => {
+                if let Some(word) = self.word() {
+                    word.store(my_pid(), Ordering::SeqCst);
+                }
+                self.unshared.store(1, Ordering::Relaxed);
+                false
+            }
             OWNED => {
                 let word = match self.word() {
                     Some(w) => Some(w),
@@ -247,7 +261,7 @@ mod tests {
         let o = Ownership::new();
         assert_eq!(o.claim(), Claim::Owned);
         let before = pending();
-        assert!(o.fork_prepare());
+        assert!(o.fork_prepare(false));
         assert!(o.is_pending());
         assert_eq!(pending(), before + 1);
         assert_eq!(o.claim(), Claim::Taken);
@@ -255,16 +269,36 @@ mod tests {
         assert_eq!(pending(), before);
 
         // The other process claimed first: this copy is lost.
-        assert!(o.fork_prepare());
+        assert!(o.fork_prepare(false));
         o.word().unwrap().store(1, Ordering::SeqCst);
         assert_eq!(o.claim(), Claim::Lost(1));
         assert!(o.release());
 
         // Closing a pending copy lets it go.
         let p = Ownership::new();
-        assert!(p.fork_prepare());
+        assert!(p.fork_prepare(false));
         assert!(p.release());
         assert_eq!(p.word().unwrap().load(Ordering::SeqCst), 0);
         assert!(!Ownership::new().release());
+    }
+
+    #[test]
+    fn a_connection_in_use_at_the_fork_stays_with_the_parent() {
+        let o = Ownership::new();
+        assert!(o.fork_prepare(false));
+        assert_eq!(o.claim(), Claim::Taken);
+        let before = pending();
+        assert!(!o.fork_prepare(true));
+        assert!(!o.is_pending());
+        assert_eq!(pending(), before);
+        assert_eq!(o.claim(), Claim::Owned);
+        // The child's copy names the parent.
+        let child = Ownership::new();
+        child
+            .word
+            .store(o.word.load(Ordering::Acquire), Ordering::Release);
+        child.unshared.store(1, Ordering::Relaxed);
+        child.fork_child();
+        assert_eq!(child.claim(), Claim::Lost(my_pid()));
     }
 }

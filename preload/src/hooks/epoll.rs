@@ -49,8 +49,8 @@ use crate::fdtable;
 use crate::real;
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 const TOKEN_TAG: u64 = 0x5D50 << 48;
@@ -600,6 +600,53 @@ fn touch_pending(epfd: c_int) {
     }
 }
 
+/// Epoll sets some thread of this process is waiting on (-1: a free
+/// slot), read at a `fork`: the SDP connections registered in them are in
+/// use ([`crate::fdtable::StreamHandle::in_use`]). One atomic store in,
+/// one out; with more waiting threads than slots, the extra ones are not
+/// seen (their sets' connections go pending as before).
+static WAITING: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+/// Holds a [`WAITING`] slot for one `epoll_wait`.
+struct Waiting(Option<&'static AtomicI32>);
+
+impl Waiting {
+    fn begin(epfd: c_int) -> Waiting {
+        Waiting(WAITING.iter().find(|slot| {
+            slot.compare_exchange(-1, epfd, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        }))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0 {
+            slot.store(-1, Ordering::Release);
+        }
+    }
+}
+
+/// Before a `fork` (the fork gate is closed, so no other thread holds the
+/// registry): whether `h` is registered in a set that a thread waits on.
+pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
+    let sets: Vec<c_int> = WAITING
+        .iter()
+        .map(|slot| slot.load(Ordering::Acquire))
+        .filter(|&epfd| epfd >= 0)
+        .collect();
+    if sets.is_empty() {
+        return false;
+    }
+    let guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    guard.as_ref().is_some_and(|r| {
+        r.by_id.values().any(|g| {
+            sets.contains(&g.epfd)
+                && matches!(&g.side, Side::Stream(s) if std::ptr::eq(Arc::as_ptr(s), h))
+        })
+    })
+}
+
 /// Waits with `wait(timeout)` until a translated event remains or the
 /// deadline passes.
 fn wait_translated(
@@ -610,6 +657,7 @@ fn wait_translated(
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
     protect("epoll_wait", || touch_pending(epfd), || ());
+    let _waiting = Waiting::begin(epfd);
     let mut look_again = true;
     loop {
         let n = wait(remaining(deadline));

@@ -259,6 +259,8 @@ fn sdp_recv_inner(
     } else {
         timeout(fd, h, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
     };
+    // A blocked call uses the connection (a fork leaves it to this process).
+    let _watch = (!dontwait).then(|| h.watch());
     let mut done = 0usize;
     // SDP_ZCOPY: one large buffer is lent to the endpoint before the wait,
     // so the peer's next large send may go straight into it.
@@ -344,6 +346,7 @@ fn sdp_send_inner(
     } else {
         timeout(fd, h, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
     };
+    let _watch = (!dontwait).then(|| h.watch());
     let mut done = 0usize;
     // SDP_ZCOPY, SDP_LEND_ABOVE: one large buffer is lent to the endpoint
     // until the peer took it or it is all in the connection's sends (or

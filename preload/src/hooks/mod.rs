@@ -463,7 +463,8 @@ extern "C" fn atfork_prepare() {
             if !fdtable::no_sdp() {
                 each_side_unguarded(|side| {
                     if let fdtable::SdpSide::Stream(h) = side {
-                        h.endpoint.fork_prepare();
+                        let in_use = h.in_use() || epoll::in_waited_set(h);
+                        h.endpoint.fork_prepare(in_use);
                     }
                 });
             }

@@ -85,6 +85,11 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         .iter()
         .map(|h| Waiting::begin(h.listener.as_ref()))
         .collect();
+    // Each connection polled is in use while we wait (a fork leaves it to
+    // this process).
+    let streams: Vec<Arc<fdtable::StreamHandle>> =
+        fds.iter().filter_map(|p| fdtable::stream(p.fd)).collect();
+    let _watching: Vec<fdtable::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
     loop {
         // Again on every round: a nonblocking connect that fell back to TCP
         // while we slept is polled as the kernel socket it now is.

@@ -1795,6 +1795,12 @@ impl Conn {
         self.config.oob_inline = inline;
     }
 
+    /// SO_SNDBUF: how many accepted bytes may wait for their Sends to
+    /// complete from now on (bytes already accepted stay).
+    pub fn set_send_buffer(&mut self, bytes: u64) {
+        self.config.send_buffer = bytes.max(1);
+    }
+
     /// Readable (POLLIN): data (a SrcAvail waiting for a reader too), end
     /// of stream, or a pending error.
     pub fn readable(&self) -> bool {

@@ -175,6 +175,36 @@ impl Config {
     }
 }
 
+impl Config {
+    /// This config with the socket buffer sizes a program chose (SO_RCVBUF,
+    /// SO_SNDBUF, in bytes as the kernel reports them): a program that
+    /// makes its buffers small relies on flow control reaching it early —
+    /// a sender blocked, or still sending when the peer goes away — so
+    /// SDP must not buffer megabytes behind its back. The receive Private
+    /// Buffers then hold about `rcvbuf` in all: fewer buffers first, then
+    /// smaller ones, never below §10's minimums ([`MIN_BUFS`] buffers of
+    /// [`MIN_BUF_SIZE`]); the send buffer holds at most `sndbuf`. `None`
+    /// or a larger value leaves the field as it is.
+    pub fn with_socket_buffers(&self, rcvbuf: Option<u64>, sndbuf: Option<u64>) -> Config {
+        let mut c = self.normalized();
+        if let Some(window) = rcvbuf {
+            let size = u64::from(c.buf_size);
+            let fit = window / size;
+            if fit >= u64::from(MIN_BUFS) {
+                c.bufs = c.bufs.min(u16::try_from(fit).unwrap_or(u16::MAX));
+            } else {
+                c.bufs = MIN_BUFS;
+                let each = (window / u64::from(MIN_BUFS)).clamp(u64::from(MIN_BUF_SIZE), size);
+                c.buf_size = each as u32;
+            }
+        }
+        if let Some(bytes) = sndbuf {
+            c.send_buffer = c.send_buffer.min(bytes.max(1));
+        }
+        c
+    }
+}
+
 /// What setup learned about the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerParams {

@@ -513,6 +513,13 @@ impl Link {
         Ok(n)
     }
 
+    /// SO_SNDBUF (see [`Conn::set_send_buffer`]), at most the staging
+    /// ring it was made with.
+    pub fn set_send_buffer(&mut self, bytes: u64) {
+        let cap = self.staging.capacity() as u64;
+        self.conn.set_send_buffer(bytes.min(cap));
+    }
+
     /// `shutdown(2)` (see [`Conn::shutdown`]).
     pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
         self.conn.shutdown(how)

@@ -78,7 +78,7 @@ pub mod shared;
 mod suspend;
 pub mod zcopy;
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -98,6 +98,11 @@ use crate::errno::Error;
 use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
 use shared::{Locked, Shared};
+
+/// The largest piece a gathered write ([`SdpStream::send_vectored_flags`])
+/// copies together before it is sent: every `writev` a program makes of
+/// headers and a body fits whole.
+pub const GATHER_MAX: usize = 256 << 10;
 
 /// How long dropping a blocking stream waits for its accepted bytes to
 /// reach the kernel.
@@ -562,6 +567,59 @@ impl SdpStream {
         }
     }
 
+    /// `sendmsg(2)` of several buffers (`writev`): one operation on the
+    /// stream, as it is one on a TCP socket — the bytes go in as one `send`
+    /// of their concatenation would take them, so a reader finds them
+    /// together, never a message per buffer. The buffers are gathered
+    /// into one (in pieces of [`GATHER_MAX`] for larger calls, each piece
+    /// one send; [`SendFlags::OOB`] marks the last byte of the whole).
+    /// Returns the bytes accepted, as [`SdpStream::send_flags`].
+    pub fn send_vectored_flags(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
+        let mut parts = bufs.iter().filter(|b| !b.is_empty()).peekable();
+        let Some(first) = parts.next() else {
+            // Zero bytes: still reports a broken connection.
+            return self.send_flags(&[], flags);
+        };
+        if parts.peek().is_none() {
+            return self.send_flags(first, flags);
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut gather = Vec::with_capacity(total.min(GATHER_MAX));
+        let mut done = 0;
+        let mut pieces = std::iter::once(&first[..]).chain(parts.map(|b| &b[..]));
+        let mut rest: &[u8] = &[];
+        loop {
+            gather.clear();
+            while gather.len() < GATHER_MAX {
+                if rest.is_empty() {
+                    match pieces.next() {
+                        Some(b) => rest = b,
+                        None => break,
+                    }
+                }
+                let n = rest.len().min(GATHER_MAX - gather.len());
+                gather.extend_from_slice(&rest[..n]);
+                rest = &rest[n..];
+            }
+            let last = done + gather.len() == total;
+            let f = if last {
+                flags
+            } else {
+                SendFlags(flags.0 & !SendFlags::OOB.0)
+            };
+            match self.send_flags(&gather, f) {
+                Ok(n) => {
+                    done += n;
+                    if n < gather.len() || last {
+                        return Ok(done);
+                    }
+                }
+                Err(_) if done > 0 => return Ok(done),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// `recv(2)` with flags ([`RecvFlags::OOB`], [`RecvFlags::PEEK`],
     /// [`RecvFlags::WAITALL`]): blocking unless nonblocking mode.
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
@@ -755,6 +813,15 @@ impl SdpStream {
         self.shared().lock().link.conn_mut().set_oob_inline(inline);
     }
 
+    /// SO_SNDBUF set by the program (see
+    /// [`Config::with_socket_buffers`]): the send buffer holds at most
+    /// `bytes` from now on, and never more than it started with.
+    pub fn set_send_buffer(&self, bytes: u64) {
+        let mut g = self.shared().lock();
+        g.link.set_send_buffer(bytes);
+        g.update_readiness();
+    }
+
     /// A read would make progress (data, end of stream, or an error).
     pub fn readable(&self) -> bool {
         self.shared().lock().link.readable()
@@ -871,16 +938,46 @@ pub struct StreamInfo {
 /// and [`SdpListener::accept`] apply it; a caller that sets a link up
 /// itself ([`SdpStream::from_parts`]) does too.
 pub fn fit_config(tcp: &TcpStream, config: &Config) -> Config {
-    let Ok(mss) = socket2::SockRef::from(tcp).tcp_mss() else {
-        return config.clone();
+    let sock = socket2::SockRef::from(tcp);
+    let mut c = config.with_socket_buffers(
+        program_set(&sock, Buffer::Recv),
+        program_set(&sock, Buffer::Send),
+    );
+    let Ok(mss) = sock.tcp_mss() else {
+        return c;
     };
     let one_fpdu = iwarp::wire::fpdu::mulpdu(mss as usize, false)
         .saturating_sub(iwarp::wire::ddp::UNTAGGED_HEADER_LEN) as u32;
-    let mut c = config.clone();
     if one_fpdu >= 32 * 1024 && c.buf_size > one_fpdu {
         c.buf_size = one_fpdu;
     }
     c
+}
+
+#[derive(Clone, Copy)]
+enum Buffer {
+    Recv,
+    Send,
+}
+
+/// The socket's SO_RCVBUF or SO_SNDBUF if the program made it smaller
+/// than the kernel starts a TCP socket with (`net.ipv4.tcp_rmem` and
+/// `tcp_wmem`, the middle value): the kernel's own tuning only grows a
+/// buffer, so a smaller one before any data moved is the program's
+/// choice (Linux reports twice what was asked, its bookkeeping included).
+fn program_set(sock: &socket2::SockRef<'_>, which: Buffer) -> Option<u64> {
+    let (size, sysctl) = match which {
+        Buffer::Recv => (sock.recv_buffer_size(), "/proc/sys/net/ipv4/tcp_rmem"),
+        Buffer::Send => (sock.send_buffer_size(), "/proc/sys/net/ipv4/tcp_wmem"),
+    };
+    let size = size.ok()? as u64;
+    let initial: u64 = std::fs::read_to_string(sysctl)
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    (size < initial).then_some(size)
 }
 
 fn check_timeout(t: Option<Duration>) -> io::Result<()> {
