@@ -5,20 +5,29 @@
 #   scripts/demo.sh              3-second runs
 #   DEMO_SECONDS=10 scripts/demo.sh
 #
-# Builds the workspace (release), starts a port mapper of its own, runs
-# `iperf3 -s` and `iperf3 -c 127.0.0.1` both under `sdprun`, shows from
-# `sdp-stat` which transport their connections use (SDP, or TCP and why),
-# then runs plain iperf3 against a plain server, and prints both
-# throughputs. Everything it starts is stopped at the end.
+# Installs iperf3 if it is missing, builds the workspace (release),
+# starts a port mapper of its own, runs `iperf3 -s` and
+# `iperf3 -c 127.0.0.1` both under `sdprun`, shows from `sdp-stat` which
+# transport their connections use (SDP, or TCP and why), then runs plain
+# iperf3 against a plain server, and prints both throughputs. Everything
+# it starts is stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_RUN=${DEMO_SECONDS:-3}
 step() { printf '\n== %s\n' "$*"; }
 
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# What the demo runs, installed when missing (Debian/Ubuntu), as
+# scripts/test.sh does.
 if ! command -v iperf3 >/dev/null; then
-    echo "demo: iperf3 is not installed (apt-get install iperf3)" >&2
-    exit 1
+    step "installing iperf3"
+    echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iperf3
 fi
 
 step "cargo build --release"

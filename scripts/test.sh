@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh machine: installs what is
 # missing, then format, lints, unit/integration/doc tests, end-to-end tests
+# (each under a time limit, by cargo-nextest),
 # a short fuzz run of every parser, and the benchmark suite's smoke run
 # (scripts/bench.sh --quick: every workload once, no thresholds).
 #
@@ -60,8 +61,30 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (unit, integration, doc, end-to-end)"
-cargo test --workspace
+# Every test runs under a time limit (.config/nextest.toml): a hang fails
+# within two minutes with its state printed, instead of running until CI
+# gives up.
+if ! cargo nextest --version >/dev/null 2>&1; then
+    step "installing cargo-nextest"
+    cargo install --locked cargo-nextest
+fi
+
+# The programs the end-to-end tests run, built here with the very commands
+# the tests use (tests/src/preload.rs, tests/src/bins.rs,
+# tests/tests/sdp_sdpcat.rs), so that no test spends its time limit
+# compiling.
+step "cargo build (the programs the end-to-end tests run)"
+cargo nextest run --workspace --profile ci --no-run
+cargo build --quiet -p preload --lib --bins -p portmapper --bin sdp-portmapper
+cargo build --quiet -p sdp-tests --bin sdp-connbench
+cargo build --quiet -p iwarp --bin iwarp-perf
+cargo build --release --quiet -p sdp-core --bin sdpcat
+
+step "cargo nextest run (unit, integration, end-to-end; each test time-limited)"
+cargo nextest run --workspace --profile ci
+
+step "cargo test --doc"
+cargo test --workspace --doc --quiet
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
     scripts/fuzz.sh "$FUZZ_SECONDS"

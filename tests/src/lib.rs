@@ -9,3 +9,4 @@ pub mod preload;
 pub mod programs;
 pub mod statfile;
 pub mod tshark;
+pub mod watchdog;

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::OnceLock;
 
+use crate::watchdog::{self, Watchdog};
+
 /// Paths of the built preload artifacts.
 #[derive(Debug)]
 pub struct Artifacts {
@@ -87,8 +89,16 @@ pub fn require(tool: &str) {
     );
 }
 
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A fresh directory under the system temp dir, removed on drop. Every
+/// test that runs preloaded programs has one (their state export and log
+/// go there), so it carries the test's [`Watchdog`]: a test still running
+/// after [`watchdog::LIMIT`] prints the state of every SDP connection of
+/// the programs (`sdp-stat`) and the preload's log, and aborts.
+pub struct TempDir(
+    pub PathBuf,
+    // Held for its drop: it disarms the watchdog.
+    #[allow(dead_code)] Watchdog,
+);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
@@ -97,7 +107,9 @@ impl TempDir {
         let p = std::env::temp_dir().join(format!("sdp-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
+        let dir = p.clone();
+        let dog = Watchdog::arm(tag, watchdog::LIMIT, move || stuck_state(&dir));
+        TempDir(p, dog)
     }
 
     pub fn path(&self) -> &Path {
@@ -115,6 +127,32 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// What a stuck test's programs were doing: their SDP connections as
+/// `sdp-stat` shows them (state, credits, bytes), the records of the state
+/// export, and the end of the preload's log.
+fn stuck_state(dir: &Path) -> String {
+    let mut out = String::new();
+    let sdp_stat = profile_dir().join("sdp-stat");
+    if sdp_stat.is_file() {
+        if let Ok(o) = Command::new(&sdp_stat).arg("--dir").arg(dir).output() {
+            out.push_str(&String::from_utf8_lossy(&o.stdout));
+            out.push_str(&String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    out.push_str(&crate::e2e::dump(&crate::statfile::live(dir)));
+    for name in ["sdp.log", "log"] {
+        if let Ok(log) = std::fs::read_to_string(dir.join(name)) {
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            out.push_str(&format!("--- {name} (last lines) ---\n"));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// How a program is started.

@@ -260,14 +260,39 @@ fn check(perf: &Path, op: &str, markers: bool) {
     }
 }
 
-/// All six runs in one test: they share the built binary, and captures on
-/// `lo` are best not run concurrently with each other.
+/// One run per operation, with and without markers. Captures on `lo` are
+/// best not run beside each other: `.config/nextest.toml` puts these tests
+/// in one group that runs them one at a time.
+fn capture_decodes(op: &str, markers: bool) {
+    check(&cargo_bin("iwarp", "iwarp-perf"), op, markers);
+}
+
 #[test]
-fn iwarp_perf_capture_decodes() {
-    let perf = cargo_bin("iwarp", "iwarp-perf");
-    for markers in [false, true] {
-        for op in ["send", "write", "read"] {
-            check(&perf, op, markers);
-        }
-    }
+fn iwarp_perf_capture_decodes_send() {
+    capture_decodes("send", false);
+}
+
+#[test]
+fn iwarp_perf_capture_decodes_write() {
+    capture_decodes("write", false);
+}
+
+#[test]
+fn iwarp_perf_capture_decodes_read() {
+    capture_decodes("read", false);
+}
+
+#[test]
+fn iwarp_perf_capture_decodes_send_with_markers() {
+    capture_decodes("send", true);
+}
+
+#[test]
+fn iwarp_perf_capture_decodes_write_with_markers() {
+    capture_decodes("write", true);
+}
+
+#[test]
+fn iwarp_perf_capture_decodes_read_with_markers() {
+    capture_decodes("read", true);
 }

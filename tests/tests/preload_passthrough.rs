@@ -766,3 +766,84 @@ fn daemon_pids(port: &str) -> Vec<u32> {
     pids.sort_unstable();
     pids
 }
+
+/// Programs the library cannot reach still run, over TCP, and `sdprun`
+/// says why on standard error (never standard output): a statically linked
+/// one, one that makes its socket calls without the C library (a Go
+/// program: here a C program carrying the Go toolchain's build-id section,
+/// which is how sdprun tells), one setuid to another user, and a script
+/// whose interpreter is one of those. A plain dynamic program gets no
+/// word.
+#[test]
+fn sdprun_names_programs_the_library_cannot_reach() {
+    require("cc");
+    require("objcopy");
+    let a = artifacts();
+    let stat = TempDir::new("unreachable");
+    let source = stat.file(
+        "hello.c",
+        b"#include <stdio.h>\nint main(void) { puts(\"hello\"); return 0; }\n",
+    );
+    let build = |name: &str, extra: &[&str]| {
+        let exe = stat.path().join(name);
+        let status = std::process::Command::new("cc")
+            .args(extra)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&source)
+            .status()
+            .expect("run cc");
+        assert!(status.success(), "cc {extra:?}");
+        exe
+    };
+    let dynamic = build("dynamic", &[]);
+    let fully_static = build("static", &["-static"]);
+    let go = stat.path().join("go");
+    let note = stat.file("buildid", b"Go build ID: \"test\"\0");
+    let status = std::process::Command::new("objcopy")
+        .arg("--add-section")
+        .arg(format!(".note.go.buildid={}", note.display()))
+        .arg(&dynamic)
+        .arg(&go)
+        .status()
+        .expect("run objcopy");
+    assert!(status.success());
+    let script = stat.file(
+        "script",
+        format!("#!{}\n", fully_static.display()).as_bytes(),
+    );
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let run = |exe: &std::path::Path| {
+        let mut cmd = command(&a.sdprun, Mode::Plain, stat.path());
+        cmd.env("SDP_NO_PORTMAPPER", "1").arg(exe);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{exe:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n", "{exe:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert_eq!(run(&dynamic), "");
+    assert!(run(&fully_static).contains("it is statically linked"));
+    assert!(run(&go).contains("a Go program, which makes its socket calls without the C library"));
+    assert!(run(&script).contains("it is statically linked"));
+    for stderr in [run(&fully_static), run(&go)] {
+        assert!(stderr.contains("its connections stay TCP"), "{stderr}");
+    }
+
+    // setuid to another user: only root can make one here.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let setuid = stat.path().join("setuid");
+        std::fs::copy(&dynamic, &setuid).unwrap();
+        // SAFETY: a path we own, the nobody user's id.
+        let c = std::ffi::CString::new(setuid.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        std::fs::set_permissions(
+            &setuid,
+            std::os::unix::fs::PermissionsExt::from_mode(0o4755),
+        )
+        .unwrap();
+        let stderr = run(&setuid);
+        assert!(stderr.contains("setuid to another user"), "{stderr}");
+    }
+}

@@ -7,8 +7,15 @@
 //! (made absolute), `--log` sets `SDP_LOG`. sdprun then `exec`s the program,
 //! so its exit status and signals are the program's own.
 //!
+//! Before the `exec`, a program the library cannot reach (statically
+//! linked, setuid, or making its socket calls without the C library:
+//! [`reach`]) is named on standard error, never standard output: it still
+//! runs, over TCP.
+//!
 //! This binary does not link the preload library (whose hooks it would
 //! otherwise carry): it only sets up the environment.
+
+mod reach;
 
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -244,6 +251,17 @@ fn main() -> ExitCode {
     }
     if let Some(level) = &options.log {
         command.env("SDP_LOG", level);
+    }
+    if let Some(why) = reach::resolve(
+        Path::new(&options.program),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .and_then(|file| reach::check(&file))
+    {
+        eprintln!(
+            "sdprun: {}: {why}: the SDP library cannot reach it, its connections stay TCP",
+            options.program.to_string_lossy()
+        );
     }
     ensure_portmapper();
     // exec only returns on failure.
