@@ -181,6 +181,15 @@ enum Msg {
     Eof,
 }
 
+/// Why [`Proc::try_wait_line`] returned no line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// The time given passed first.
+    TimedOut,
+    /// The program closed its output (ended) first.
+    Ended,
+}
+
 /// A finished program.
 #[derive(Debug)]
 pub struct Finished {
@@ -250,28 +259,58 @@ impl Proc {
 
     /// The next line on either stream, `None` once both are closed.
     fn next_line(&mut self, deadline: Instant) -> Option<String> {
+        match self.line_before(deadline) {
+            Ok(line) => line,
+            Err(Waited::TimedOut) => panic!(
+                "{}: nothing after {:?}\n{}",
+                self.name,
+                STEP,
+                self.transcript()
+            ),
+            Err(Waited::Ended) => None,
+        }
+    }
+
+    /// The next line on either stream: `Ok(None)` once both are closed,
+    /// `Err(Waited::TimedOut)` when `deadline` passes first.
+    fn line_before(&mut self, deadline: Instant) -> Result<Option<String>, Waited> {
         while self.open_streams > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(Msg::Out(l)) => {
                     self.stdout.push(l.clone());
-                    return Some(l);
+                    return Ok(Some(l));
                 }
                 Ok(Msg::Err(l)) => {
                     self.stderr.push(l.clone());
-                    return Some(l);
+                    return Ok(Some(l));
                 }
                 Ok(Msg::Eof) => self.open_streams -= 1,
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "{}: nothing after {:?}\n{}",
-                    self.name,
-                    STEP,
-                    self.transcript()
-                ),
+                Err(RecvTimeoutError::Timeout) => return Err(Waited::TimedOut),
                 Err(RecvTimeoutError::Disconnected) => self.open_streams = 0,
             }
         }
-        None
+        Ok(None)
+    }
+
+    /// Reads lines until one satisfies `pred` and returns it, like
+    /// [`Proc::wait_line`], but gives up after `within` instead of failing:
+    /// the caller can then show more than this program's transcript (the
+    /// state export, the other programs). `within` zero reads only what
+    /// the program printed already (into its transcript).
+    pub fn try_wait_line(
+        &mut self,
+        within: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<String, Waited> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.line_before(deadline)? {
+                Some(l) if pred(&l) => return Ok(l),
+                Some(_) => {}
+                None => return Err(Waited::Ended),
+            }
+        }
     }
 
     /// Reads lines (standard output or error) until one satisfies `pred`,

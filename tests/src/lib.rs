@@ -3,10 +3,12 @@
 pub mod bins;
 pub mod capture;
 pub mod e2e;
+pub mod netns;
 pub mod pcap;
 pub mod portmapper;
 pub mod preload;
 pub mod programs;
+pub mod proxy;
 pub mod statfile;
 pub mod tshark;
 pub mod watchdog;
