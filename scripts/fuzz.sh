@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target for SECONDS each (default 60) and prints the
-# number of executions of each. Installs cargo-fuzz when missing.
+# Runs every cargo-fuzz target for SECONDS each (default 60), or for N
+# executions each, and prints the number of executions and the time of
+# each. Installs cargo-fuzz when missing.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
+#   scripts/fuzz.sh --runs N [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-60}
-shift || true
+if [ "${1:-}" = --runs ]; then
+    limit=(-runs="$2")
+    what="$2 runs"
+    shift 2
+else
+    limit=(-max_total_time="${1:-60}")
+    what="${1:-60}s"
+    shift || true
+fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
@@ -25,15 +34,16 @@ fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cd fuzz && "${fuzz[@]}" list)
 
-echo "== fuzzing ${#targets[@]} targets, ${seconds}s each"
+echo "== fuzzing ${#targets[@]} targets, $what each"
 "${fuzz[@]}" build -O --fuzz-dir fuzz
 for t in "${targets[@]}"; do
     log=$(mktemp)
-    if ! "${fuzz[@]}" run -O --fuzz-dir fuzz "$t" -- -max_total_time="$seconds" >"$log" 2>&1; then
+    start=$(date +%s)
+    if ! "${fuzz[@]}" run -O --fuzz-dir fuzz "$t" -- "${limit[@]}" >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz target $t FAILED"
         exit 1
     fi
-    printf '%-20s %s\n' "$t" "$(grep -Eo 'Done [0-9]+ runs' "$log" | tail -n1)"
+    printf '%-20s %s in %ss\n' "$t" "$(grep -Eo 'Done [0-9]+ runs' "$log" | tail -n1)" "$(($(date +%s) - start))"
     rm -f "$log"
 done

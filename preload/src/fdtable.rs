@@ -746,6 +746,11 @@ pub fn fall_back(fd: i32, reason: TcpReason) {
 pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason) -> bool {
     let ours = update(fd, |e| match &e.sdp {
         SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, endpoint) => {
+            // The program's O_NONBLOCK goes to the kernel socket while no
+            // `fcntl` can slip between (the slot is ours): one that took
+            // the handle before sees the fd is TCP now and sets the
+            // kernel's itself (`hooks::socket`), one after goes there.
+            set_kernel_nonblock(fd, h.nonblock.load(Ordering::Acquire));
             e.sdp = SdpSide::None;
             e.transport = Transport::Tcp;
             e.reason = reason;
@@ -758,6 +763,21 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
         crate::hooks::epoll::fell_back(fd);
     }
     ours
+}
+
+fn set_kernel_nonblock(fd: i32, on: bool) {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor of the program's.
+    unsafe {
+        let fl = crate::real::fcntl(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let fl = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            crate::real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
+        }
+    }
 }
 
 /// Publishes the SDP statistics of `fd` to the state export.

@@ -224,6 +224,9 @@ pub trait SdpEndpoint: Send + Sync {
     /// Takes the pending error (`SO_ERROR`), e.g. the result of a
     /// nonblocking connect.
     fn take_error(&self) -> Option<Errno>;
+    /// A call that moved bytes and then met `errno` returns the bytes; a
+    /// connection error stays pending for the next call, as TCP keeps it.
+    fn restore_error(&self, _errno: Errno) {}
     /// Modes, byte counters and credits for the state export.
     fn stats(&self) -> Stats;
     /// Before `fork`, with every other thread kept out of the fd table

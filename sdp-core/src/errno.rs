@@ -78,6 +78,19 @@ impl Error {
         }
     }
 
+    /// The connection error that `errno` reports, for the errors a
+    /// connection keeps pending (SO_ERROR): ECONNRESET, ECONNABORTED,
+    /// ETIMEDOUT, ECONNREFUSED. Others are not pending errors.
+    pub const fn pending_from_errno(errno: i32) -> Option<Error> {
+        match errno {
+            code::ECONNRESET => Some(Error::ConnectionReset),
+            code::ECONNABORTED => Some(Error::ConnectionAborted),
+            code::ETIMEDOUT => Some(Error::TimedOut),
+            code::ECONNREFUSED => Some(Error::ConnectionRefused),
+            _ => None,
+        }
+    }
+
     const fn name(self) -> &'static str {
         match self {
             Error::WouldBlock => "EAGAIN: operation would block",

@@ -89,7 +89,14 @@ fn iperf3_reverse() {
 #[test]
 fn iperf3_four_streams() {
     let json = run("iperf3-P4", &["-P", "4"], 4, 4);
-    assert_eq!(bytes(&json, "sum_sent"), BYTES);
+    // Streams that are writable in the same round each send a block
+    // (128 KiB) past `-n` before one sees the count reached: plain TCP
+    // does it too.
+    let sent = bytes(&json, "sum_sent");
+    assert!(
+        (BYTES..=BYTES + 4 * (128 << 10)).contains(&sent),
+        "sent {sent}"
+    );
     let streams = json["end"]["streams"].as_array().expect("end.streams");
     assert_eq!(streams.len(), 4);
     for s in streams {

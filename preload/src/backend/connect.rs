@@ -626,7 +626,6 @@ impl Connector {
             };
             return;
         };
-        let view = handle.nonblock.load(std::sync::atomic::Ordering::Relaxed);
         if fail.connected {
             if let Err(e) = self.replace_socket(true) {
                 *st = State::Failed {
@@ -663,7 +662,6 @@ impl Connector {
                 );
                 *st = State::FellBack;
                 drop(st);
-                set_nonblock(fd, view);
                 drop(levels);
                 drop(handle);
                 let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();

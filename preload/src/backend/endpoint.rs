@@ -70,6 +70,8 @@ pub struct Ep {
     /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
     connector: Mutex<Option<Box<super::connect::Connector>>>,
     warned: AtomicBool,
+    /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
+    user_timeout: AtomicBool,
 }
 
 fn errno_of(e: &io::Error) -> Errno {
@@ -99,6 +101,39 @@ enum Access {
 }
 
 impl Ep {
+    /// Keepalive as the program set it must end a dead connection as it
+    /// does over TCP: after the idle time and `TCP_KEEPCNT` unanswered
+    /// probes. Linux sends no probe while data is unacknowledged, and an
+    /// SDP reader's own credit updates are data, so a reader whose peer
+    /// went away would wait for the retransmissions to give up (about 15
+    /// minutes) where a TCP reader, which sends only ACKs, gets ETIMEDOUT.
+    /// `TCP_USER_TIMEOUT` bounds both at the keepalive's time (tcp(7):
+    /// with keepalive on, it decides when the connection is dropped). Off
+    /// again when the program turns keepalive off.
+    fn keepalive_deadline(&self) {
+        let fd = self.fd;
+        let on = kernel_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE).unwrap_or(0) != 0;
+        let ms = if on {
+            let idle = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE).unwrap_or(7200);
+            let intvl = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL).unwrap_or(75);
+            let cnt = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT).unwrap_or(9);
+            let secs = i64::from(idle) + i64::from(intvl) * i64::from(cnt);
+            (secs * 1000).clamp(0, i64::from(c_int::MAX)) as c_int
+        } else {
+            0
+        };
+        // SAFETY: an int option on the program's socket.
+        unsafe {
+            real::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&ms as *const c_int).cast(),
+                std::mem::size_of::<c_int>() as libc::socklen_t,
+            )
+        };
+    }
+
     /// An established stream (blocking connect, accept).
     pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
         stream.set_nonblocking(true)?;
@@ -135,6 +170,7 @@ impl Ep {
             connector: Mutex::new(None),
             sock: AtomicI32::new(-1),
             warned: AtomicBool::new(false),
+            user_timeout: AtomicBool::new(false),
         }
     }
 
@@ -271,8 +307,10 @@ fn recv_into(s: &SdpStream, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> io
                     break;
                 }
             }
-            Err(e) if done > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(_) if done > 0 => break,
+            Err(e) if done > 0 => {
+                s.restore_error(&e);
+                break;
+            }
             Err(e) => return Err(e),
         }
     }
@@ -287,6 +325,15 @@ fn send_from(s: &SdpStream, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Resul
         SdpSend::EMPTY
     };
     s.send_vectored_flags(bufs, f)
+}
+
+/// An int socket option of the kernel socket `fd`.
+fn kernel_int(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: a local int and its length.
+    let r = unsafe { real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len) };
+    (r == 0).then_some(v)
 }
 
 /// `SO_LINGER` of the kernel socket `fd`: `Some(timeout)` when on.
@@ -501,6 +548,13 @@ impl SdpEndpoint for Ep {
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected(s) => s,
+                // The table let go of a connection that fell back to TCP:
+                // the fd is the program's kernel socket now, and a call
+                // that took this endpoint just before goes to it.
+                State::FellBack => {
+                    *st = State::FellBack;
+                    return;
+                }
                 // A connect under way learns it from the state and stops.
                 _ => return,
             }
@@ -537,6 +591,13 @@ impl SdpEndpoint for Ep {
         None
     }
 
+    fn restore_error(&self, errno: Errno) {
+        let _g = fdtable::enter_gate();
+        if let Access::Stream(s) = self.access() {
+            s.restore_error(&io::Error::from_raw_os_error(errno));
+        }
+    }
+
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
         if (level, name) == (libc::SOL_SOCKET, libc::SO_OOBINLINE) {
             let on = value.iter().any(|&b| b != 0);
@@ -547,22 +608,25 @@ impl SdpEndpoint for Ep {
         }
         if (level, name) == (libc::SOL_SOCKET, libc::SO_SNDBUF) {
             // What the kernel made of it (twice the value, within limits).
-            let mut v: c_int = 0;
-            let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-            // SAFETY: a local int and its length.
-            let r = unsafe {
-                real::getsockopt(
-                    self.fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    (&mut v as *mut c_int).cast(),
-                    &mut len,
-                )
-            };
             let _g = fdtable::enter_gate();
-            if let (0, Access::Stream(s)) = (r, self.access()) {
+            if let (Some(v), Access::Stream(s)) = (kernel_int(self.fd, level, name), self.access())
+            {
                 s.set_send_buffer(v.max(1) as u64);
             }
+        }
+        if (level, name) == (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) {
+            self.user_timeout.store(true, Ordering::Relaxed);
+        }
+        let keepalive = matches!(
+            (level, name),
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
+                | (
+                    libc::IPPROTO_TCP,
+                    libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT
+                )
+        );
+        if keepalive && !self.user_timeout.load(Ordering::Relaxed) {
+            self.keepalive_deadline();
         }
         Ok(())
     }

@@ -227,6 +227,16 @@ fn single<B: std::ops::Deref<Target = [u8]>>(bufs: &[B]) -> Option<usize> {
     }
 }
 
+/// The end of a call that met `e` after `done` bytes: the bytes, with the
+/// error kept for the next call (as TCP keeps it), or the error.
+fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
+    if done == 0 {
+        return Err(e);
+    }
+    h.endpoint.restore_error(e);
+    Ok(done)
+}
+
 fn publish_stats(fd: c_int, h: &StreamHandle) {
     fdtable::publish_stats(fd, &h.endpoint.stats());
 }
@@ -310,7 +320,7 @@ fn sdp_recv_inner(
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
-            Err(e) => break if done > 0 { Ok(done) } else { Err(e) },
+            Err(e) => break partial(h, done, e),
         }
     };
     publish_stats(fd, h);
@@ -375,7 +385,7 @@ fn sdp_send_inner(
                     break if done > 0 { Ok(done) } else { Err(e) };
                 }
             }
-            Err(e) => break if done > 0 { Ok(done) } else { Err(e) },
+            Err(e) => break partial(h, done, e),
         }
     });
     publish_stats(fd, h);

@@ -705,6 +705,17 @@ fn nonblock_view(fd: c_int) -> Option<std::sync::Arc<dyn AsNonblock>> {
     fdtable::listener(fd).map(|h| h as std::sync::Arc<dyn AsNonblock>)
 }
 
+/// Whether `fd` stopped being `h`'s while the program set its view of
+/// `O_NONBLOCK` (a connect that fell back to TCP): the kernel's flag was
+/// set from the view before the fall-back, so the new value goes to the
+/// kernel too.
+fn fell_back_meanwhile(fd: c_int, h: &std::sync::Arc<dyn AsNonblock>) -> bool {
+    match nonblock_view(fd) {
+        Some(now) => !std::ptr::addr_eq(std::sync::Arc::as_ptr(&now), std::sync::Arc::as_ptr(h)),
+        None => true,
+    }
+}
+
 /// A handle carrying the program's `O_NONBLOCK`.
 pub(crate) trait AsNonblock {
     fn flag(&self) -> &std::sync::atomic::AtomicBool;
@@ -739,7 +750,11 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             // SAFETY: F_SETFL with the program's flags, O_NONBLOCK kept on.
             let r = unsafe { real::fcntl(fd, cmd, (want | libc::O_NONBLOCK) as c_ulong) };
             if r == 0 {
-                view.store(want & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+                view.store(want & libc::O_NONBLOCK != 0, Ordering::Release);
+                if fell_back_meanwhile(fd, &h) {
+                    // SAFETY: F_SETFL with the program's own flags.
+                    return unsafe { real::fcntl(fd, cmd, arg) };
+                }
             }
             return r;
         }
@@ -785,7 +800,11 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
             }
             // SAFETY: FIONBIO takes an int* the program passed.
             let on = unsafe { p.read_unaligned() } != 0;
-            h.flag().store(on, Ordering::Relaxed);
+            h.flag().store(on, Ordering::Release);
+            if fell_back_meanwhile(fd, &h) {
+                // SAFETY: the program's arguments, passed on.
+                return unsafe { real::ioctl(fd, request, arg) };
+            }
             return 0;
         }
     }

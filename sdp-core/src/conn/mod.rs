@@ -573,6 +573,14 @@ impl Conn {
         self.error.take()
     }
 
+    /// A call that moved bytes before it met the pending error returns
+    /// the bytes; the error stays pending for the next call, as a TCP
+    /// socket's does (Linux keeps `sk_err` when a partial send or receive
+    /// returns its count).
+    pub fn restore_error(&mut self, e: Error) {
+        self.error.get_or_insert(e);
+    }
+
     /// Whether a connection error is pending (POLLERR; what
     /// [`Conn::take_error`] would return).
     pub fn error_pending(&self) -> bool {

@@ -201,7 +201,16 @@ fn recv_loop(
         let r = if direct > 0 {
             // Bytes already in place; more may wait in the Private
             // Buffers behind them, as a TCP read would return.
-            let more = g.link.recv(&mut buf[*got + direct..], flags).unwrap_or(0);
+            let more = match g.link.recv(&mut buf[*got + direct..], flags) {
+                Ok(n) => n,
+                Err(e) => {
+                    // The bytes in place go first; the error waits.
+                    if e != Error::WouldBlock {
+                        g.link.conn_mut().restore_error(e);
+                    }
+                    0
+                }
+            };
             Ok(core::mem::take(&mut direct) + more)
         } else {
             g.link.recv(&mut buf[*got..], flags)
@@ -219,7 +228,10 @@ fn recv_loop(
                     return Ok(*got);
                 }
             }
-            Err(e) if *got > 0 && e != Error::WouldBlock => return Ok(*got),
+            Err(e) if *got > 0 && e != Error::WouldBlock => {
+                g.link.conn_mut().restore_error(e);
+                return Ok(*got);
+            }
             // A blocking call goes straight to poll(2), which sees what
             // the socket holds; a nonblocking one reads it first.
             Err(Error::WouldBlock) if g.nonblocking && !pumped => {
@@ -614,9 +626,23 @@ impl SdpStream {
                         return Ok(done);
                     }
                 }
-                Err(_) if done > 0 => return Ok(done),
+                Err(e) if done > 0 => {
+                    self.restore_error(&e);
+                    return Ok(done);
+                }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// A caller that made several calls for one (the preload's blocking
+    /// loops, a scattered read) and met an error after some bytes moved
+    /// returns the bytes; the error, if it is one a connection keeps
+    /// pending, is reported by the next call (see
+    /// [`Conn::restore_error`](crate::conn::Conn::restore_error)).
+    pub fn restore_error(&self, e: &io::Error) {
+        if let Some(e) = e.raw_os_error().and_then(Error::pending_from_errno) {
+            self.shared().lock().link.conn_mut().restore_error(e);
         }
     }
 
