@@ -35,7 +35,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
@@ -233,6 +233,31 @@ impl ControlClient {
                 io::ErrorKind::InvalidData,
                 format!("unexpected reply {l:?}"),
             )),
+        }
+    }
+
+    /// The connection's descriptor, to poll: it turns readable when the
+    /// daemon closes its end (it sends nothing unasked).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.reader.get_ref())
+    }
+
+    /// Whether the daemon closed its end (it stopped or restarted): the
+    /// registrations made on this connection are gone with it. Does not
+    /// block.
+    pub fn closed_by_daemon(&self) -> bool {
+        let mut s = self.reader.get_ref();
+        if s.set_nonblocking(true).is_err() {
+            return true;
+        }
+        // The daemon sends nothing unasked, so reading takes nothing a
+        // reply needs: end of stream or an error means it is gone.
+        let r = s.read(&mut [0u8; 1]);
+        let _ = s.set_nonblocking(false);
+        match r {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
         }
     }
 

@@ -24,9 +24,14 @@
 //! The registration lasts as long as the control connection that made it,
 //! which every process holding the listener keeps open (it is inherited by
 //! `fork`): the port mapper forgets P→Q when the last of them closes the
-//! listener or exits. When no port mapper answers at `listen`, there is no
-//! registration and no retry: SDP clients then use TCP, and the hidden
-//! listener costs nothing but a socket.
+//! listener or exits. When the daemon goes away (stopped, restarted,
+//! crashed) the registration goes with it; the process that called
+//! `listen` watches its control connection from its service thread and
+//! registers again once a daemon answers ([`Shared::registration_step`],
+//! first after 0.5 s, then backing off to 10 s), so that new SDP clients
+//! find the listener again — and the same when no port mapper answered at
+//! `listen`. Meanwhile SDP clients use TCP, and the hidden listener costs
+//! nothing but a socket.
 
 use super::endpoint::Ep;
 use super::service::{self, Task};
@@ -88,7 +93,13 @@ pub struct Shared {
     /// A task of this process's service thread takes from Q.
     task: AtomicBool,
     control: Mutex<Option<ControlClient>>,
+    /// When to try to register again, and the wait after that.
+    retry: Mutex<(Instant, Duration)>,
 }
+
+/// The first wait before a registration is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// See the module documentation.
 pub struct Lst {
@@ -181,10 +192,12 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
             want_one: AtomicBool::new(false),
             task: AtomicBool::new(false),
             control: Mutex::new(control),
+            retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
         }),
     };
     // The listening process takes connections from the start.
     lst.sh.kick();
+    service::submit(Task::Registration(lst.sh.clone()));
     Ok(lst)
 }
 
@@ -201,6 +214,55 @@ impl Shared {
     /// The listener was closed in this process.
     pub fn is_closed(&self) -> bool {
         self.lock().closed
+    }
+
+    /// The service thread's watch on the registration (see the module
+    /// documentation): what to wait for next — the control connection's
+    /// end, or the time of the next try — or `None` once the listener is
+    /// closed.
+    pub fn registration_step(&self, now: Instant) -> Option<(RawFd, i16, Option<Instant>)> {
+        if self.is_closed() {
+            return None;
+        }
+        let mut control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = control.as_ref() {
+            if !c.closed_by_daemon() {
+                return Some((c.raw_fd(), libc::POLLIN, None));
+            }
+            crate::log!(
+                Level::Info,
+                "listen {}: the port mapper went away with the registration; \
+                 registering again once one answers",
+                self.p
+            );
+            *control = None;
+            *self.retry.lock().unwrap_or_else(|p| p.into_inner()) =
+                (now + RETRY_FIRST, RETRY_FIRST);
+        }
+        let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+        if now < retry.0 {
+            return Some((-1, 0, Some(retry.0)));
+        }
+        let q_port = self.q.local_addr().ok()?.port();
+        match ControlClient::connect_default()
+            .and_then(|mut c| c.register(self.p.ip(), self.p.port(), q_port).map(|()| c))
+        {
+            Ok(c) => {
+                crate::log!(
+                    Level::Info,
+                    "listen {}: SDP on port {q_port}, registered with the port mapper",
+                    self.p
+                );
+                let fd = c.raw_fd();
+                *control = Some(c);
+                *retry = (now, RETRY_FIRST);
+                Some((fd, libc::POLLIN, None))
+            }
+            Err(_) => {
+                *retry = (now + retry.1, (retry.1 * 2).min(RETRY_MAX));
+                Some((-1, 0, Some(retry.0)))
+            }
+        }
     }
 
     /// This process sets up connections before anything waits for them.

@@ -28,6 +28,8 @@ pub enum Task {
     /// Take connections from a hidden listener while this process wants
     /// them.
     Listen(Arc<ListenerShared>),
+    /// Keep a hidden listener registered with the port mapper.
+    Registration(Arc<ListenerShared>),
 }
 
 struct Service {
@@ -165,6 +167,10 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
             }
             let fd = l.q_fd();
             Some((Task::Listen(l), (fd, libc::POLLIN, None)))
+        }
+        Task::Registration(l) => {
+            let wait = l.registration_step(now)?;
+            Some((Task::Registration(l), wait))
         }
     }
 }
