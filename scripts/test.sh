@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh machine: installs what is
 # missing, then format, lints, unit/integration/doc tests, end-to-end tests
-# (each under a time limit, by cargo-nextest),
-# a short fuzz run of every parser, and the benchmark suite's smoke run
+# (each under a time limit, by cargo-nextest), CPython's socket test
+# suites plain and under the preload, a short fuzz run of every parser,
+# and the benchmark suite's smoke run
 # (scripts/bench.sh --quick: every workload once, no thresholds).
 #
 #   scripts/test.sh            everything
@@ -85,6 +86,11 @@ cargo nextest run --workspace --profile ci
 
 step "cargo test --doc"
 cargo test --workspace --doc --quiet
+
+# A program under the preload behaves exactly as over TCP: CPython's own
+# socket test suites, plain against preloaded (docs/testing.md).
+step "CPython socket test suites, plain and under the preload"
+scripts/cpython-suites.sh
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
     scripts/fuzz.sh "$FUZZ_SECONDS"

@@ -325,7 +325,9 @@ pub struct Accepted {
 /// The hidden SDP listener beside a listening socket (DESIGN §5: it listens
 /// on an ephemeral port Q and is registered P→Q with the port mapper).
 pub trait SdpListener: Send + Sync {
-    /// `readable` ⇔ an SDP connection is ready to be accepted.
+    /// `readable` ⇔ an SDP connection is ready to be accepted, or waits in
+    /// the kernel's queue for an `accept` to take it
+    /// ([`SdpListener::queue_fd`]).
     fn readiness(&self) -> Readiness;
     /// `POLLIN` ⇔ an SDP connection is ready to be accepted.
     fn wake_fd(&self) -> WakeFd;
@@ -336,9 +338,12 @@ pub trait SdpListener: Send + Sync {
     /// `select` with the listener) begins (`true`) or ends: while it is
     /// under way, this process sets up a connection for it.
     fn waiting(&self, _on: bool) {}
-    /// The listener was added to an epoll set of this process, which then
-    /// sets up connections before anything waits for them.
-    fn in_epoll(&self) {}
+    /// The kernel socket whose queue holds SDP connections no process took
+    /// yet: `POLLIN` while `accept` would take one from it. A set that
+    /// polls the listener polls it too (epoll).
+    fn queue_fd(&self) -> Option<RawFd> {
+        None
+    }
     /// The listening fd is closed: deregister and close the hidden listener.
     fn close(&self);
     /// After `fork`, in the parent.

@@ -793,6 +793,69 @@ fn an_idle_prefork_worker_leaves_the_next_connection_to_the_others() {
     same_over_sdp("sdp-idle-worker", IDLE_WORKER, 2);
 }
 
+/// The same with epoll workers (nginx's shape): a worker with the
+/// listener in its epoll set serves one connection, then idles and exits
+/// while the next client's connect waits. The connection must stay in the
+/// hidden listener's queue for the next worker, as it stays in the
+/// kernel's with TCP — taken by the exiting worker ahead of any `accept`,
+/// it was reset. The 300 ms give an idle worker's threads the time to take
+/// it; the output is the same whether the connect completed meanwhile or
+/// not.
+const EPOLL_WORKER_EXITS: &str = r#"
+import os, select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+srv.setblocking(False)
+addr = srv.getsockname()
+go_r, go_w = os.pipe()
+def worker(idle):
+    ep = select.epoll()
+    ep.register(srv.fileno(), select.EPOLLIN)
+    while True:
+        ep.poll(10)
+        try:
+            conn, _ = srv.accept()
+            break
+        except BlockingIOError:
+            pass
+    conn.setblocking(True)
+    conn.sendall(b"reply:" + conn.recv(100))
+    conn.close()
+    if idle:
+        os.read(go_r, 1)
+    os._exit(0)
+a = os.fork()
+if a == 0:
+    worker(True)
+c1 = socket.create_connection(addr)
+c1.sendall(b"one")
+r1 = c1.recv(100).decode()
+c1.close()
+c2 = socket.socket()
+c2.setblocking(False)
+c2.connect_ex(addr)
+select.select([], [c2], [], 0.3)
+os.write(go_w, b"x")
+status_a = os.waitpid(a, 0)[1]
+b = os.fork()
+if b == 0:
+    worker(False)
+srv.close()
+c2.settimeout(10)
+select.select([], [c2], [], 10)
+err = c2.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+c2.sendall(b"two")
+r2 = c2.recv(100).decode()
+c2.close()
+print(r1, r2, err, status_a, os.waitpid(b, 0)[1])
+"#;
+
+#[test]
+fn an_exiting_epoll_worker_leaves_the_next_connection_to_the_others() {
+    same_over_sdp("sdp-epoll-worker", EPOLL_WORKER_EXITS, 2);
+}
+
 /// A sender writes 10 MiB and then sleeps without any call to the library:
 /// the receiver (another process) must get every byte meanwhile.
 const SLEEPY_SENDER: &str = r#"

@@ -2,24 +2,29 @@
 //! TCP listener on an ephemeral port Q of the same address, registered
 //! P→Q with the local `sdp-portmapper` over its control socket.
 //!
-//! Its connections are set up (MPA Request, Hello, RTR, HelloAck) by the
-//! service thread ([`super::service`]), never by `accept`: a nonblocking
-//! `accept` must not wait for a handshake, and the listener turns readable
-//! only when a connection is ready to be handed out (at most 64 wait set
-//! up, per process, like a backlog).
+//! A connection is taken from Q by the program's `accept`, as a TCP
+//! connection is taken from the kernel's queue: `accept` takes the next
+//! one and, when its MPA Request (with the Hello) is already there — the
+//! client sends it right after its TCP connect — answers it at once and
+//! returns the connection, whose RTR and HelloAck the progress thread
+//! carries (reads and writes wait for them). A nonblocking `accept` never
+//! waits for a handshake: a connection whose Request has not come yet goes
+//! on in the service thread ([`super::service`]) and is handed out once
+//! set up. The listener is readable while a connection is set up here or
+//! waits in Q ([`Shared::q_pending`]); an epoll set polls Q too.
 //!
-//! Which process takes connections from Q, and how many (a connection set
-//! up here can be accepted only here; one left when the process exits is
-//! reset, where a TCP connection would wait in the kernel's queue for the
-//! next process):
-//! * the one that called `listen`, until it forks, and one that has the
-//!   listener in an epoll set: up to [`MAX_QUEUED`] (a program may connect
-//!   to its own listener before it accepts, as with TCP);
-//! * otherwise one connection for each call waiting for one — a blocking
-//!   `accept`, a `poll` or `select` with the listener — and one after a
-//!   nonblocking `accept` found none. A prefork master that merely holds
-//!   the listening socket takes nothing, and a worker that accepted its
-//!   last connection and exits leaves the next one in Q for the others.
+//! Besides, the service thread takes connections from Q ahead of any
+//! `accept` (a connection set up here can be accepted only here; one left
+//! when the process exits is reset, where a TCP connection would wait in
+//! the kernel's queue for the next process):
+//! * for the process that called `listen`, until it forks: up to
+//!   [`MAX_QUEUED`] (a program may connect to its own listener before it
+//!   accepts, as with TCP, and needs its setup done without an `accept`);
+//! * for each call waiting for one — a blocking `accept`, a `poll` or
+//!   `select` with the listener — one connection. A prefork master that
+//!   merely holds the listening socket takes nothing, and a worker that
+//!   exits, with the listener in an epoll set or not, leaves the
+//!   connections it did not accept in Q for the others.
 //!
 //! The registration lasts as long as the control connection that made it,
 //! which every process holding the listener keeps open (it is inherited by
@@ -84,12 +89,8 @@ pub struct Shared {
     queue: Mutex<Queue>,
     /// This process called `listen` and has not forked since.
     listening: AtomicBool,
-    /// The listener is in an epoll set of this process.
-    in_epoll: AtomicBool,
     /// Calls under way that wait for a connection.
     waiters: AtomicUsize,
-    /// A nonblocking `accept` found nothing: set up the next one.
-    want_one: AtomicBool,
     /// A task of this process's service thread takes from Q.
     task: AtomicBool,
     control: Mutex<Option<ControlClient>>,
@@ -187,9 +188,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
                 closed: false,
             }),
             listening: AtomicBool::new(true),
-            in_epoll: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
-            want_one: AtomicBool::new(false),
             task: AtomicBool::new(false),
             control: Mutex::new(control),
             retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
@@ -267,7 +266,18 @@ impl Shared {
 
     /// This process sets up connections before anything waits for them.
     fn takes_ahead(&self) -> bool {
-        self.listening.load(Ordering::Acquire) || self.in_epoll.load(Ordering::Acquire)
+        self.listening.load(Ordering::Acquire)
+    }
+
+    /// Whether Q holds a connection no process took yet.
+    fn q_pending(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.q.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd, no wait.
+        unsafe { crate::real::poll(&mut p, 1, 0) > 0 }
     }
 
     /// How many connections this process may hold set up or in setup.
@@ -275,8 +285,7 @@ impl Shared {
         if self.takes_ahead() {
             return MAX_QUEUED;
         }
-        let one = usize::from(self.want_one.load(Ordering::Acquire));
-        (self.waiters.load(Ordering::Acquire) + one).min(MAX_QUEUED)
+        self.waiters.load(Ordering::Acquire).min(MAX_QUEUED)
     }
 
     /// Whether this process takes another connection from Q now.
@@ -324,13 +333,46 @@ impl Shared {
                     return;
                 }
             };
-            self.want_one.store(false, Ordering::Release);
             match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => {
                     self.lock().setting_up += 1;
                     out.push(Task::Handshake(Box::new(h)));
                 }
                 Err(e) => crate::log!(Level::Debug, "SDP setup with {peer}: {e}"),
+            }
+        }
+    }
+
+    /// An `accept` takes the next connection from Q itself: answered at
+    /// once when its MPA Request is there, else left to the service thread
+    /// (it is handed out once set up).
+    fn take_now(self: &Arc<Self>, now: Instant) -> Taken {
+        loop {
+            let (tcp, peer) = match self.q.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
+                    }
+                    return Taken::None;
+                }
+            };
+            let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
+                Ok(h) => h,
+                Err(e) => {
+                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+                    continue;
+                }
+            };
+            match h.request_now(now) {
+                Some(Ok(stream)) => return Taken::Now(stream, peer),
+                Some(Err(())) => continue,
+                None => {
+                    self.lock().setting_up += 1;
+                    service::submit(Task::Handshake(Box::new(h)));
+                    return Taken::Later;
+                }
             }
         }
     }
@@ -354,6 +396,71 @@ impl Shared {
                 self.kick();
             }
         }
+    }
+}
+
+/// What [`Shared::take_now`] found in Q.
+enum Taken {
+    /// A connection answered now (its RTR and HelloAck to come).
+    Now(SdpStream, SocketAddr),
+    /// A connection whose setup goes on in the service thread.
+    Later,
+    /// Nothing.
+    None,
+}
+
+/// What the MPA Request phase of a handshake came to.
+enum Request {
+    /// Answered: the stream, waiting for the RTR.
+    Answered(SdpStream),
+    /// Not there yet: wait for `fd` until `deadline`.
+    Wait(Box<Endpoint>, sdp_core::conn::Config, RawFd, Instant),
+    Failed(String),
+}
+
+/// Reads the MPA Request and its Hello from `ep` if they came, and answers
+/// them (the Reply with the HelloAck's parameters, or a reject).
+fn answer_request(
+    mut ep: Box<Endpoint>,
+    config: sdp_core::conn::Config,
+    now: Instant,
+    until: Instant,
+) -> Request {
+    if now >= until {
+        return Request::Failed("setup timed out".into());
+    }
+    match ep.pump_recv(now, &mut VecMemory::new()) {
+        Ok(Progress::Closed) => return Request::Failed("closed before the MPA Request".into()),
+        Err(e) => return Request::Failed(format!("socket: {e}")),
+        Ok(_) => {}
+    }
+    if ep.poll_timeout().is_some_and(|t| t <= now) {
+        ep.handle_timeout(now);
+    }
+    let mut hello = None;
+    while let Some(ev) = ep.connection_mut().poll_event() {
+        match ev {
+            QpEvent::ConnectRequest { private_data, .. } => hello = Some(private_data),
+            QpEvent::Failed(code) => return Request::Failed(format!("MPA startup failed: {code}")),
+            _ => {}
+        }
+    }
+    let Some(hello) = hello else {
+        let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
+        let fd = ep.raw_fd();
+        return Request::Wait(ep, config, fd, deadline);
+    };
+    let link = match Link::accept(&config, &hello, ep.connection_mut(), now) {
+        Ok(link) => link,
+        Err(e) => {
+            // The reject Reply goes, then the socket closes.
+            let _ = ep.pump_send(now, &VecMemory::new());
+            return Request::Failed(format!("refused: {e}"));
+        }
+    };
+    match SdpStream::from_parts(link, *ep) {
+        Ok(s) => Request::Answered(s),
+        Err(e) => Request::Failed(format!("stream: {e}")),
     }
 }
 
@@ -433,51 +540,18 @@ impl Handshake {
                     self.lst.done(None);
                     return HsStep::Done;
                 }
-                HsPhase::Request(mut ep, config) => {
-                    if now >= self.until {
-                        return self.fail("setup timed out");
-                    }
-                    match ep.pump_recv(now, &mut VecMemory::new()) {
-                        Ok(Progress::Closed) => return self.fail("closed before the MPA Request"),
-                        Err(e) => return self.fail(&format!("socket: {e}")),
-                        Ok(_) => {}
-                    }
-                    if ep.poll_timeout().is_some_and(|t| t <= now) {
-                        ep.handle_timeout(now);
-                    }
-                    let mut hello = None;
-                    while let Some(ev) = ep.connection_mut().poll_event() {
-                        match ev {
-                            QpEvent::ConnectRequest { private_data, .. } => {
-                                hello = Some(private_data)
-                            }
-                            QpEvent::Failed(code) => {
-                                return self.fail(&format!("MPA startup failed: {code}"))
-                            }
-                            _ => {}
+                HsPhase::Request(ep, config) => {
+                    let stream = match answer_request(ep, config, now, self.until) {
+                        Request::Answered(stream) => stream,
+                        Request::Wait(ep, config, fd, deadline) => {
+                            self.phase = HsPhase::Request(ep, config);
+                            return HsStep::Wait {
+                                fd,
+                                events: libc::POLLIN,
+                                deadline: Some(deadline),
+                            };
                         }
-                    }
-                    let Some(hello) = hello else {
-                        let deadline = ep.poll_timeout().map_or(self.until, |t| t.min(self.until));
-                        let fd = ep.raw_fd();
-                        self.phase = HsPhase::Request(ep, config);
-                        return HsStep::Wait {
-                            fd,
-                            events: libc::POLLIN,
-                            deadline: Some(deadline),
-                        };
-                    };
-                    let link = match Link::accept(&config, &hello, ep.connection_mut(), now) {
-                        Ok(link) => link,
-                        Err(e) => {
-                            // The reject Reply goes, then the socket closes.
-                            let _ = ep.pump_send(now, &VecMemory::new());
-                            return self.fail(&format!("refused: {e}"));
-                        }
-                    };
-                    let stream = match SdpStream::from_parts(link, *ep) {
-                        Ok(s) => s,
-                        Err(e) => return self.fail(&format!("stream: {e}")),
+                        Request::Failed(why) => return self.fail(&why),
                     };
                     let watch = match stream.readiness_fd().and_then(|f| f.try_clone_to_owned()) {
                         Ok(w) => w,
@@ -522,6 +596,32 @@ impl Handshake {
         HsStep::Done
     }
 
+    /// For an `accept` that took the connection itself: its MPA Request
+    /// answered now (`Some(Ok)`: the stream, its RTR and HelloAck to come;
+    /// the handshake is then spent), failed (`Some(Err)`, logged), or not
+    /// there yet (`None`: the service thread goes on with it).
+    fn request_now(&mut self, now: Instant) -> Option<Result<SdpStream, ()>> {
+        let HsPhase::Request(ep, config) = std::mem::replace(&mut self.phase, HsPhase::Done) else {
+            return Some(Err(()));
+        };
+        match answer_request(ep, config, now, self.until) {
+            Request::Answered(stream) => Some(Ok(stream)),
+            Request::Wait(ep, config, ..) => {
+                self.phase = HsPhase::Request(ep, config);
+                None
+            }
+            Request::Failed(why) => {
+                crate::log!(
+                    Level::Debug,
+                    "listener {}: SDP setup with {} failed: {why}",
+                    self.lst.p,
+                    self.peer
+                );
+                Some(Err(()))
+            }
+        }
+    }
+
     /// A child of `fork` inherited this handshake: the parent finishes it.
     pub fn forget(self) {
         if let HsPhase::Setup { stream, .. } = self.phase {
@@ -544,7 +644,7 @@ impl SdpListener for Lst {
     fn readiness(&self) -> Readiness {
         let _g = fdtable::enter_gate();
         Readiness {
-            readable: !self.sh.lock().ready.is_empty(),
+            readable: !self.sh.lock().ready.is_empty() || self.sh.q_pending(),
             ..Readiness::default()
         }
     }
@@ -568,13 +668,11 @@ impl SdpListener for Lst {
         }
     }
 
-    fn in_epoll(&self) {
-        self.sh.in_epoll.store(true, Ordering::Release);
-        let _g = fdtable::enter_gate();
-        self.sh.kick();
+    fn queue_fd(&self) -> Option<RawFd> {
+        Some(self.sh.q.as_raw_fd())
     }
 
-    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno> {
+    fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
         let _g = fdtable::enter_gate();
         loop {
             let r = {
@@ -585,18 +683,25 @@ impl SdpListener for Lst {
                 }
                 r
             };
-            let Some(Ready { stream, peer }) = r else {
-                if nonblocking {
-                    self.sh.want_one.store(true, Ordering::Release);
+            let (stream, peer) = match r {
+                Some(Ready { stream, peer }) => {
+                    // Room for the next one, for a listener that takes
+                    // them ahead (not for a waiting call: it has this one).
+                    if self.sh.takes_ahead() {
+                        self.sh.kick();
+                    }
+                    (stream, peer)
                 }
-                self.sh.kick();
-                return Err(libc::EAGAIN);
+                // The next connection in Q, taken by this call.
+                None => match self.sh.take_now(Instant::now()) {
+                    Taken::Now(stream, peer) => (stream, peer),
+                    Taken::Later => continue,
+                    Taken::None => {
+                        self.sh.kick();
+                        return Err(libc::EAGAIN);
+                    }
+                },
             };
-            // Room for the next one, for a listener that takes them
-            // ahead (not for a waiting call: it has this one).
-            if self.sh.takes_ahead() {
-                self.sh.kick();
-            }
             // A connection that ended while it waited is still handed out,
             // as TCP does (the program's first read tells).
             let fd = match dup_for_program(stream.socket_fd()) {
@@ -668,15 +773,12 @@ impl SdpListener for Lst {
         // This process takes connections once it waits for them; its
         // service thread is a new one, without the parent's task.
         self.sh.listening.store(false, Ordering::Release);
-        self.sh.in_epoll.store(false, Ordering::Release);
         self.sh.waiters.store(0, Ordering::Release);
-        self.sh.want_one.store(false, Ordering::Release);
         self.sh.task.store(false, Ordering::Release);
     }
 
     fn exiting(&self) {
         self.sh.listening.store(false, Ordering::Release);
-        self.sh.in_epoll.store(false, Ordering::Release);
         self.sh.waiters.store(0, Ordering::Release);
         let ready: Vec<Ready> = {
             let _g = fdtable::enter_gate();
@@ -686,9 +788,9 @@ impl SdpListener for Lst {
     }
 
     fn fork_parent(&self) {
-        // The parent too takes connections only once it waits for them (a
-        // prefork master must not take its workers' connections), or
-        // while it has the listener in an epoll set.
+        // The parent too takes connections only once it waits for them or
+        // accepts (a prefork master must not take its workers'
+        // connections).
         self.sh.listening.store(false, Ordering::Release);
     }
 }

@@ -75,6 +75,10 @@ struct Registration {
     /// edge-triggered under the third token: when bytes arrive the waiting
     /// thread reads them itself ([`crate::sdp::SdpEndpoint::pump`]).
     sock: Option<c_int>,
+    /// A listener: our duplicate of the hidden listener's socket, whose
+    /// queue holds SDP connections no process took yet, under the fourth
+    /// token.
+    queue: Option<c_int>,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
 }
@@ -85,6 +89,7 @@ impl Registration {
         std::iter::once((self.wake, WAKE))
             .chain(self.kernel.then_some((self.fd, LISTENER)))
             .chain(self.sock.map(|s| (s, SOCKET)))
+            .chain(self.queue.map(|q| (q, QUEUE)))
     }
 }
 
@@ -111,10 +116,11 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
 }
 
 /// The kernel registrations of one: the wake fd, a listener's own socket,
-/// a stream's socket.
+/// a stream's socket, a listener's hidden queue.
 const WAKE: u64 = 0;
 const LISTENER: u64 = 1;
 const SOCKET: u64 = 2;
+const QUEUE: u64 = 3;
 
 /// Token of registration `id` for `which` of its kernel registrations.
 fn token(id: u64, which: u64) -> u64 {
@@ -169,7 +175,7 @@ fn kernel_events(events: u32) -> u32 {
 
 fn events_for(which: u64, events: u32) -> u32 {
     match which {
-        LISTENER => kernel_events(events),
+        LISTENER | QUEUE => kernel_events(events),
         // New bytes only: data the endpoint cannot take now (its buffers
         // full) must not wake the set again and again.
         SOCKET => (libc::EPOLLIN | libc::EPOLLET) as u32 | (events & libc::EPOLLONESHOT as u32),
@@ -190,10 +196,6 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         r.next
     });
     let kernel = matches!(side, Side::Listener(_));
-    if let Side::Listener(h) = &side {
-        // From now on this process sets up connections ahead.
-        h.listener.in_epoll();
-    }
     let wake = hidden_dup(side.wake_fd()).ok_or(libc::ENOMEM)?;
     if let Err(e) = kernel_ctl(
         epfd,
@@ -237,6 +239,27 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         }
         ok
     });
+    // A listener's connections that no process took yet wake the set too:
+    // the `accept` they lead to takes one (this process sets up none
+    // ahead for the set, so a worker that exits leaves the others theirs).
+    let queue = match &side {
+        Side::Listener(h) => h.listener.queue_fd().and_then(hidden_dup),
+        Side::Stream(_) => None,
+    }
+    .filter(|&d| {
+        let ok = kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_ADD,
+            d,
+            events_for(QUEUE, events),
+            token(id, QUEUE),
+        )
+        .is_ok();
+        if !ok {
+            close_quietly(d);
+        }
+        ok
+    });
     with_registry(|r| {
         r.by_key.insert((epfd, fd), id);
         r.by_id.insert(
@@ -250,6 +273,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 wake,
                 kernel,
                 sock,
+                queue,
                 disarmed: false,
             },
         );
@@ -336,7 +360,7 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
         }
         close_quietly(reg.wake);
-        if let Some(d) = reg.sock {
+        for d in reg.sock.into_iter().chain(reg.queue) {
             close_quietly(d);
         }
     }
