@@ -53,6 +53,11 @@ fn suspcomm_moves_a_busy_connection_without_the_application_noticing() {
     const SERVER_SEED: u64 = 0x5e;
     // What the Controlling side writes on the first connection.
     const FIRST: u64 = 6 << 20;
+    // What the application writes before it waits for the SuspComm to be
+    // asked for: with the threads starved unevenly (a loaded machine), it
+    // could otherwise finish before the Controlling side wrote FIRST,
+    // leaving no transfer to move. Usually the wait is over by then.
+    const UNTIL_ASKED: u64 = 12 << 20;
 
     let listener = SdpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -60,6 +65,7 @@ fn suspcomm_moves_a_busy_connection_without_the_application_noticing() {
     // port.
     let next = SdpListener::bind("127.0.0.1:0").unwrap();
     let next_port = next.local_addr().unwrap().port();
+    let (asked_tx, asked) = mpsc::channel();
 
     let server = std::thread::spawn(move || {
         let (first, _) = listener.accept().unwrap();
@@ -91,6 +97,7 @@ fn suspcomm_moves_a_busy_connection_without_the_application_noticing() {
         });
         flushed.recv().unwrap();
         first.request_suspend(next_port);
+        asked_tx.send(()).unwrap();
         let (second, _) = next.accept().unwrap();
         to_writer.send(second.clone()).unwrap();
         to_reader.send(second.clone()).unwrap();
@@ -108,7 +115,9 @@ fn suspcomm_moves_a_busy_connection_without_the_application_noticing() {
     let w = client.clone();
     let writer = std::thread::spawn(move || {
         let mut hash = StreamHash::default();
-        write_range(&w, CLIENT_SEED, 0, TOTAL, &mut hash);
+        write_range(&w, CLIENT_SEED, 0, UNTIL_ASKED, &mut hash);
+        asked.recv().unwrap();
+        write_range(&w, CLIENT_SEED, UNTIL_ASKED, TOTAL, &mut hash);
         w.shutdown(Shutdown::Write).unwrap();
         hash
     });

@@ -77,7 +77,7 @@ impl Suspend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum LocalSuspend {
     None,
-    /// SuspComm to go once nothing is In-Process.
+    /// SuspComm to go once nothing is In-Process and it provides credit.
     #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     Pending {
         port: u16,
@@ -190,8 +190,13 @@ impl Conn {
         if z.src_out + z.src_in + z.sink_out + z.sink_in > 0 {
             return self.violation(Violation::Unsupported(Mid::SUSP_COMM));
         }
-        // Its buffer goes back at once: the SuspCommAck then provides
-        // credit, so it may go even with our last credit (§10.5).
+        // Its buffer goes back at once, so the SuspCommAck provides credit
+        // and may go with our last credit (§10.5: "If one credit is
+        // available, an implementation MUST only send SDP Messages that
+        // provide additional credits and do not contain ULP payload"; it
+        // is BSDH only, §6.5.2). The Local Peer sends no more after its
+        // SuspComm, so we cannot wait for credit from it: the SuspComm
+        // must leave us one (this implementation's Local Peer sees to it).
         self.repost(buf, PostKind::Fresh);
         self.suspend = Suspend::Requested { port };
         self.control.clear();
@@ -210,7 +215,21 @@ impl Conn {
                 // §13.1.1 step 2: "MUST wait for all In-Process data
                 // transfer operations to complete, then it MUST send a
                 // SuspComm Message".
-                if !self.sends.is_empty() || !control_ok {
+                //
+                // After it we "MUST NOT send additional SDP Messages": the
+                // SuspComm is our last credit update, and buffers the
+                // application frees later are never advertised. The
+                // peer's messages still in flight may use up every buffer
+                // it advertises, leaving the peer no credit for the
+                // SuspCommAck (§10.5: "If no credits are available, an
+                // implementation MUST NOT send any type of SDP Message").
+                // So it goes only when it provides additional credit: the
+                // peer's credit (never below zero) then rises by the gain,
+                // to one at least, and that last credit may carry the
+                // SuspCommAck, which provides credit too (see
+                // `on_susp_comm`). Until the application frees a buffer,
+                // the connection goes on as usual.
+                if !self.sends.is_empty() || !control_ok || self.credits.gain() <= 0 {
                     return None;
                 }
                 self.local_suspend = LocalSuspend::Sent;
@@ -266,7 +285,9 @@ impl Conn {
     }
 
     /// Test-only Local Peer: sends a SuspComm for `port` once nothing is
-    /// In-Process, then nothing more; the SuspCommAck is awaited
+    /// In-Process and a receive buffer was posted since our last message
+    /// (so that the SuspComm gives the peer the credit for its
+    /// SuspCommAck, §10.5), then nothing more; the SuspCommAck is awaited
     /// ([`Conn::susp_comm_acked`]) and the LLP connection's end is then a
     /// graceful close. The caller hands the connection's streams over
     /// itself. Not the §13.1.1 step 5 hand-over: for tests of the Remote

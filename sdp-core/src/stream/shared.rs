@@ -15,7 +15,9 @@
 //! It then reads the socket itself — no hand-off through another thread on
 //! the blocking path. Other application threads that must wait meanwhile
 //! sleep on a condition variable and are woken whenever the lock is
-//! released after a change.
+//! released after a change — also by a thread that goes to sleep itself
+//! after its pumps moved something: a writer without credit that polls
+//! may receive what the reader waits for.
 //!
 //! The progress thread ([`super::progress`]) keeps off a link whose poller
 //! is active (an atomic flag, checked again under the lock): it could
@@ -52,6 +54,8 @@ use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
 
 mod resume;
+#[cfg(test)]
+mod tests;
 
 /// How long a closed link keeps reading after its FIN, waiting for the
 /// peer's (see [`Inner::finished`]).
@@ -107,6 +111,9 @@ pub struct Inner {
     poller_active: bool,
     cond_waiters: u32,
     wake_pending: bool,
+    /// A pump moved something (socket, timers) that the waiting threads
+    /// have not been woken for yet (see [`Locked::wait`]).
+    news: bool,
     /// No handle is left: the progress thread finishes the close.
     pub released: bool,
     /// O_NONBLOCK.
@@ -296,6 +303,7 @@ impl Inner {
             }
         }
         any |= self.pump_out_lent(now, None, recv_into.as_deref(), lend.zcopy, lend.zc_send);
+        self.news |= any;
         any
     }
 
@@ -377,6 +385,7 @@ impl Inner {
             }
         }
         self.update_readiness();
+        self.news |= any;
         any
     }
 
@@ -566,6 +575,7 @@ impl Shared {
             poller_active: false,
             cond_waiters: 0,
             wake_pending: false,
+            news: false,
             released: false,
             nonblocking: false,
             read_timeout: None,
@@ -708,8 +718,9 @@ impl Shared {
             return false;
         }
         self.take_hangup(&mut g);
-        if g.pump(now) && g.cond_waiters > 0 {
-            self.cond.notify_all();
+        g.pump(now);
+        if std::mem::take(&mut g.news) {
+            self.wake_waiters(&mut g);
         }
         self.publish_deadline(&g);
         g.released && g.finished(now)
@@ -733,6 +744,18 @@ impl Shared {
             // that buffer, so it is aborted — should this process use it.
             let inner = &mut *g;
             inner.link.abandon_zcopy(inner.ep.connection_mut());
+        }
+    }
+
+    /// Wakes the threads waiting for the stream: the poller through the
+    /// eventfd, the others on the condition variable.
+    fn wake_waiters(&self, g: &mut Inner) {
+        if g.poller_active && !g.wake_pending {
+            g.wake_pending = true;
+            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        }
+        if g.cond_waiters > 0 {
+            self.cond.notify_all();
         }
     }
 
@@ -809,6 +832,14 @@ impl<'a> Locked<'a> {
             // What the link owes the peer (a SendSm answering a SrcAvail
             // that a read found, §9.2 step 2a) goes before the sleep.
             g.pump_out(Instant::now());
+        }
+        if std::mem::take(&mut g.news) {
+            // Our pumps since we took the lock moved something (received
+            // what the reader waits for, say, or completions held for it
+            // while it is away), and this release is not `Locked`'s drop:
+            // the others hear of it here or sleep on. Only news wakes
+            // them, or two waiting threads would wake each other in turn.
+            shared.wake_waiters(&mut g);
         }
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
@@ -890,13 +921,8 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let shared = self.shared;
         if let Some(mut g) = self.guard.take() {
-            if g.poller_active && !g.wake_pending {
-                g.wake_pending = true;
-                let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
-            }
-            if g.cond_waiters > 0 {
-                shared.cond.notify_all();
-            }
+            g.news = false;
+            shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
                 super::progress::wake();
             }
@@ -909,8 +935,9 @@ impl Drop for Locked<'_> {
             }
             shared.take_hangup(&mut g);
             let now = Instant::now();
-            if g.pump(now) && g.cond_waiters > 0 {
-                shared.cond.notify_all();
+            g.pump(now);
+            if std::mem::take(&mut g.news) {
+                shared.wake_waiters(&mut g);
             }
             if g.released && g.finished(now) {
                 // The progress thread left this pump to us: it will not

@@ -130,6 +130,9 @@ fn resumed_conn_sends_a_fresh_hello_and_keeps_unread_bytes_readable() {
     assert_eq!(pair.conns[1].send(data.len(), SendFlags::EMPTY), Ok(2500));
     pair.stage(1, &data);
     pair.apps[0].reading = false;
+    // Side 1's SuspComm needs a buffer to advertise (it must give credit
+    // for the SuspCommAck): a message from side 0, read.
+    pair.apps[0].to_write = 10;
     pair.settle(10_000);
     let mut got = vec![0; 1000];
     assert_eq!(pair.conns[0].recv(&mut got, RecvFlags::EMPTY), Ok(1000));
@@ -337,6 +340,9 @@ fn failed_reconnection_is_econnreset() {
     ];
     for ev in kinds {
         let mut pair = Pair::new(&small(), &small(), 7);
+        // A message for side 1 to read: its SuspComm then gives credit.
+        pair.apps[0].to_write = 10;
+        pair.settle(10_000);
         pair.conns[1].request_suspend(80);
         pair.drain();
         assert!(pair.run(10_000, |p| p.conns[0].resume_port().is_some()));
@@ -354,4 +360,70 @@ fn failed_reconnection_is_econnreset() {
             "{ev:?}"
         );
     }
+}
+
+/// The Local Peer's SuspComm is its last credit update (§13.1.1 step 2):
+/// sent while the Remote Peer's messages in flight fill every buffer it
+/// advertises, it would leave the Remote Peer no credit for the
+/// SuspCommAck (§10.5). It waits until it provides credit; the
+/// SuspCommAck then goes with the last credit, which it may use since it
+/// provides credit too.
+#[test]
+fn susp_comm_waits_until_it_gives_the_peer_credit_for_the_ack() {
+    let mut pair = Pair::new(&small(), &small(), 11);
+    let cs = |p: &Pair, side: usize| p.conns[side].credit_state();
+    // Side 0 writes more than the 8 buffers of side 1 take: six Data
+    // Messages and a credit request, down to its last credit.
+    let data = vec![0xa5; 8000];
+    assert_eq!(pair.conns[0].send(data.len(), SendFlags::EMPTY), Ok(8000));
+    pair.stage(0, &data);
+    pair.drain();
+    assert_eq!(cs(&pair, 0).send_credit, 1);
+    // Side 1's four Data Messages are read by side 0, whose credit update
+    // takes that last credit: eight messages in flight, side 1's eight
+    // buffers.
+    let data = vec![0x5a; 4 * 1008];
+    assert_eq!(pair.conns[1].send(data.len(), SendFlags::EMPTY), Ok(4032));
+    pair.stage(1, &data);
+    pair.drain();
+    pair.deliver_all(1);
+    pair.complete_delivered(1);
+    let mut got = vec![0; 4032];
+    assert_eq!(pair.conns[0].recv(&mut got, RecvFlags::EMPTY), Ok(4032));
+    pair.drain();
+    assert_eq!(pair.on_wire(0).len(), 8);
+    assert_eq!(cs(&pair, 0).send_credit, 0);
+    // Side 1 has credit and nothing In-Process, but no buffer to
+    // advertise: a SuspComm now would leave side 0 at credit 0 for good.
+    assert!(cs(&pair, 1).send_credit >= 2);
+    assert_eq!(cs(&pair, 1).gain, 0);
+    pair.conns[1].request_suspend(4000);
+    pair.drain();
+    assert!(!pair.conns[1].susp_comm_sent());
+    // The Data Messages arrive and wait for side 1's application; the
+    // credit request's buffer goes back at once (no payload), and the
+    // SuspComm advertises it.
+    for _ in 0..6 {
+        assert!(pair.deliver_next(0));
+        assert!(!pair.conns[1].susp_comm_sent());
+    }
+    assert!(pair.deliver_next(0));
+    assert!(pair.conns[1].susp_comm_sent());
+    assert_eq!(
+        pair.on_wire(1),
+        vec!["SuspComm(SuspCommRepr { port: 4000 })"]
+    );
+    pair.deliver_all(0);
+    pair.deliver_all(1);
+    assert!(pair.conns[0].is_suspending());
+    assert_eq!(cs(&pair, 0).send_credit, 1);
+    // Once side 0's Sends complete, the SuspCommAck goes with that last
+    // credit (checked against §10.5 at both ends).
+    pair.complete_delivered(0);
+    assert_eq!(pair.on_wire(0), vec!["SuspCommAck"]);
+    pair.deliver_all(0);
+    assert!(pair.conns[1].susp_comm_acked());
+    assert_eq!(pair.conns[1].close_reason(), None);
+    pair.complete_delivered(0);
+    assert_eq!(pair.conns[0].resume_port(), Some(4000));
 }

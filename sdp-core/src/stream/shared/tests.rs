@@ -1,0 +1,60 @@
+//! Who wakes whom when several application threads wait for one stream.
+
+use std::io::{Read, Write};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::Inner;
+use crate::stream::{SdpListener, SdpStream};
+
+fn pair() -> (SdpStream, SdpStream) {
+    let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = std::thread::spawn(move || listener.accept().unwrap().0);
+    let c = SdpStream::connect(addr).unwrap();
+    (c, t.join().unwrap())
+}
+
+/// Spins until `f` holds of the stream's state, looked at without waking
+/// anyone (at most 10 s).
+fn until(s: &SdpStream, f: impl Fn(&Inner) -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f(&s.shared().lock_inner()) {
+        assert!(Instant::now() < end, "the threads did not get there");
+        std::thread::yield_now();
+    }
+}
+
+/// A writer without credit sleeps in poll(2) on the socket, a reader of
+/// the same stream on the condition variable. The peer's bytes wake the
+/// writer, whose pump receives them; still without credit, it goes back
+/// to poll(2) — and must wake the reader on the way, or both sleep while
+/// the bytes wait (and the peer, whose credits are in those messages,
+/// may wait too).
+#[test]
+fn a_poller_that_receives_for_the_reader_wakes_it() {
+    const WRITTEN: usize = 4 << 20;
+    let (c, s) = pair();
+    let w = c.clone();
+    let writer = std::thread::spawn(move || (&w).write_all(&vec![0x11; WRITTEN]).unwrap());
+    // The peer reads nothing: its buffers and our send buffer fill up,
+    // and the writer polls for the socket's input only.
+    until(&c, |g| {
+        g.poller_active && !g.link.writable() && g.ep.connection().txq().is_empty()
+    });
+    let (tx, rx) = mpsc::channel();
+    let r = c.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 64];
+        let n = (&r).read(&mut buf).unwrap();
+        tx.send(buf[..n].to_vec()).unwrap();
+    });
+    until(&c, |g| g.cond_waiters == 1);
+    (&s).write_all(b"hello").unwrap();
+    let got = rx.recv_timeout(Duration::from_secs(10));
+    assert_eq!(got.as_deref(), Ok(&b"hello"[..]));
+    let mut sink = vec![0; WRITTEN];
+    (&s).read_exact(&mut sink).unwrap();
+    writer.join().unwrap();
+    reader.join().unwrap();
+}
