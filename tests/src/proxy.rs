@@ -67,6 +67,9 @@ pub struct UdpProxyConfig {
     pub seed: u64,
     /// Every PMAccept names this port as ApPort instead of its own.
     pub redirect: Option<u16>,
+    /// The daemon's answers are all withheld (the programs' queries still
+    /// reach it): a transaction stays open on the daemon's side.
+    pub withhold_answers: bool,
 }
 
 /// What a [`UdpProxy`] saw.
@@ -194,7 +197,7 @@ fn udp_loop(cfg: UdpProxyConfig, down: UdpSocket, stats: &Mutex<UdpStats>, stop:
         // From the daemon.
         for f in &flows {
             while let Ok(n) = f.up.recv(&mut buf) {
-                let dropped = rng.percent(cfg.drop_percent);
+                let dropped = cfg.withhold_answers || rng.percent(cfg.drop_percent);
                 let mut s = lock(stats);
                 if dropped {
                     s.dropped_to_client += 1;

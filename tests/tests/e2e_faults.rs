@@ -788,6 +788,50 @@ fn port_mapper_killed_before_connect_falls_back_with_a_port_mapper_reason() {
     );
 }
 
+/// The daemon dies in the middle of a connect's transaction: it has the
+/// PMReq (its answers are withheld, so the transaction is open), then it
+/// is killed. The connect falls back to TCP within the port mapper
+/// client's budget (its retransmissions find nothing) and works.
+#[test]
+fn port_mapper_killed_during_a_connect_falls_back_in_bounded_time() {
+    if !sdp_expected("port mapper killed during a connect") {
+        return;
+    }
+    let env = Env::new("faults-pm-killed-mid-connect");
+    let proxy = UdpProxy::start(UdpProxyConfig {
+        upstream: SocketAddr::from(([127, 0, 0, 1], env.pm.port)),
+        drop_percent: 0,
+        seed: 0x5eed_0003,
+        redirect: None,
+        withhold_answers: true,
+    });
+    let mut run = Run::new(&env, "port mapper killed during a connect");
+    let (server, spid) = multi_server(&mut run, Mode::Sdp);
+    let port = listen(&mut run, server);
+    env.wait_listener(spid, port);
+    let (client, cpid) = multi_client(&mut run, "client", proxy.port);
+    let started = Instant::now();
+    run.procs[client].send(&format!("connect {port}\n"));
+    // The daemon has the query: kill it mid-transaction.
+    let deadline = Instant::now() + CASE_LIMIT;
+    while proxy.stats().to_daemon == 0 {
+        assert!(Instant::now() < deadline, "no PMReq reached the daemon");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    kill_port_mapper(&env);
+    let fd: usize = words(&run.line(client, "connected "))[1].parse().unwrap();
+    let took = started.elapsed();
+    echo(&mut run, client, fd);
+    let r = env.wait_records("the client's connection", cpid, 1, |r| r.fd == fd);
+    expect_tcp(
+        "a connect whose port mapper died mid-transaction",
+        &r[0],
+        field::REASON_PM_TIMEOUT,
+    );
+    // The client's budget for an unanswered query (docs/portmapper.md).
+    assert!(took < Duration::from_secs(3), "the connect took {took:?}");
+}
+
 #[test]
 fn port_mapper_killed_with_connections_open_leaves_them_moving_data() {
     if !sdp_expected("port mapper killed during a run") {
@@ -891,6 +935,7 @@ fn port_mapper_losing_30_percent_of_datagrams_still_decides_every_connection() {
         drop_percent: 30,
         seed: 0x5eed_0004,
         redirect: None,
+        withhold_answers: false,
     });
     let mut run = Run::new(&env, "30 % of the port mapper's datagrams lost");
     let s = run.spawn("echo server", env.python(ECHO_SERVER, Mode::Sdp), false);
@@ -989,6 +1034,7 @@ fn corrupted_fpdu(tag: &str, pause: Option<Duration>) {
         drop_percent: 0,
         seed: 5,
         redirect: Some(tcp.port),
+        withhold_answers: false,
     });
     let mut cmd = peer(
         &env,
@@ -1091,6 +1137,7 @@ fn a_reset_on_the_sdp_port_falls_back_to_tcp_and_works() {
         drop_percent: 0,
         seed: 6,
         redirect: Some(closed_tcp_port()),
+        withhold_answers: false,
     });
     let mut cmd = env.python(ECHO_CLIENT, Mode::Sdp);
     cmd.env("SDP_PM_PORT", udp.port.to_string()).args([
@@ -1165,6 +1212,7 @@ fn a_silent_sdp_listener_falls_back_within_the_startup_timeout() {
         drop_percent: 0,
         seed: 6,
         redirect: Some(silent_port),
+        withhold_answers: false,
     });
     // Both kinds of connect at once (each waits for the startup timer);
     // several nonblocking ones, which the fallback's setup in the
