@@ -133,8 +133,18 @@ fn for_socket(a: SocketAddr, v6: bool) -> Option<SocketAddr> {
 fn dup_cloexec(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC takes the lowest acceptable number.
     let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if d < 0 {
+        // An internal-error fallback says why (EMFILE: the process is at
+        // its descriptor limit, and SDP needs a few more per connection).
+        crate::log!(
+            Level::Warn,
+            "fd {fd}: cannot duplicate the socket for SDP: errno {}",
+            real::errno()
+        );
+        return None;
+    }
     // SAFETY: a fresh descriptor of ours.
-    (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
+    Some(unsafe { OwnedFd::from_raw_fd(d) })
 }
 
 fn connect_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
