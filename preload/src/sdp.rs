@@ -334,10 +334,6 @@ pub trait SdpListener: Send + Sync {
     /// An established SDP connection, or `Err(EAGAIN)`; `nonblocking`: the
     /// program's call does not wait (the next connection is set up for it).
     fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno>;
-    /// A call that waits for a connection (blocking `accept`, `poll` or
-    /// `select` with the listener) begins (`true`) or ends: while it is
-    /// under way, this process sets up a connection for it.
-    fn waiting(&self, _on: bool) {}
     /// The kernel socket whose queue holds SDP connections no process took
     /// yet: `POLLIN` while `accept` would take one from it. A set that
     /// polls the listener polls it too (epoll).

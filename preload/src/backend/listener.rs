@@ -13,18 +13,19 @@
 //! set up. The listener is readable while a connection is set up here or
 //! waits in Q ([`Shared::q_pending`]); an epoll set polls Q too.
 //!
-//! Besides, the service thread takes connections from Q ahead of any
-//! `accept` (a connection set up here can be accepted only here; one left
-//! when the process exits is reset, where a TCP connection would wait in
-//! the kernel's queue for the next process):
-//! * for the process that called `listen`, until it forks: up to
-//!   [`MAX_QUEUED`] (a program may connect to its own listener before it
-//!   accepts, as with TCP, and needs its setup done without an `accept`);
-//! * for each call waiting for one — a blocking `accept`, a `poll` or
-//!   `select` with the listener — one connection. A prefork master that
-//!   merely holds the listening socket takes nothing, and a worker that
-//!   exits, with the listener in an epoll set or not, leaves the
-//!   connections it did not accept in Q for the others.
+//! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
+//! the program's listening socket and the readiness of the connections set
+//! up here), so no connection is taken for them before an `accept`.
+//! Only the process that called `listen`, until it forks, has the service
+//! thread take connections ahead, up to [`MAX_QUEUED`]: a program may
+//! connect to its own listener before it accepts, as with TCP, and its
+//! connect needs the server's half of the setup done without an `accept`.
+//! A connection set up here can be accepted only here, and one left when
+//! the process exits is reset, where a TCP connection would wait in the
+//! kernel's queue for the next process: so a prefork master that merely
+//! holds the listening socket takes nothing, and a worker that exits,
+//! whatever it waits with, leaves the connections it did not accept in Q
+//! for the others.
 //!
 //! The registration lasts as long as the control connection that made it,
 //! which every process holding the listener keeps open (it is inherited by
@@ -53,7 +54,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -89,8 +90,6 @@ pub struct Shared {
     queue: Mutex<Queue>,
     /// This process called `listen` and has not forked since.
     listening: AtomicBool,
-    /// Calls under way that wait for a connection.
-    waiters: AtomicUsize,
     /// A task of this process's service thread takes from Q.
     task: AtomicBool,
     control: Mutex<Option<ControlClient>>,
@@ -188,7 +187,6 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
                 closed: false,
             }),
             listening: AtomicBool::new(true),
-            waiters: AtomicUsize::new(0),
             task: AtomicBool::new(false),
             control: Mutex::new(control),
             retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
@@ -280,12 +278,14 @@ impl Shared {
         unsafe { crate::real::poll(&mut p, 1, 0) > 0 }
     }
 
-    /// How many connections this process may hold set up or in setup.
+    /// How many connections the service thread may hold set up or in
+    /// setup for this process ahead of any `accept`.
     fn limit(&self) -> usize {
         if self.takes_ahead() {
-            return MAX_QUEUED;
+            MAX_QUEUED
+        } else {
+            0
         }
-        self.waiters.load(Ordering::Acquire).min(MAX_QUEUED)
     }
 
     /// Whether this process takes another connection from Q now.
@@ -654,20 +654,6 @@ impl SdpListener for Lst {
         self.sh.lock().wake.as_raw_fd()
     }
 
-    fn waiting(&self, on: bool) {
-        if on {
-            self.sh.waiters.fetch_add(1, Ordering::AcqRel);
-            let _g = fdtable::enter_gate();
-            self.sh.kick();
-        } else {
-            // (Never below zero: each end follows its begin.)
-            let _ = self
-                .sh
-                .waiters
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        }
-    }
-
     fn queue_fd(&self) -> Option<RawFd> {
         Some(self.sh.q.as_raw_fd())
     }
@@ -773,13 +759,11 @@ impl SdpListener for Lst {
         // This process takes connections once it waits for them; its
         // service thread is a new one, without the parent's task.
         self.sh.listening.store(false, Ordering::Release);
-        self.sh.waiters.store(0, Ordering::Release);
         self.sh.task.store(false, Ordering::Release);
     }
 
     fn exiting(&self) {
         self.sh.listening.store(false, Ordering::Release);
-        self.sh.waiters.store(0, Ordering::Release);
         let ready: Vec<Ready> = {
             let _g = fdtable::enter_gate();
             self.sh.lock().ready.drain(..).collect()

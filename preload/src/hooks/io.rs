@@ -821,23 +821,6 @@ pub unsafe extern "C" fn sendfile64(
     unsafe { real::sendfile64(out, input, offset, n) }
 }
 
-/// A call under way that waits for a connection of `0`
-/// ([`crate::sdp::SdpListener::waiting`]), until dropped.
-pub(super) struct Waiting<'a>(&'a dyn crate::sdp::SdpListener);
-
-impl<'a> Waiting<'a> {
-    pub(super) fn begin(l: &'a dyn crate::sdp::SdpListener) -> Waiting<'a> {
-        l.waiting(true);
-        Waiting(l)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting(false);
-    }
-}
-
 /// `accept` on a listening fd with a hidden SDP listener beside it: the
 /// first connection from either, SDP or TCP.
 pub unsafe fn sdp_accept(
@@ -869,8 +852,6 @@ unsafe fn sdp_accept_inner(
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
     let dontwait = h.nonblock.load(Ordering::Relaxed);
-    // A blocking call has a connection set up for it while it waits.
-    let _waiting = (!dontwait).then(|| Waiting::begin(h.listener.as_ref()));
     loop {
         match h.listener.accept(dontwait) {
             Ok(acc) => {
@@ -913,22 +894,22 @@ unsafe fn sdp_accept_inner(
             Err(e) if e == libc::EAGAIN => {}
             Err(e) => return fail(e),
         }
-        // Then the kernel listener, without blocking in it.
+        // Then the kernel listener, without blocking in it; a blocking call
+        // waits for either listener, and for a connection whose setup went
+        // on in the background.
+        let pollfd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let mut p = [
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: h.listener.wake_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            pollfd(fd),
+            pollfd(h.listener.wake_fd()),
+            pollfd(h.listener.queue_fd().unwrap_or(-1)),
         ];
         let t = if dontwait { 0 } else { -1 };
-        // SAFETY: two local pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), 2, t) };
+        // SAFETY: three local pollfds.
+        let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
         if r < 0 {
             return -1;
         }

@@ -9,7 +9,6 @@
 //! as readiness.
 #![allow(clippy::missing_safety_doc)]
 
-use super::io::Waiting;
 use super::{fail, protect, Guard};
 use crate::fdtable::{self, ListenerHandle, StreamHandle};
 use crate::real;
@@ -75,16 +74,6 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
 }
 
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    // Each listener polled for input has a connection set up for this call.
-    let listeners: Vec<Arc<ListenerHandle>> = fds
-        .iter()
-        .filter(|p| p.events & (libc::POLLIN | libc::POLLRDNORM) != 0)
-        .filter_map(|p| fdtable::listener(p.fd))
-        .collect();
-    let _waiting: Vec<Waiting<'_>> = listeners
-        .iter()
-        .map(|h| Waiting::begin(h.listener.as_ref()))
-        .collect();
     // Each connection polled is in use while we wait (a fork leaves it to
     // this process).
     let streams: Vec<Arc<fdtable::StreamHandle>> =
@@ -122,6 +111,17 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                     events,
                     revents: 0,
                 });
+                // A listener's connections that no process took yet: the
+                // `accept` this leads to takes one.
+                if let (Side::Listener(h), true) = (s, p.events & libc::POLLIN != 0) {
+                    if let Some(q) = h.listener.queue_fd() {
+                        kfds.push(pollfd {
+                            fd: q,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        });
+                    }
+                }
             }
         }
         let zero = timespec {
