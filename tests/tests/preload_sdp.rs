@@ -856,6 +856,40 @@ fn an_exiting_epoll_worker_leaves_the_next_connection_to_the_others() {
     same_over_sdp("sdp-epoll-worker", EPOLL_WORKER_EXITS, 2);
 }
 
+/// A child of `fork` that closes its copy of a listener in its parent's
+/// epoll set, and exits: the parent's registration stays, as the
+/// kernel's does when one of several fds of a socket closes — the next
+/// connection still wakes the parent's `epoll_wait`.
+const CHILD_CLOSES_AN_EPOLL_LISTENER: &str = r#"
+import os, select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+srv.setblocking(False)
+ep = select.epoll()
+ep.register(srv.fileno(), select.EPOLLIN)
+child = os.fork()
+if child == 0:
+    srv.close()
+    os._exit(0)
+os.waitpid(child, 0)
+c = socket.socket()
+c.setblocking(False)
+c.connect_ex(srv.getsockname())
+events = ep.poll(10)
+conn, _ = srv.accept()
+conn.setblocking(True)
+c.setblocking(True)
+c.settimeout(10)
+c.sendall(b"ping")
+print([fd == srv.fileno() for fd, _ in events], conn.recv(4))
+"#;
+
+#[test]
+fn a_child_closing_its_copy_of_an_epoll_listener_leaves_the_parents_registration() {
+    same_over_sdp("sdp-child-closes-epoll", CHILD_CLOSES_AN_EPOLL_LISTENER, 1);
+}
+
 /// A sender writes 10 MiB and then sleeps without any call to the library:
 /// the receiver (another process) must get every byte meanwhile.
 const SLEEPY_SENDER: &str = r#"

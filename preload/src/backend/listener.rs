@@ -138,6 +138,23 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             )
         };
     }
+    // A connection joins Q's queue once its first bytes came (the MPA
+    // Request, which the client sends with its TCP connect): Q polls
+    // readable only when an `accept` can answer the connection at once,
+    // so that a program's nonblocking `accept` after an epoll or poll
+    // event finds it, as over TCP. A client that sends nothing waits at
+    // most SETUP_LIMIT before the kernel queues it anyway.
+    let defer = SETUP_LIMIT.as_secs() as libc::c_int;
+    // SAFETY: an int option on our own socket.
+    unsafe {
+        crate::real::setsockopt(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&defer as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     let raw = crate::hooks::RawAddr::new(SocketAddr::new(local.ip(), 0));
     // SAFETY: a complete address; listen on our own socket.
     unsafe {

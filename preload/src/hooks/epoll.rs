@@ -81,6 +81,13 @@ struct Registration {
     queue: Option<c_int>,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
+    /// The process that made the kernel registrations. A child of `fork`
+    /// shares the epoll instance with it: when the child closes its copy
+    /// of the fd (or of the epoll fd), it closes its own duplicates but
+    /// must not delete the parent's registrations from the shared
+    /// instance, as closing a shared fd never does with the kernel's own
+    /// registrations.
+    owner: i32,
 }
 
 impl Registration {
@@ -275,6 +282,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 sock,
                 queue,
                 disarmed: false,
+                owner: super::pid(),
             },
         );
     });
@@ -354,7 +362,7 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             .collect()
     });
     for reg in &gone {
-        for (k, _) in reg.kernel_fds() {
+        for (k, _) in reg.kernel_fds().filter(|_| reg.owner == super::pid()) {
             // Before closing our duplicates: a registration lives on while
             // another fd (the program's) refers to the same socket.
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);

@@ -106,6 +106,12 @@ fn note_pid() {
     PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
 }
 
+/// This process's id as the library last noted it (at start and in the
+/// child of each `fork`).
+pub fn pid() -> i32 {
+    PID.load(Ordering::Relaxed)
+}
+
 /// True when running in a process other than the one the library's
 /// memory belongs to (a `vfork` child before its `exec`).
 pub fn foreign_process() -> bool {
