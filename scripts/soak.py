@@ -9,8 +9,8 @@ processes, each under sdprun:
 
   srv-MODE  "server": blocking accept in the main thread, a thread per
             connection (with --busy-fork-modes, accept-then-fork for some);
-  eps-MODE  "epserver": one nonblocking epoll loop, each connection level-
-            or edge-triggered;
+  eps-MODE  "epserver": one nonblocking epoll loop, level-triggered (with
+            --epoll-et half of the connections edge-triggered);
   fsv-MODE  "forkserver": the classic accept-then-fork server, a child per
             connection;
   cli-MODE  "client": blocking threads and a poll loop of nonblocking
@@ -41,9 +41,9 @@ go by Zcopy where the mode allows.
 
 Cases the library gets wrong are kept out unless asked for (see
 docs/soak.md): forks while other threads are inside calls
-(--busy-fork-modes), MSG_WAITALL reads above the Bcopy threshold with
-Read Zcopy (--zcopy-waitall), reads above it with Write Zcopy
-(--sink-reads).
+(--busy-fork-modes), edge-triggered epoll (--epoll-et), MSG_WAITALL reads
+above the Bcopy threshold with Read Zcopy (--zcopy-waitall), reads above
+it with Write Zcopy (--sink-reads).
 """
 
 import argparse
@@ -147,6 +147,7 @@ class Ctx:
     ports = {}
     max_read = MAX_MSG
     max_waitall = MAX_MSG
+    epoll_et = False
     sig_restart = False
     sig_interval = 0.0
     is_child = False
@@ -1257,7 +1258,7 @@ def epoll_server(lsock, stopping):
                         record_error("accept", f"epoll accept: errno {e.errno} ({e.strerror})")
                         break
                     sock.setblocking(False)
-                    et = rng.random() < 0.5
+                    et = C.epoll_et and rng.random() < 0.5
                     info = ConnInfo("server", "epoll-et" if et else "epoll-lt")
                     info.sock = sock
                     nb = NonBlocking(sock, info, rng, buf, server_gen(info, rng))
@@ -1441,6 +1442,7 @@ def worker(a):
     if a.cmd == "server":
         server_main(a)
     elif a.cmd == "epserver":
+        C.epoll_et = a.epoll_et
         epserver_main(a)
     elif a.cmd == "forkserver":
         forkserver_main(a)
@@ -1545,6 +1547,11 @@ def kill_group(pr):
 def spawn(a, name, role, mode, args, procs):
     logs = os.path.join(a.work, "logs")
     env = dict(os.environ)
+    # glibc raises its mmap threshold to the largest block freed (up to 32
+    # MiB); with the workers' transient buffers of up to 16 MiB in many
+    # threads, the heaps then grow for a long time: fixed, RSS shows what
+    # is kept.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     env.update({"SDP_ZCOPY": mode, "SDP_LOG": "info",
                 "SDP_LOG_FILE": os.path.join(logs, f"{name}.preload.log"),
                 "SDP_STAT_DIR": os.path.join(a.work, "stat"), "PYTHONUNBUFFERED": "1",
@@ -1632,7 +1639,8 @@ def drive(a):
             ratio = a.server_fork_ratio if mode in busy else 0.0
             servers.append(spawn(a, f"srv-{mode}", "server", mode,
                                  ["--fork-ratio", str(ratio)] + cap, procs))
-            servers.append(spawn(a, f"eps-{mode}", "epserver", mode, cap, procs))
+            servers.append(spawn(a, f"eps-{mode}", "epserver", mode,
+                                 cap + (["--epoll-et"] if a.epoll_et else []), procs))
             servers.append(spawn(a, f"fsv-{mode}", "forkserver", mode, cap, procs))
         for pr in servers:
             ready = os.path.join(a.work, f"{pr.name}.ready")
@@ -1969,6 +1977,8 @@ def main():
     d.add_argument("--sample-every", type=float, default=2.0)
     d.add_argument("--fd-slack", type=float, default=16)
     d.add_argument("--show-errors", type=int, default=5)
+    d.add_argument("--epoll-et", action="store_true",
+                   help="half of the epoll server's connections edge-triggered")
     d.add_argument("--zcopy-waitall", action="store_true",
                    help="MSG_WAITALL reads above 256K with SDP_ZCOPY read/both too")
     d.add_argument("--sink-reads", action="store_true",
@@ -1982,6 +1992,8 @@ def main():
         w.add_argument("--max-waitall", type=int, default=MAX_MSG)
         if role == "server":
             w.add_argument("--fork-ratio", type=float, default=0.125)
+        elif role == "epserver":
+            w.add_argument("--epoll-et", action="store_true")
         elif role in ("client", "fclient"):
             w.add_argument("--ports", required=True)
             w.add_argument("--seconds", type=float, required=True)

@@ -8,20 +8,20 @@
 #   scripts/soak.sh --minutes 1 -- --threads 4 --modes off,both   options of scripts/soak.py drive
 #
 # Builds the preload and the port mapper (release), starts a port mapper
-# of its own on a free UDP port with its own control socket, and runs
-# scripts/soak.py: per Zcopy mode (SDP_ZCOPY off, read, write, both) one
-# server process (a threaded blocking listener with accept-then-fork for
-# some connections, and an epoll listener, level- and edge-triggered) and
-# one client process (blocking threads, a poll loop of nonblocking
-# connections, and forked children that run connections of their own),
-# with SIGALRM arriving every few milliseconds in every process. Messages
-# are 1 B to 16 MiB (log-uniform), one way or both ways at once; each
-# receiver compares every byte with the stream its seed names and checks
-# the sender's SHA-256. The open fds and RSS of every server and client
-# are sampled; at the end the summary gives the connections (SDP or TCP
-# and why, from the state export and the preload log), the bytes checked,
-# the bytes by Zcopy mechanism, the fd/RSS levels and growth, and every
-# error. Exits 0 only if everything passed.
+# of its own on a free UDP port with its own control socket and state
+# export directory, and runs scripts/soak.py: per Zcopy mode (SDP_ZCOPY
+# off, read, write, both) a threaded blocking server, an epoll server, an
+# accept-then-fork server, a client of blocking threads and a poll loop of
+# nonblocking connections, and a client that forks children to run
+# connections; every process under sdprun, with SIGALRM arriving every few
+# milliseconds. Messages are 1 B to 16 MiB (log-uniform), one way or both
+# ways at once; each receiver compares every byte with the stream its seed
+# names and checks the sender's SHA-256. The open fds and RSS of every
+# long-lived process are sampled; at the end the summary gives the
+# connections (SDP or TCP and why, from the state export and the preload
+# logs), the bytes checked, the bytes by Zcopy mechanism, the fd and RSS
+# levels and growth, and every error. Exits 0 only if everything passed.
+# docs/soak.md has the details, and the cases kept out.
 #
 # Everything it starts is stopped at the end, on error and on Ctrl-C.
 # Without --keep the logs are removed after a run that passed and kept
