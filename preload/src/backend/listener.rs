@@ -61,6 +61,11 @@ use std::time::{Duration, Instant};
 /// Connections being set up or ready, at most, per listener and process.
 const MAX_QUEUED: usize = 64;
 
+/// How long an `accept` that answered a connection's MPA Request waits
+/// for its RTR (one round trip) before it leaves the rest to the service
+/// thread.
+const RTR_WAIT: Duration = Duration::from_millis(100);
+
 /// How long a connection's setup may take (the MPA startup timer, 5 s,
 /// normally decides first).
 const SETUP_LIMIT: Duration = Duration::from_secs(10);
@@ -383,7 +388,34 @@ impl Shared {
                 }
             };
             match h.request_now(now) {
-                Some(Ok(stream)) => return Taken::Now(stream, peer),
+                Some(Ok(stream)) => {
+                    // The client's RTR follows our Reply one round trip
+                    // later: the program gets a connection whose setup is
+                    // over (one it closes at once is then closed
+                    // gracefully, as over TCP). A client slower than that
+                    // goes on in the service thread.
+                    match stream.wait_connected(Some(now + RTR_WAIT)) {
+                        Ok(()) => return Taken::Now(stream, peer),
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                            let h = Handshake::answered(self.clone(), stream, peer, now);
+                            match h {
+                                Ok(h) => {
+                                    self.lock().setting_up += 1;
+                                    service::submit(Task::Handshake(Box::new(h)));
+                                    return Taken::Later;
+                                }
+                                Err(e) => {
+                                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+                                    continue;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+                            continue;
+                        }
+                    }
+                }
                 Some(Err(())) => continue,
                 None => {
                     self.lock().setting_up += 1;
@@ -541,6 +573,23 @@ impl Handshake {
             peer,
             until: now + SETUP_LIMIT,
             phase: HsPhase::Request(Box::new(ep), config),
+        })
+    }
+
+    /// A handshake whose MPA Request an `accept` answered, left to wait
+    /// for the RTR in the service thread.
+    fn answered(
+        lst: Arc<Shared>,
+        stream: SdpStream,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> io::Result<Handshake> {
+        let watch = stream.readiness_fd()?.try_clone_to_owned()?;
+        Ok(Handshake {
+            lst,
+            peer,
+            until: now + SETUP_LIMIT,
+            phase: HsPhase::Setup { stream, watch },
         })
     }
 
