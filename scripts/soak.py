@@ -1629,7 +1629,7 @@ def drive(a):
     snapshots = {"n": 0, "sdp": 0, "tcp": 0, "undecided": 0, "tcp_why": {}, "failed": 0}
 
     def on_signal(signum, frame):
-        raise KeyboardInterrupt()
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
@@ -1693,8 +1693,8 @@ def drive(a):
             pr.sample(now() - t_load)
         for pr in servers:
             stop_proc(pr, signal.SIGTERM, a.conn_timeout + 45, problems)
-    except KeyboardInterrupt:
-        print("soak: interrupted; stopping the workers", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"soak: interrupted ({e or 'SIGINT'}); stopping the workers", file=sys.stderr)
         for pr in procs:
             kill_group(pr)
         return 130

@@ -92,8 +92,8 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-trap 'status=130; exit 130' INT
-trap 'status=143; exit 143' TERM
+trap 'echo "soak: SIGINT: stopping" >&2; status=130; exit 130' INT
+trap 'echo "soak: SIGTERM: stopping" >&2; status=143; exit 143' TERM
 
 # A port mapper of our own on a free UDP port.
 "$bin/sdp-portmapper" --port 0 --control "$work/pm.sock" --stats-interval-ms 0 \
