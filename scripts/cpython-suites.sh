@@ -247,4 +247,32 @@ while [ ${#queue[@]} -gt 0 ] || [ ${#run_of[@]} -gt 0 ]; do
 done
 
 step "report"
-"$PY" "$root/scripts/cpython_suites.py" report "$out" "${modules[@]}"
+rc=0
+"$PY" "$root/scripts/cpython_suites.py" report "$out" "${modules[@]}" || rc=$?
+
+# A test that failed only under the preload is run again on its own,
+# three times under sdprun: one that passes every time failed on a timing
+# the suite leaves open (a peer's bytes a few microseconds later than over
+# loopback TCP) and is reported as flaky; one that fails again fails the
+# run.
+if [ "$rc" -ne 0 ] && [ -s "$out/only-preload.txt" ]; then
+    step "re-running the tests that failed only under the preload"
+    again=0
+    while read -r tid; do
+        for n in 1 2 3; do
+            if ! (cd "$work" && timeout -k 10 "$limit" env SDP_LOG_FILE="$out/rerun.preload.log" \
+                "$bin/sdprun" --log info "$PY" -m unittest "$tid" >"$out/rerun.log" 2>&1); then
+                echo "$tid: fails again (run $n):"
+                tail -n 15 "$out/rerun.log"
+                again=1
+                break
+            fi
+        done
+        [ "$again" -eq 0 ] && echo "$tid: passed 3 runs of its own: flaky under the preload"
+    done <"$out/only-preload.txt"
+    if [ "$again" -eq 0 ]; then
+        echo "PASSED, with tests flaky under the preload (above)"
+        rc=0
+    fi
+fi
+exit "$rc"

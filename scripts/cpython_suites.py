@@ -419,6 +419,11 @@ def report(out_dir, modules):
     print(text)
     with open(f"{out_dir}/report.txt", "w", encoding="utf-8") as f:
         f.write(text + "\n")
+    # For the re-runs: the tests failing only under the preload, one id a
+    # line, when nothing else failed.
+    with open(f"{out_dir}/only-preload.txt", "w", encoding="utf-8") as f:
+        if only_preload and len(verdict) == 1:
+            f.write("".join(f"{tid}\n" for _, tid, _ in only_preload))
     return 1 if verdict else 0
 
 
