@@ -113,11 +113,17 @@ fn check_bandwidth(out: &str) {
     let (sent, su) = value(out, "send_bytes");
     let (received, ru) = value(out, "recv_bytes");
     assert!(sent > 0.0 && received > 0.0, "{out}");
+    // qperf picks decimal or binary units per figure ("733 MiB" sent,
+    // "768 MB" received).
     let scale = |u: &str| match u {
         "KB" => 1e3,
         "MB" => 1e6,
         "GB" => 1e9,
         "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         _ => 1.0,
     };
     // qperf prints three significant digits: each figure may be off by
