@@ -877,7 +877,12 @@ c = socket.socket()
 c.setblocking(False)
 c.connect_ex(srv.getsockname())
 events = ep.poll(10)
-conn, _ = srv.accept()
+while True:
+    try:
+        conn, _ = srv.accept()
+        break
+    except BlockingIOError:
+        ep.poll(10)
 conn.setblocking(True)
 c.setblocking(True)
 c.settimeout(10)

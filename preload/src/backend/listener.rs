@@ -61,11 +61,6 @@ use std::time::{Duration, Instant};
 /// Connections being set up or ready, at most, per listener and process.
 const MAX_QUEUED: usize = 64;
 
-/// How long an `accept` that answered a connection's MPA Request waits
-/// for its RTR (one round trip) before it leaves the rest to the service
-/// thread.
-const RTR_WAIT: Duration = Duration::from_millis(100);
-
 /// How long a connection's setup may take (the MPA startup timer, 5 s,
 /// normally decides first).
 const SETUP_LIMIT: Duration = Duration::from_secs(10);
@@ -388,34 +383,21 @@ impl Shared {
                 }
             };
             match h.request_now(now) {
-                Some(Ok(stream)) => {
-                    // The client's RTR follows our Reply one round trip
-                    // later: the program gets a connection whose setup is
-                    // over (one it closes at once is then closed
-                    // gracefully, as over TCP). A client slower than that
-                    // goes on in the service thread.
-                    match stream.wait_connected(Some(now + RTR_WAIT)) {
-                        Ok(()) => return Taken::Now(stream, peer),
-                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                            let h = Handshake::answered(self.clone(), stream, peer, now);
-                            match h {
-                                Ok(h) => {
-                                    self.lock().setting_up += 1;
-                                    service::submit(Task::Handshake(Box::new(h)));
-                                    return Taken::Later;
-                                }
-                                Err(e) => {
-                                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                                    continue;
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                            continue;
-                        }
+                // The program gets the connection once its setup is over
+                // (the service thread waits for the RTR and sends the
+                // HelloAck): one it closed at once would cut the client's
+                // setup short, where TCP's connect is complete.
+                Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
+                    Ok(h) => {
+                        self.lock().setting_up += 1;
+                        service::submit(Task::Handshake(Box::new(h)));
+                        return Taken::Later;
                     }
-                }
+                    Err(e) => {
+                        crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+                        continue;
+                    }
+                },
                 Some(Err(())) => continue,
                 None => {
                     self.lock().setting_up += 1;
@@ -450,8 +432,6 @@ impl Shared {
 
 /// What [`Shared::take_now`] found in Q.
 enum Taken {
-    /// A connection answered now (its RTR and HelloAck to come).
-    Now(SdpStream, SocketAddr),
     /// A connection whose setup goes on in the service thread.
     Later,
     /// Nothing.
@@ -746,7 +726,6 @@ impl SdpListener for Lst {
                 }
                 // The next connection in Q, taken by this call.
                 None => match self.sh.take_now(Instant::now()) {
-                    Taken::Now(stream, peer) => (stream, peer),
                     Taken::Later => continue,
                     Taken::None => {
                         self.sh.kick();
