@@ -340,6 +340,13 @@ pub trait SdpListener: Send + Sync {
     fn queue_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether a connection taken from the queue is being set up in this
+    /// process (its MPA Request answered, the RTR to come): `poll` reported
+    /// the listener readable for it, so a nonblocking `accept` waits for it
+    /// a moment rather than fail with `EAGAIN`.
+    fn setting_up(&self) -> bool {
+        false
+    }
     /// The listening fd is closed: deregister and close the hidden listener.
     fn close(&self);
     /// After `fork`, in the parent.

@@ -336,48 +336,57 @@ impl Shared {
 
     /// Takes the connections waiting on Q, as many as wanted.
     fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
-        loop {
-            if !self.wanted() {
+        while self.wanted() {
+            let Some((tcp, peer)) = self.take_q() else {
                 return;
-            }
-            let (tcp, peer) = match self.q.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // ECONNABORTED, EMFILE...: try again on the next event.
-                    crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
-                    return;
-                }
             };
             match Handshake::new(self.clone(), tcp, peer, now) {
-                Ok(h) => {
-                    self.lock().setting_up += 1;
-                    out.push(Task::Handshake(Box::new(h)));
+                Ok(h) => out.push(Task::Handshake(Box::new(h))),
+                Err(e) => {
+                    self.setup_failed();
+                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                 }
-                Err(e) => crate::log!(Level::Debug, "SDP setup with {peer}: {e}"),
             }
         }
     }
 
-    /// An `accept` takes the next connection from Q itself: answered at
-    /// once when its MPA Request is there, else left to the service thread
-    /// (it is handed out once set up).
-    fn take_now(self: &Arc<Self>, now: Instant) -> Taken {
+    /// Takes the next connection from Q, counted as in setup from before
+    /// the kernel's `accept` on: a `poll` in another thread finds the
+    /// listener readable (Q) or a setup under way, never neither (then a
+    /// nonblocking `accept` waits for the setup, see `SdpListener`).
+    fn take_q(&self) -> Option<(std::net::TcpStream, SocketAddr)> {
+        self.lock().setting_up += 1;
         loop {
-            let (tcp, peer) = match self.q.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            match self.q.accept() {
+                Ok(c) => return Some(c),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
+                    // ECONNABORTED, EMFILE...: tried again on the next event.
                     if e.kind() != io::ErrorKind::WouldBlock {
                         crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
                     }
-                    return Taken::None;
+                    self.setup_failed();
+                    return None;
                 }
-            };
+            }
+        }
+    }
+
+    fn setup_failed(&self) {
+        let mut q = self.lock();
+        q.setting_up = q.setting_up.saturating_sub(1);
+    }
+
+    /// An `accept` takes the next connection from Q itself: answered at
+    /// once when its MPA Request is there, else left to the service thread
+    /// (it is handed out once set up); `None` when Q is empty.
+    fn take_now(self: &Arc<Self>, now: Instant) -> Option<()> {
+        loop {
+            let (tcp, peer) = self.take_q()?;
             let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => h,
                 Err(e) => {
+                    self.setup_failed();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                     continue;
                 }
@@ -389,20 +398,18 @@ impl Shared {
                 // setup short, where TCP's connect is complete.
                 Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
                     Ok(h) => {
-                        self.lock().setting_up += 1;
                         service::submit(Task::Handshake(Box::new(h)));
-                        return Taken::Later;
+                        return Some(());
                     }
                     Err(e) => {
+                        self.setup_failed();
                         crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                        continue;
                     }
                 },
-                Some(Err(())) => continue,
+                Some(Err(())) => self.setup_failed(),
                 None => {
-                    self.lock().setting_up += 1;
                     service::submit(Task::Handshake(Box::new(h)));
-                    return Taken::Later;
+                    return Some(());
                 }
             }
         }
@@ -428,14 +435,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// What [`Shared::take_now`] found in Q.
-enum Taken {
-    /// A connection whose setup goes on in the service thread.
-    Later,
-    /// Nothing.
-    None,
 }
 
 /// What the MPA Request phase of a handshake came to.
@@ -704,6 +703,11 @@ impl SdpListener for Lst {
         Some(self.sh.q.as_raw_fd())
     }
 
+    fn setting_up(&self) -> bool {
+        let _g = fdtable::enter_gate();
+        self.sh.lock().setting_up > 0
+    }
+
     fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
         let _g = fdtable::enter_gate();
         loop {
@@ -726,8 +730,9 @@ impl SdpListener for Lst {
                 }
                 // The next connection in Q, taken by this call.
                 None => match self.sh.take_now(Instant::now()) {
-                    Taken::Later => continue,
-                    Taken::None => {
+                    // Its setup goes on in the service thread.
+                    Some(()) => continue,
+                    None => {
                         self.sh.kick();
                         return Err(libc::EAGAIN);
                     }

@@ -823,6 +823,13 @@ pub unsafe extern "C" fn sendfile64(
 
 /// `accept` on a listening fd with a hidden SDP listener beside it: the
 /// first connection from either, SDP or TCP.
+/// How long a nonblocking `accept` waits for a connection whose setup is
+/// under way (one round trip, the client's RTR, is left once its MPA
+/// Request is answered): the listener was readable for it, and a program
+/// that saw it readable must not get `EAGAIN`, as from TCP's queue. The
+/// bound holds a client that stalls in its setup from stalling the program.
+const SETUP_WAIT: Duration = Duration::from_millis(500);
+
 pub unsafe fn sdp_accept(
     fd: c_int,
     addr: *mut sockaddr,
@@ -852,6 +859,8 @@ unsafe fn sdp_accept_inner(
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
     let dontwait = h.nonblock.load(Ordering::Relaxed);
+    // How long a nonblocking call waits for a connection already in setup.
+    let setup_deadline = Instant::now() + SETUP_WAIT;
     loop {
         match h.listener.accept(dontwait) {
             Ok(acc) => {
@@ -907,7 +916,14 @@ unsafe fn sdp_accept_inner(
             pollfd(h.listener.wake_fd()),
             pollfd(h.listener.queue_fd().unwrap_or(-1)),
         ];
-        let t = if dontwait { 0 } else { -1 };
+        let t = if !dontwait {
+            -1
+        } else if h.listener.setting_up() {
+            let left = setup_deadline.saturating_duration_since(Instant::now());
+            left.as_millis() as c_int
+        } else {
+            0
+        };
         // SAFETY: three local pollfds.
         let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
         if r < 0 {
