@@ -23,10 +23,30 @@ pub struct LiveCapture {
     probe_port: u16,
 }
 
-/// A loopback port that nothing listens on now (bound, then released).
+/// A loopback port that nothing listens on now (bound, then released),
+/// below the kernel's ephemeral range: no connection of another test
+/// running beside this one can have it as its local port, so the capture
+/// holds this test's traffic alone.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral port");
-    l.local_addr().expect("local address").port()
+    const LOWEST: u32 = 10_000;
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = first_ephemeral.saturating_sub(LOWEST).max(1);
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    (0..span)
+        .map(|i| LOWEST + (seed.wrapping_add(i.wrapping_mul(7_919))) % span)
+        .find_map(|port| {
+            let port = u16::try_from(port).ok()?;
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+                .ok()
+                .map(|_| port)
+        })
+        .expect("a free loopback port below the ephemeral range")
 }
 
 impl LiveCapture {
