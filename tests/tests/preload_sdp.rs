@@ -587,12 +587,18 @@ print("server done", status)
 /// Runs `source` with and without SDP: same output, and `sdp` connections
 /// made over SDP (the library's log says so).
 fn same_over_sdp(tag: &str, source: &str, sdp: usize) {
+    same_over_sdp_with(tag, source, sdp, &[]);
+}
+
+/// [`same_over_sdp`] with more settings of the preload.
+fn same_over_sdp_with(tag: &str, source: &str, sdp: usize, env: &[(&str, &str)]) {
     let stat = TempDir::new(tag);
     let plain = run_ok(python_command(source, Mode::Plain, stat.path()));
     let pm = PortMapper::start();
     let log = stat.path().join("sdp.log");
     let mut cmd = python_command(source, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
+        .envs(env.iter().copied())
         .env("SDP_LOG", "info")
         .env("SDP_LOG_FILE", &log);
     let start = Instant::now();
@@ -1388,6 +1394,59 @@ fn write_zcopy_under_the_preload() {
     assert_eq!((c.tx_mode, a.rx_mode), (3, 3));
     assert!(c.counters[4] > 0, "{c:?}");
     assert_eq!(c.counters[2], 0, "{c:?}");
+}
+
+/// `MSG_WAITALL` reads of 4 MiB under Read Zcopy while `SIGALRM` comes
+/// every 2 ms: a read that a signal cuts short returns the bytes it placed
+/// (Python then reads on), never `EINTR` with them lost. The writer sends
+/// 512 KiB pieces a little apart, so reads are often part filled when a
+/// signal comes.
+const WAITALL_SIGNALS: &str = r#"
+import hashlib, signal, socket, threading, time
+PIECE = 512 << 10
+TOTAL = 24 << 20
+signal.signal(signal.SIGALRM, lambda *a: None)
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+sent = hashlib.sha256()
+
+def writer():
+    for i in range(TOTAL // PIECE):
+        b = hashlib.sha256(i.to_bytes(8, "little")).digest() * (PIECE // 32)
+        sent.update(b)
+        c.sendall(b)
+        time.sleep(0.003)
+    c.shutdown(socket.SHUT_WR)
+
+t = threading.Thread(target=writer)
+t.start()
+signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+buf = bytearray(4 << 20)
+view = memoryview(buf)
+got = hashlib.sha256()
+n = 0
+while True:
+    k = a.recv_into(view, len(view), socket.MSG_WAITALL)
+    if k == 0:
+        break
+    got.update(view[:k])
+    n += k
+signal.setitimer(signal.ITIMER_REAL, 0)
+t.join()
+print("received", n, got.hexdigest() == sent.hexdigest())
+"#;
+
+#[test]
+fn a_signal_in_a_waitall_zcopy_read_keeps_its_bytes() {
+    same_over_sdp_with(
+        "sdp-waitall-signals",
+        WAITALL_SIGNALS,
+        1,
+        &[("SDP_ZCOPY", "read"), ("SDP_ZCOPY_THRESHOLD", "256K")],
+    );
 }
 
 /// A 16 MiB `recv_into` posted before the peer writes: the harness lets

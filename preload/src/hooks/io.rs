@@ -299,9 +299,15 @@ fn sdp_recv_inner(
     // the wait at once, and when nothing is, a nonblocking read of the
     // socket before it would only say EAGAIN.
     if !dontwait && !rflags.oob && total > done {
-        // Past the deadline the read below still takes what came.
+        // Past the deadline the read below still takes what came; a
+        // signal ends the call, with the bytes a Zcopy read placed.
         if let Some(Err(libc::EINTR)) = h.endpoint.wait(libc::POLLIN, deadline) {
-            return fail(libc::EINTR);
+            publish_stats(fd, h);
+            return if done > 0 {
+                done as ssize_t
+            } else {
+                fail(libc::EINTR)
+            };
         }
     }
     let result = loop {
