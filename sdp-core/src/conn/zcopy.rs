@@ -1169,6 +1169,11 @@ impl Conn {
             // Sink counts it as canceled on receiving the DisConn (§8.2.1).
             return true;
         }
+        // §9.5.1 step 4 before the count: a SinkAvail that a Data Message
+        // of ours made stale is one the Data Sink no longer has out (that
+        // message completed its buffer), so it may have advertised
+        // another in its place (§11.3).
+        self.discard_stale_sinks();
         if self.z.sinks.len() >= usize::from(self.config.max_adverts) {
             self.violation(Violation::TooManyAdverts(Mid::SINK_AVAIL));
             return false;

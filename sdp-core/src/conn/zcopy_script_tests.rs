@@ -538,6 +538,51 @@ fn max_adverts_limit() {
     assert_violation(pair.conns[1].close_reason().copied(), "§11.3");
 }
 
+/// §11.3 with stale SinkAvails: the Data Source holds MaxAdverts (4)
+/// SinkAvails when it sends a small write by Bcopy; that Data Message
+/// completes the Data Sink's first advertised buffer (§9.5.1 step 1), so
+/// the Data Sink has three out and advertises its next posted buffer. The
+/// Data Source discards the SinkAvail the Data Message made stale before it
+/// counts the new one: four outstanding, no violation.
+#[test]
+fn a_stale_sink_avail_does_not_count_against_max_adverts() {
+    let mut pair = pipelined(49);
+    let r: Vec<RecvId> = (0..4).map(|_| post(&mut pair, 1, 3000)).collect();
+    quiet(&mut pair);
+    assert_eq!(pair.conns[0].zcopy_state().sink_in, 4);
+    send_bytes(&mut pair, 0, 100);
+    quiet(&mut pair);
+    assert_eq!(
+        completions(&mut pair, 1),
+        [Completion::Received {
+            id: r[0],
+            placed: 0,
+            copy: 100
+        }]
+    );
+    read_bytes(&mut pair, 1, 100);
+    let next = post(&mut pair, 1, 3000);
+    quiet(&mut pair);
+    no_close(&pair);
+    assert_eq!(pair.conns[1].zcopy_state().sink_out, 4);
+    assert_eq!(pair.conns[0].zcopy_state().sink_in, 4);
+    // The next Zcopy write goes into the oldest buffer still advertised.
+    send_zcopy(&mut pair, 0, 3000);
+    quiet(&mut pair);
+    no_close(&pair);
+    let got = completions(&mut pair, 1);
+    assert_eq!(
+        got,
+        [Completion::Received {
+            id: r[1],
+            placed: 3000,
+            copy: 0
+        }]
+    );
+    placed(&mut pair, 1, r[1], 3000);
+    let _ = next;
+}
+
 /// §10.6.1: both peers send ChRcvBuf at once. The Accepting Peer
 /// disregards the Connecting Peer's; the Connecting Peer answers and then
 /// sends its own again, which the Accepting Peer answers.
