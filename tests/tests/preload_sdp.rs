@@ -1449,6 +1449,71 @@ fn a_signal_in_a_waitall_zcopy_read_keeps_its_bytes() {
     );
 }
 
+/// Forks, one after the other, while two threads of the process move
+/// 64 MiB over a connection of its own with Read Zcopy (4 MiB writes and
+/// reads): each child exits at once. A child must never hang in the fork
+/// handler on the lock of a stream that a Zcopy call of the parent held at
+/// the fork (the parent keeps such a connection; the child leaves it be).
+const FORKS_DURING_ZCOPY: &str = r#"
+import hashlib, os, socket, threading, time
+CHUNK = 4 << 20
+TOTAL = 64 << 20
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+sent, got = hashlib.sha256(), hashlib.sha256()
+n = [0]
+
+def writer():
+    for i in range(TOTAL // CHUNK):
+        b = hashlib.sha256(i.to_bytes(8, "little")).digest() * (CHUNK // 32)
+        sent.update(b)
+        c.sendall(b)
+    c.shutdown(socket.SHUT_WR)
+
+def reader():
+    view = memoryview(bytearray(CHUNK))
+    while True:
+        k = a.recv_into(view)
+        if k == 0:
+            break
+        got.update(view[:k])
+        n[0] += k
+
+threads = [threading.Thread(target=f) for f in (writer, reader)]
+for t in threads:
+    t.start()
+forks = hung = 0
+while threads[1].is_alive():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forks += 1
+    deadline = time.monotonic() + 10
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        if time.monotonic() > deadline:
+            hung += 1
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.001)
+for t in threads:
+    t.join()
+print("received", n[0], got.digest() == sent.digest(), "forks", forks > 0, "hung", hung)
+"#;
+
+#[test]
+fn forks_while_a_zcopy_receive_runs_never_hang() {
+    same_over_sdp_with(
+        "sdp-fork-zcopy",
+        FORKS_DURING_ZCOPY,
+        1,
+        &[("SDP_ZCOPY", "read"), ("SDP_ZCOPY_THRESHOLD", "256K")],
+    );
+}
+
 /// A 16 MiB `recv_into` posted before the peer writes: the harness lets
 /// the writer go once the export shows the reader's SinkAvail, and the
 /// payload lands in the reader's buffer by RDMA Write, not one byte of it

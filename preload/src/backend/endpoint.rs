@@ -733,7 +733,11 @@ impl SdpEndpoint for Ep {
         self.own.fork_child();
         // A connect under way goes on in the parent (its service thread).
         let mut st = self.lock();
-        if let State::Connected(s) = &*st {
+        // Only a connection this process may claim forgets the parent's
+        // waiters: one the parent keeps (a thread of the parent used it
+        // across the fork, a Zcopy call with the stream's lock held, say)
+        // is never touched here, its lock perhaps held for good.
+        if let (State::Connected(s), true) = (&*st, self.own.is_pending()) {
             s.forget_waiters();
         }
         if matches!(*st, State::Connecting { .. }) {

@@ -177,8 +177,7 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
 
 impl Service {
     fn run(&'static self) {
-        crate::hooks::internal_thread();
-        crate::hooks::block_signals();
+        crate::hooks::library_thread();
         let mut slots: Vec<Slot> = Vec::new();
         let interval = stat_interval();
         let mut next_stats = interval.map(|i| Instant::now() + i);

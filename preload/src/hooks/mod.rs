@@ -79,16 +79,15 @@ impl Guard {
     }
 }
 
-/// Marks the calling thread as the preload's own for its whole life: its C
-/// calls go straight to the C library (the SDP engine's helper threads).
-pub fn internal_thread() {
+/// Marks the calling thread as the preload's own for its whole life (the
+/// SDP engine's progress and service threads): its C calls go straight to
+/// the C library — its `close` of a connection's socket must not wait at
+/// the fork gate, which a `fork` holds closed while it waits for this
+/// thread — and every signal is blocked on it, so that a signal for the
+/// process goes to a thread of the program, whose blocking call it
+/// interrupts (`EINTR`) as it would without the library.
+pub fn library_thread() {
     let _ = INSIDE.try_with(|inside| inside.set(true));
-}
-
-/// Blocks every signal on the calling thread, one of the library's own: a
-/// signal for the process then goes to a thread of the program, whose
-/// blocking call it interrupts (`EINTR`) as it would without the library.
-pub fn block_signals() {
     // SAFETY: a local set filled by sigfillset; only this thread's mask
     // changes.
     unsafe {
