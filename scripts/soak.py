@@ -1979,9 +1979,9 @@ def main():
     d.add_argument("--show-errors", type=int, default=5)
     d.add_argument("--epoll-et", action="store_true",
                    help="half of the epoll server's connections edge-triggered")
-    d.add_argument("--zcopy-waitall", action="store_true",
+    d.add_argument("--zcopy-waitall", action=argparse.BooleanOptionalAction, default=True,
                    help="MSG_WAITALL reads above 256K with SDP_ZCOPY read/both too")
-    d.add_argument("--sink-reads", action="store_true",
+    d.add_argument("--sink-reads", action=argparse.BooleanOptionalAction, default=True,
                    help="reads above 256K with SDP_ZCOPY write/both too (SinkAvail)")
     for role in ("server", "epserver", "forkserver", "client", "fclient"):
         w = sub.add_parser(role)

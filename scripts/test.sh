@@ -92,6 +92,11 @@ cargo test --workspace --doc --quiet
 step "CPython socket test suites, plain and under the preload"
 scripts/cpython-suites.sh
 
+# Many connections at once for half a minute: every byte hashed at both
+# ends, fds and memory watched (docs/soak.md; the long run is 10 minutes).
+step "soak, 30 s"
+scripts/soak.sh --minutes 0.5
+
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
     scripts/fuzz.sh "$FUZZ_SECONDS"
 fi
