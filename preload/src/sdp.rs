@@ -236,6 +236,8 @@ pub trait SdpEndpoint: Send + Sync {
     fn fork_prepare(&self, _in_use: bool) {}
     /// After `fork`, in the parent.
     fn fork_parent(&self) {}
+    /// After a `fork` that failed (no child came).
+    fn fork_failed(&self) {}
     /// Called in the child of `fork` (the only thread there): the endpoint
     /// resumes progress in this process; SDP socket duplication (draft
     /// §13, SuspComm) is its business.

@@ -1514,6 +1514,77 @@ fn forks_while_a_zcopy_receive_runs_never_hang() {
     );
 }
 
+/// A server that forks a child (which exits, or execs, at once or only
+/// after the parent closed) and then closes, without another use, a
+/// connection it served: the child never uses the connection either.
+/// Over TCP the client sees the end of the stream once both let go; over
+/// SDP the last holder of the connection closes it (DisConn), whoever
+/// that is — never a reset, never a hang.
+const FORK_THEN_CLOSE_UNUSED: &str = r#"
+import os, socket, sys
+CASES = ["_exit", "exit", "exec", "_exit-late", "exit-late", "exec-late"]
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+port = srv.getsockname()[1]
+rd, wr = os.pipe()
+client = os.fork()
+if client == 0:
+    srv.close()
+    out = []
+    for case in CASES:
+        c = socket.create_connection(("127.0.0.1", port))
+        c.settimeout(20)
+        c.sendall(b"hello")
+        got = b""
+        try:
+            while True:
+                b = c.recv(100)
+                if not b:
+                    break
+                got += b
+            out.append(f"{case}: {got.decode()} EOF")
+        except OSError as e:
+            out.append(f"{case}: {got.decode()} {type(e).__name__}")
+        c.close()
+    os.write(wr, ("\n".join(out) + "\n").encode())
+    os._exit(0)
+os.close(wr)
+for case in CASES:
+    conn, _ = srv.accept()
+    assert conn.recv(5) == b"hello"
+    conn.sendall(b"reply")
+    gate_r, gate_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(gate_w)
+        if case.endswith("-late"):
+            os.read(gate_r, 1)
+        if case.startswith("_exit"):
+            os._exit(0)
+        if case.startswith("exit"):
+            sys.exit(0)
+        os.execv("/bin/true", ["true"])
+    os.close(gate_r)
+    conn.close()
+    os.write(gate_w, b"x")
+    os.close(gate_w)
+    os.waitpid(child, 0)
+out = b""
+while True:
+    b = os.read(rd, 4096)
+    if not b:
+        break
+    out += b
+print(out.decode(), end="")
+os.waitpid(client, 0)
+"#;
+
+#[test]
+fn the_last_process_to_let_go_of_a_forked_connection_closes_it() {
+    same_over_sdp("sdp-fork-close-unused", FORK_THEN_CLOSE_UNUSED, 6);
+}
+
 /// A 16 MiB `recv_into` posted before the peer writes: the harness lets
 /// the writer go once the export shows the reader's SinkAvail, and the
 /// payload lands in the reader's buffer by RDMA Write, not one byte of it

@@ -17,7 +17,8 @@
 //! stream's locks held) and first claims the connection for this process
 //! ([`super::owner`]).
 
-use super::owner::{Claim, Ownership};
+use super::owner::{Claim, Ownership, Release};
+use super::service::{self, Task};
 use crate::fdtable;
 use crate::log::Level;
 use crate::real;
@@ -559,11 +560,28 @@ impl SdpEndpoint for Ep {
                 _ => return,
             }
         };
-        if self.own.release() {
-            // Not ours after a fork: let go of the descriptors only.
-            let _g = fdtable::enter_gate();
-            stream.detach();
-            return;
+        match self.own.release() {
+            Release::Close { resume } => {
+                // The last holder after a fork: its progress was paused.
+                if resume {
+                    let _ = stream.resume_progress();
+                }
+            }
+            Release::LetGo => {
+                // Not ours after a fork: let go of the descriptors only.
+                let _g = fdtable::enter_gate();
+                stream.detach();
+                return;
+            }
+            Release::Watch => {
+                // Another process holds a copy: it may take the connection
+                // or be gone without, and then this one closes it.
+                match self.own.orphan() {
+                    Some(o) => service::submit(Task::Orphan(Box::new((o, stream)))),
+                    None => stream.detach(),
+                }
+                return;
+            }
         }
         match linger(stream.socket_fd()) {
             Some(t) if t.is_zero() => {
@@ -721,6 +739,10 @@ impl SdpEndpoint for Ep {
         }
     }
 
+    fn fork_failed(&self) {
+        self.own.fork_failed();
+    }
+
     fn fork_parent(&self) {
         if self.own.is_pending() {
             if let State::Connected(s) = &*self.lock() {
@@ -752,10 +774,13 @@ impl SdpEndpoint for Ep {
 
     fn flush_at_exit(&self, _deadline: Instant) {
         // Exit closes the fd: a graceful close, which the backend's
-        // `exiting` then waits for with the others.
-        if !self.own.owned() {
-            return;
-        }
+        // `exiting` then waits for with the others — if this process owns
+        // the connection or holds the last copy after a fork (another
+        // holder goes on, or finds this process gone when it lets go).
+        let resume = match self.own.release() {
+            Release::Close { resume } => resume,
+            Release::LetGo | Release::Watch => return,
+        };
         let stream = {
             let _g = fdtable::enter_gate();
             let mut st = self.lock();
@@ -767,6 +792,9 @@ impl SdpEndpoint for Ep {
                 }
             }
         };
+        if resume {
+            let _ = stream.resume_progress();
+        }
         drop(stream);
     }
 

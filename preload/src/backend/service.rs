@@ -1,8 +1,9 @@
 //! The backend's service thread, one per process: it carries nonblocking
 //! connects ([`super::connect::Connector`]) and the setup of connections
 //! arriving at hidden listeners ([`super::listener::Handshake`]) on, takes
-//! new connections from the hidden listeners this process watches, and
-//! publishes the SDP connections' statistics to the state export every
+//! new connections from the hidden listeners this process watches,
+//! watches the connections it let go of after a fork for the last other
+//! holder's end ([`super::owner::Orphan`]), and publishes the SDP connections' statistics to the state export every
 //! `SDP_STAT_INTERVAL_MS` (default 200; `0`: only after the program's own
 //! calls), so `sdp-stat` sees bytes move while the program sleeps.
 //!
@@ -14,8 +15,10 @@
 
 use super::connect::{Connector, Step};
 use super::listener::{Handshake, HsStep, Shared as ListenerShared};
+use super::owner::{Orphan, OrphanStep};
 use crate::fdtable::{self, SdpSide};
 use crate::real;
+use sdp_core::stream::SdpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,7 +33,13 @@ pub enum Task {
     Listen(Arc<ListenerShared>),
     /// Keep a hidden listener registered with the port mapper.
     Registration(Arc<ListenerShared>),
+    /// A connection this process let go of after a fork while another
+    /// process held a copy (see [`super::owner`]).
+    Orphan(Box<(Orphan, SdpStream)>),
 }
+
+/// How often an orphan's other holders are looked at.
+const ORPHAN_LOOK: Duration = Duration::from_millis(200);
 
 struct Service {
     wake: OwnedFd,
@@ -172,6 +181,21 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
             let wait = l.registration_step(now)?;
             Some((Task::Registration(l), wait))
         }
+        Task::Orphan(w) => match w.0.step() {
+            OrphanStep::Wait => Some((Task::Orphan(w), (-1, 0, Some(now + ORPHAN_LOOK)))),
+            OrphanStep::LetGo => {
+                w.1.detach();
+                None
+            }
+            OrphanStep::Close => {
+                // Every other holder is gone: the close they would have
+                // made, graceful, by this process's progress thread.
+                let (_, stream) = *w;
+                let _ = stream.resume_progress();
+                drop(stream);
+                None
+            }
+        },
     }
 }
 

@@ -453,6 +453,28 @@ fn each_side_unguarded(mut f: impl FnMut(&fdtable::SdpSide)) {
     });
 }
 
+/// A `fork` failed: the connections it made pending keep no holder slot
+/// for a child (see `backend::owner`).
+fn fork_failed() {
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "fork",
+        || {
+            let mut seen: Vec<*const ()> = Vec::new();
+            fdtable::for_each(|_, e| {
+                if let fdtable::SdpSide::Stream(h) = &e.sdp {
+                    let key = std::sync::Arc::as_ptr(h).cast::<()>();
+                    if !seen.contains(&key) {
+                        seen.push(key);
+                        h.endpoint.fork_failed();
+                    }
+                }
+            });
+        },
+        || (),
+    );
+}
+
 extern "C" fn atfork_prepare() {
     fdtable::fork_prepare();
     if foreign_process() {

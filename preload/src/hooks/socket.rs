@@ -971,5 +971,10 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn fork() -> pid_t {
     // SAFETY: fork has no arguments; the handlers do the rest.
-    unsafe { real::fork() }
+    let pid = unsafe { real::fork() };
+    if pid < 0 {
+        let _errno = SavedErrno::save();
+        super::fork_failed();
+    }
+    pid
 }
