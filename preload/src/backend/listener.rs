@@ -209,8 +209,13 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
             retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
         }),
     };
-    // The listening process takes connections from the start.
-    lst.sh.kick();
+    // The listening process takes connections from the start (inside the
+    // fork gate, as every use of the queue's lock: a fork never finds it
+    // held).
+    {
+        let _g = fdtable::enter_gate();
+        lst.sh.kick();
+    }
     service::submit(Task::Registration(lst.sh.clone()));
     Ok(lst)
 }
