@@ -15,5 +15,5 @@
 # processes (each with its own SDP progress thread), as real peers would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p sdp-core --bin sdp-bench
+cargo build --release -q -p sdp-tools --bin sdp-bench
 exec "${CARGO_TARGET_DIR:-target}/release/sdp-bench" "$@"

@@ -37,7 +37,7 @@ if ! command -v iperf3 >/dev/null; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iperf3
 fi
 
-cargo build --release -q -p iwarp --bin iwarp-perf
+cargo build --release -q -p sdp-tools --bin iwarp-perf
 PERF=target/release/iwarp-perf
 
 pids=()

@@ -78,8 +78,8 @@ step "cargo build (the programs the end-to-end tests run)"
 cargo nextest run --workspace --profile ci --no-run
 cargo build --quiet -p preload --lib --bins -p portmapper --bin sdp-portmapper
 cargo build --quiet -p sdp-tests --bin sdp-connbench
-cargo build --quiet -p iwarp --bin iwarp-perf
-cargo build --release --quiet -p sdp-core --bin sdpcat
+cargo build --quiet -p sdp-tools --bin iwarp-perf
+cargo build --release --quiet -p sdp-tools --bin sdpcat
 
 step "cargo nextest run (unit, integration, end-to-end; each test time-limited)"
 cargo nextest run --workspace --profile ci

@@ -16,14 +16,11 @@
 //! * [`stream`] — [`stream::SdpStream`] and [`stream::SdpListener`]: SDP
 //!   sockets over kernel TCP, with the progress thread and exact
 //!   readiness.
-//! * [`decode`] — prints the MPA, RDMAP and SDP messages of a capture file
-//!   (the `sdp-decode` tool).
 //! * `testing` (feature `testing`) — a deterministic two-connection
 //!   harness with an in-memory RDMA Send transport.
 #![forbid(unsafe_code)]
 
 pub mod conn;
-pub mod decode;
 pub mod errno;
 pub mod link;
 pub mod log;

@@ -193,7 +193,7 @@ fn decodes_an_sdp_connection() {
         1024,
     );
 
-    let lines = sdp_core::decode::decode(&conv.finish()).unwrap();
+    let lines = sdp_tools::decode::decode(&conv.finish()).unwrap();
     let bodies: Vec<&str> = lines
         .iter()
         .map(|l| l.splitn(5, ' ').nth(4).unwrap())

@@ -3,7 +3,7 @@
 //! what went in equals that of what came out; the exit status tells an
 //! abortive close from a graceful one.
 //!
-//! The binary is the release build: `cargo build --release -p sdp-core
+//! The binary is the release build: `cargo build --release -p sdp-tools
 //! --bin sdpcat` is run by the first test that needs it. The 10 GiB run
 //! takes about a minute on two cores (most of it in the two `sha256sum`
 //! processes); the 1 GiB one finds a fault sooner.
@@ -29,7 +29,7 @@ fn sdpcat() -> PathBuf {
                 "--release",
                 "-q",
                 "-p",
-                "sdp-core",
+                "sdp-tools",
                 "--bin",
                 "sdpcat",
             ])

@@ -21,13 +21,13 @@ use iwarp::wire::mpa::{self, Frame, FrameKind, FrameRepr};
 use iwarp::wire::rdmap::{Opcode, RdmapRepr};
 use iwarp::wire::terminate::{TerminateHeader, TerminateRepr};
 
-use crate::wire::{Body, MessageRepr};
+use sdp_core::wire::{Body, MessageRepr};
 
 /// Decodes a pcap or pcapng file into one line per message.
 ///
 /// ```no_run
 /// let file = std::fs::read("trace.pcapng")?;
-/// for line in sdp_core::decode::decode(&file)? {
+/// for line in sdp_tools::decode::decode(&file)? {
 ///     println!("{line}");
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())

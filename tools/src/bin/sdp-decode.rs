@@ -20,7 +20,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match sdp_core::decode::decode(&file) {
+    match sdp_tools::decode::decode(&file) {
         Ok(lines) => {
             for line in lines {
                 println!("{line}");
