@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a probe may take to show up before the capture is given up.
-const PROBE_PATIENCE: Duration = Duration::from_secs(30);
+const PROBE_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A running `dumpcap -i lo` for TCP port `port` and a probe port.
 pub struct LiveCapture {
@@ -97,23 +97,30 @@ impl LiveCapture {
         String::from_utf8_lossy(&out.stdout).lines().count()
     }
 
-    /// Sends probes until one more than before is in the file.
+    /// Sends probes until one more than before is in the file: another
+    /// probe every half second (dumpcap may not have been capturing yet
+    /// when one went), the file decoded again only when it grew.
     fn probe_until_seen(&mut self) {
         let before = self.probes_seen();
         let deadline = Instant::now() + PROBE_PATIENCE;
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.probe_port));
+        let mut size = None;
         loop {
             // Refused: a SYN and a RST, both captured.
             let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
-            // Polls the file a while for this probe before sending another.
-            for _ in 0..50 {
-                if self.probes_seen() > before {
-                    return;
+            let again = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < again {
+                let now = std::fs::metadata(&self.path).ok().map(|m| m.len());
+                if now != size {
+                    size = now;
+                    if self.probes_seen() > before {
+                        return;
+                    }
                 }
                 if let Ok(Some(status)) = self.child.try_wait() {
                     panic!("dumpcap exited: {status}");
                 }
-                std::thread::yield_now();
+                std::thread::sleep(Duration::from_millis(5));
             }
             assert!(Instant::now() < deadline, "capture never saw a probe");
         }
