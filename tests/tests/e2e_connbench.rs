@@ -54,9 +54,14 @@ fn rate_connections_are_sdp_and_counted() {
     let setup = number(&result, "p50");
     assert!(setup > 0.0, "{result}");
     let local = port_of(&client.wait_line(|l| l.starts_with("check ")));
+    // The export shows its counters once the service thread published
+    // them (every SDP_STAT_INTERVAL_MS).
     let rec = env
         .wait_records("the check connection", client.pid(), 1, |r| {
-            r.role == field::CLIENT && r.local.is_some_and(|a| a.port() == local)
+            r.role == field::CLIENT
+                && r.local.is_some_and(|a| a.port() == local)
+                && r.counters[0] > 0
+                && r.counters[1] > 0
         })
         .remove(0);
     expect_sdp("sdp-connbench's check connection", &rec);

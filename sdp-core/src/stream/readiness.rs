@@ -23,6 +23,7 @@
 //! reading or writing it is undefined.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::io::Errno;
@@ -117,10 +118,13 @@ fn write_all_once(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
 /// buffer took everything (a stream socket hands over all it has), so no
 /// second read to see `EAGAIN`.
 fn drain(fd: impl AsFd) -> io::Result<()> {
-    let mut buf = [0u8; 4096];
+    // Uninitialised: the bytes are thrown away, and zeroing 4 KiB on each
+    // transition cost more than the read itself.
+    const LEN: usize = 4096;
+    let mut buf = [MaybeUninit::<u8>::uninit(); LEN];
     loop {
-        match rustix::io::read(&fd, &mut buf) {
-            Ok(n) if n < buf.len() => return Ok(()),
+        match rustix::io::read(&fd, &mut buf[..]) {
+            Ok((got, _)) if got.len() < LEN => return Ok(()),
             Err(Errno::AGAIN) => return Ok(()),
             Ok(_) | Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
@@ -128,10 +132,12 @@ fn drain(fd: impl AsFd) -> io::Result<()> {
     }
 }
 
+/// What `fill` writes (any bytes do).
+static FILLER: [u8; 1024] = [0; 1024];
+
 fn fill(fd: impl AsFd) -> io::Result<()> {
-    let buf = [0u8; 1024];
     loop {
-        match rustix::io::write(&fd, &buf) {
+        match rustix::io::write(&fd, &FILLER) {
             Ok(_) | Err(Errno::INTR) => continue,
             Err(Errno::AGAIN) => return Ok(()),
             Err(e) => return Err(e.into()),
