@@ -238,7 +238,9 @@ fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
 }
 
 fn publish_stats(fd: c_int, h: &StreamHandle) {
-    fdtable::publish_stats(fd, &h.endpoint.stats());
+    if let Some(stats) = h.endpoint.stats() {
+        fdtable::publish_stats(fd, &stats);
+    }
 }
 
 /// A receive on an SDP fd with the program's `flags`. A panic in the
