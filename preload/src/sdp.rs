@@ -227,8 +227,10 @@ pub trait SdpEndpoint: Send + Sync {
     /// A call that moved bytes and then met `errno` returns the bytes; a
     /// connection error stays pending for the next call, as TCP keeps it.
     fn restore_error(&self, _errno: Errno) {}
-    /// Modes, byte counters and credits for the state export.
-    fn stats(&self) -> Stats;
+    /// Modes, byte counters and credits for the state export; `None`
+    /// for a connection another process goes on with after a fork (this
+    /// process's copy has nothing to report and is not touched).
+    fn stats(&self) -> Option<Stats>;
     /// Before `fork`, with every other thread kept out of the fd table
     /// (the fork gate): the connection becomes shared by two processes.
     /// `in_use`: a thread of this process waits on it (a blocking call,

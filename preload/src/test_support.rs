@@ -170,15 +170,15 @@ impl SdpEndpoint for FakeEndpoint {
     fn take_error(&self) -> Option<Errno> {
         None
     }
-    fn stats(&self) -> Stats {
-        Stats {
+    fn stats(&self) -> Option<Stats> {
+        Some(Stats {
             tx_mode: Mode::Combined,
             rx_mode: Mode::Combined,
             bytes: Counters::default(),
             messages: Messages::default(),
             local_credits: 0,
             remote_credits: 0,
-        }
+        })
     }
     fn fork_child(&self) {}
     fn flush_at_exit(&self, _deadline: std::time::Instant) {

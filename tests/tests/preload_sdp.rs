@@ -658,6 +658,162 @@ fn a_fork_leaves_a_connection_a_thread_waits_on_to_the_parent() {
     same_over_sdp("sdp-fork-waiting", FORK_WHILE_A_THREAD_WAITS, 3);
 }
 
+/// The main thread forks, for 12 s or 200 children, while eight threads
+/// are inside blocking sends and receives of up to 4 MiB on SDP
+/// connections (Read Zcopy on: those calls hold a connection's lock
+/// between their waits, outside the fork gate) and another makes
+/// nonblocking connects in a loop. Each child makes three nonblocking
+/// connects of its own, a poll for `POLLOUT` of at most 10 s each, the
+/// later ones after the library's service thread in the child started
+/// and published statistics (`SDP_STAT_INTERVAL_MS` 20), exchanges a
+/// few bytes and `_exit`s. The soak's busy-fork client saw about one
+/// connect in 800 never turn writable.
+const FORK_WHILE_THREADS_ARE_IN_SDP_CALLS: &str = r#"
+import os, random, select, socket, sys, threading, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(64)
+addr = srv.getsockname()
+stop = threading.Event()
+DATA = bytes(range(256)) * 16384  # 4 MiB
+def recv_exact(c, n):
+    got = b""
+    while len(got) < n:
+        d = c.recv(n - len(got))
+        if not d:
+            break
+        got += d
+    return got
+def pour(c, rng):
+    while not stop.is_set():
+        c.sendall(DATA[:rng.randint(1, len(DATA))])
+def drain(c, rng):
+    buf = bytearray(len(DATA))
+    while c.recv_into(buf, rng.randint(1, len(buf))):
+        pass
+def handle(c):
+    rng = random.Random()
+    try:
+        kind = c.recv(1)
+        if kind == b"S":
+            drain(c, rng)
+        elif kind == b"R":
+            pour(c, rng)
+        elif kind == b"E":
+            c.sendall(recv_exact(c, 5))
+    except OSError:
+        pass
+    c.close()
+def serve():
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=handle, args=(c,), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+def busy(i):
+    # Blocking sends and receives of random sizes, most above the Bcopy
+    # Threshold, so that the threads are inside SDP calls (Zcopy ones with
+    # SDP_ZCOPY=read) whenever the main thread forks.
+    rng = random.Random(i)
+    c = socket.create_connection(addr)
+    if i % 2:
+        c.sendall(b"S")
+        pour(c, rng)
+        c.shutdown(socket.SHUT_WR)
+        drain(c, rng)
+    else:
+        c.sendall(b"R")
+        buf = bytearray(len(DATA))
+        while not stop.is_set():
+            c.recv_into(buf, rng.randint(1, len(buf)))
+    c.close()
+def connects():
+    # Nonblocking connects in a loop: setups under way at the forks.
+    while not stop.is_set():
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(addr)
+        select.select([], [s], [], 10)
+        s.close()
+threads = [threading.Thread(target=busy, args=(i,)) for i in range(8)]
+threads.append(threading.Thread(target=connects))
+for t in threads:
+    t.start()
+def child():
+    # Nonblocking connects of its own, the later ones after the library's
+    # service thread in this process published statistics.
+    for i in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(addr)
+        p = select.poll()
+        p.register(s, select.POLLOUT)
+        if not p.poll(10000):
+            return 3
+        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return 4
+        s.setblocking(True)
+        s.sendall(b"Ehello")
+        if recv_exact(s, 5) != b"hello":
+            return 5
+        s.close()
+        time.sleep(0.03)
+    return 0
+start = time.monotonic()
+forks, failed, live = 0, 0, []
+def reap(pid):
+    global failed
+    _, status = os.waitpid(pid, 0)
+    if status:
+        failed += 1
+        print("child %d: status %d" % (pid, os.waitstatus_to_exitcode(status)), file=sys.stderr)
+while forks < 200 and time.monotonic() - start < 12:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = child()
+        except BaseException:
+            code = 6
+        os._exit(code)
+    forks += 1
+    live.append(pid)
+    if len(live) == 6:
+        reap(live.pop(0))
+for pid in live:
+    reap(pid)
+stop.set()
+for t in threads:
+    t.join()
+print("%d forks in %.1f s" % (forks, time.monotonic() - start), file=sys.stderr)
+print("children whose connect did not complete:", failed)
+"#;
+
+#[test]
+fn children_forked_while_threads_are_in_sdp_calls_connect() {
+    let stat = TempDir::new("sdp-busy-fork");
+    let pm = PortMapper::start();
+    let log = stat.path().join("sdp.log");
+    let mut cmd = python_command(FORK_WHILE_THREADS_ARE_IN_SDP_CALLS, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_ZCOPY", "read")
+        .env("SDP_STAT_INTERVAL_MS", "20")
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let out = run_ok(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "children whose connect did not complete: 0\n",
+        "{stderr}"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    let nonblocking = log
+        .lines()
+        .filter(|l| l.ends_with("(nonblocking) -> SDP"))
+        .count();
+    assert!(nonblocking >= 3, "{stderr}\n{log}");
+    assert!(!log.contains("-> TCP"), "{log}");
+}
+
 /// `sendmsg` of two buffers is one operation on the stream: the reader,
 /// already waiting, gets both in one `recv` (CPython's
 /// `testRecvmsgFromSendmsg`), as over TCP.

@@ -422,6 +422,10 @@ impl SdpEndpoint for Ep {
             return w.as_raw_fd();
         }
         let made = match &*st {
+            // Another process's connection: its stream is not touched
+            // here (`Ownership::lost`); it polls ready at once
+            // (`readiness`), and the kernel socket will do to sleep on.
+            State::Connected(_) if self.own.lost() => return self.fd,
             State::Connected(s) => s.readiness_fd().and_then(|fd| fd.try_clone_to_owned()),
             _ => Err(io::Error::other("no stream")),
         };
@@ -683,15 +687,20 @@ impl SdpEndpoint for Ep {
         }
     }
 
-    fn stats(&self) -> Stats {
+    fn stats(&self) -> Option<Stats> {
         use crate::sdp::Messages;
         let _g = fdtable::enter_gate();
         let stream = match &*self.lock() {
+            // Another process goes on with it: nothing to report, and its
+            // lock may be held for good in this copy (`Ownership::lost`)
+            // — the service thread of a child forked while a parent
+            // thread was inside a call on it waited there for ever.
+            State::Connected(_) if self.own.lost() => return None,
             State::Connected(s) => Some(s.clone()),
             _ => None,
         };
         // Reading the statistics is not a use: no claim.
-        match stream {
+        Some(match stream {
             Some(s) => {
                 let i = s.info();
                 Stats {
@@ -729,7 +738,7 @@ impl SdpEndpoint for Ep {
                 local_credits: 0,
                 remote_credits: 0,
             },
-        }
+        })
     }
 
     fn fork_prepare(&self, in_use: bool) {
@@ -805,6 +814,7 @@ impl SdpEndpoint for Ep {
 
     fn zcopy_elsewhere(&self) -> bool {
         match &*self.lock() {
+            State::Connected(_) if self.own.lost() => false,
             State::Connected(s) => s.zcopy_elsewhere(),
             _ => false,
         }
@@ -867,4 +877,64 @@ impl SdpEndpoint for Ep {
 fn unsafe_zeroed_msghdr() -> libc::msghdr {
     // SAFETY: msghdr is plain data; all-zero is a valid empty header.
     unsafe { std::mem::zeroed() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sdp_core::stream::SdpListener;
+    use std::sync::{mpsc, Arc};
+
+    /// A connected pair of streams over loopback.
+    fn pair() -> (SdpStream, SdpStream) {
+        let listener = SdpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || listener.accept().unwrap().0);
+        let client = SdpStream::connect(addr).unwrap();
+        (client, server.join().unwrap())
+    }
+
+    /// `f`'s result, if it comes within 10 s (from another thread).
+    fn within<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// The child of a fork that caught a thread of the parent inside a
+    /// call on the connection (so the parent keeps it) inherits the
+    /// stream's lock as that thread held it: nothing in the child may
+    /// wait for it. The child's service thread publishing statistics did,
+    /// and every nonblocking connect of the child after that waited for
+    /// ever (the soak's busy-fork client).
+    #[test]
+    fn a_copy_the_parent_kept_across_a_fork_is_never_locked() {
+        let (client, _server) = pair();
+        let held = client.try_clone().unwrap();
+        let fd = held.socket_fd();
+        let ep = Arc::new(Ep::connected(client, fd).unwrap());
+        // A thread waits on the connection at the fork: the parent keeps
+        // it, the child's copy is lost...
+        ep.fork_prepare(true);
+        ep.fork_child();
+        // ...with the lock that thread held at the fork.
+        let lock = held.hold_lock();
+        let e = ep.clone();
+        let seen = within(move || {
+            (
+                e.stats().is_none(),
+                e.zcopy_elsewhere(),
+                e.wake_fd(),
+                e.readiness().writable,
+            )
+        });
+        assert_eq!(seen, Some((true, false, fd, true)));
+        drop(lock);
+        // The connection this process drives still reports.
+        let (client, _server) = pair();
+        let ep = Ep::connected(client, fd).unwrap();
+        assert!(ep.stats().is_some());
+    }
 }

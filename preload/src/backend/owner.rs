@@ -323,6 +323,17 @@ impl Ownership {
         self.state.load(Ordering::Acquire) == PENDING_STATE
     }
 
+    /// Whether another process goes on with the connection. Its state
+    /// here is a copy this process must never touch, nor even lock: the
+    /// parent keeps a connection that one of its threads was in a call
+    /// on at the fork (a blocked call or a Zcopy call runs outside the
+    /// fork gate), and that thread may have held the connection's lock,
+    /// which the child's copy then holds for good. (A pending copy is
+    /// free: no thread was inside a call on it at the fork.)
+    pub fn lost(&self) -> bool {
+        self.state.load(Ordering::Acquire) == LOST
+    }
+
     fn record(&self) -> Option<&'static Record> {
         let p = self.record.load(Ordering::Acquire);
         // SAFETY: only ever set to a record of the never-unmapped region.

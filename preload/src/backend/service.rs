@@ -124,14 +124,19 @@ fn stat_interval() -> Option<Duration> {
     })
 }
 
-/// Publishes every SDP connection's statistics.
+/// Publishes the statistics of every SDP connection this process drives
+/// (not of a copy another process goes on with after a fork: in a child,
+/// the lock of a connection the parent kept may be held for good, and
+/// this thread, waiting for it, would leave every task stranded).
 fn publish_all() {
     if fdtable::no_sdp() {
         return;
     }
     fdtable::for_each(|fd, e| {
         if let SdpSide::Stream(h) = &e.sdp {
-            fdtable::publish_stats(fd, &h.endpoint.stats());
+            if let Some(stats) = h.endpoint.stats() {
+                fdtable::publish_stats(fd, &stats);
+            }
         }
     });
 }

@@ -245,7 +245,9 @@ fn publish_stats(fd: c_int, h: &StreamHandle) {
     if sdp::backend().is_some_and(|b| b.publishes_stats()) {
         return;
     }
-    fdtable::publish_stats(fd, &h.endpoint.stats());
+    if let Some(stats) = h.endpoint.stats() {
+        fdtable::publish_stats(fd, &stats);
+    }
 }
 
 /// A receive on an SDP fd with the program's `flags`. A panic in the

@@ -736,6 +736,14 @@ impl SdpStream {
         format!("{:#?}", self.shared().lock().link.conn())
     }
 
+    /// Holds the stream's lock until the guard drops — as a thread that a
+    /// `fork` caught inside a call leaves it held for good in the child:
+    /// for tests of code that must never wait for it.
+    #[cfg(feature = "testing")]
+    pub fn hold_lock(&self) -> shared::Locked<'_> {
+        self.shared().lock()
+    }
+
     /// Whether another thread's Zcopy call holds the socket now: a thread
     /// that waits for this stream then waits for that call's progress,
     /// not for the socket (which only that call reads).
