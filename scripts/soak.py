@@ -1968,9 +1968,9 @@ def main():
                    help="seconds between the busy client's forks (--busy-fork-modes)")
     d.add_argument("--fork-children", type=int, default=2,
                    help="children of each forking client at a time")
-    d.add_argument("--busy-fork-modes", default="",
+    d.add_argument("--busy-fork-modes", default=",".join(MODES),
                    help="modes whose threaded server and client also fork while their other "
-                        "threads are in calls (with Zcopy such a fork can hang the child)")
+                        "threads are in calls ('' for none)")
     d.add_argument("--fork-conns", type=int, default=4, help="connections of a forked client")
     d.add_argument("--server-fork-ratio", type=float, default=0.125)
     d.add_argument("--conn-timeout", type=float, default=60.0)
