@@ -412,11 +412,6 @@ pub trait SdpBackend: Send + Sync {
     fn pending(&self) -> usize {
         0
     }
-    /// Whether the backend publishes every connection's statistics in
-    /// the background (then a program's call need not).
-    fn publishes_stats(&self) -> bool {
-        false
-    }
 }
 
 static BACKEND: OnceLock<&'static dyn SdpBackend> = OnceLock::new();

@@ -201,10 +201,6 @@ impl SdpBackend for Backend {
     fn pending(&self) -> usize {
         owner::pending()
     }
-
-    fn publishes_stats(&self) -> bool {
-        service::publishes_stats()
-    }
 }
 
 /// Bytes of `fd`'s send queue the peer's TCP has not acknowledged

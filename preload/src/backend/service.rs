@@ -107,12 +107,6 @@ pub fn fork_child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
-/// Whether this process's service thread publishes the statistics (it
-/// starts if it does not run yet): unless `SDP_STAT_INTERVAL_MS` is 0.
-pub fn publishes_stats() -> bool {
-    stat_interval().is_some() && service().is_some()
-}
-
 fn stat_interval() -> Option<Duration> {
     static I: OnceLock<Option<Duration>> = OnceLock::new();
     *I.get_or_init(|| {

@@ -15,7 +15,7 @@ use crate::fdtable::{
     self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
 };
 use crate::real;
-use crate::sdp::{self, Errno, RecvFlags, SendFlags};
+use crate::sdp::{Errno, RecvFlags, SendFlags};
 use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
@@ -237,14 +237,9 @@ fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
     Ok(done)
 }
 
-/// After a program's call: the service thread publishes every
-/// connection's statistics each `SDP_STAT_INTERVAL_MS`; only with that off
-/// does the call publish them (the endpoint's and the stream's locks and a
-/// copy into the export, per call, otherwise).
+/// After a program's call: the export shows the call's effect at once
+/// (the service thread also publishes every `SDP_STAT_INTERVAL_MS`).
 fn publish_stats(fd: c_int, h: &StreamHandle) {
-    if sdp::backend().is_some_and(|b| b.publishes_stats()) {
-        return;
-    }
     if let Some(stats) = h.endpoint.stats() {
         fdtable::publish_stats(fd, &stats);
     }
