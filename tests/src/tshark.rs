@@ -7,13 +7,17 @@ use std::process::Command;
 
 /// Heuristic ULP dissectors that would claim our Send payloads (test
 /// patterns, SDP messages) as their own protocol and then call them
-/// malformed. They sit above RDMAP, so turning them off hides nothing of
-/// MPA, DDP or RDMAP.
-const DISABLED: [&str; 4] = [
+/// malformed are turned off: they sit above RDMAP, so that hides nothing
+/// of MPA, DDP or RDMAP. And TCP tries the heuristic dissectors (MPA's)
+/// before the one registered for the port: a capture's port may be one
+/// Wireshark assigns to another protocol (DNP3 on 20000, say).
+const DISABLED: [&str; 6] = [
     "--disable-protocol",
     "rpcordma",
     "--disable-protocol",
     "smb_direct",
+    "-o",
+    "tcp.try_heuristic_first:TRUE",
 ];
 
 /// One decoded frame: for every requested field, its values (a field that

@@ -98,7 +98,7 @@ fn number(field: &str) -> u64 {
 }
 
 fn segments(pcap: &[u8], port: u16) -> Vec<Segment> {
-    tshark::decode(pcap, &format!("tcp.port == {port} && tcp.len > 0"), &FIELDS)
+    tshark::decode(pcap, &format!("tcp.port == {port} && tcp.len > 0 && !tcp.analysis.retransmission && !tcp.analysis.spurious_retransmission"), &FIELDS)
         .into_iter()
         .map(|f| {
             let one = |i: usize| number(&f[i][0]);

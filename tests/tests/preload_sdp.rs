@@ -1606,14 +1606,14 @@ fn a_signal_in_a_waitall_zcopy_read_keeps_its_bytes() {
 }
 
 /// Forks, one after the other, while two threads of the process move
-/// 64 MiB over a connection of its own with Read Zcopy (4 MiB writes and
+/// 32 MiB over a connection of its own with Read Zcopy (4 MiB writes and
 /// reads): each child exits at once. A child must never hang in the fork
 /// handler on the lock of a stream that a Zcopy call of the parent held at
 /// the fork (the parent keeps such a connection; the child leaves it be).
 const FORKS_DURING_ZCOPY: &str = r#"
 import hashlib, os, socket, threading, time
 CHUNK = 4 << 20
-TOTAL = 64 << 20
+TOTAL = 32 << 20
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(1)
