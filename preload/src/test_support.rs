@@ -82,6 +82,66 @@ impl FakeEndpoint {
     pub fn flushes(&self) -> usize {
         self.with(|s| s.flushes)
     }
+    /// Takes the endpoint's lock until the guard goes: a call on the
+    /// endpoint meanwhile waits for it.
+    pub fn hold(&self) -> Held<'_> {
+        Held(self.state.lock().unwrap())
+    }
+}
+
+/// [`FakeEndpoint::hold`].
+pub struct Held<'a>(#[allow(dead_code)] std::sync::MutexGuard<'a, State>);
+
+extern "C" fn ignore_signal(_: c_int) {}
+
+/// Runs `call` on this thread while another thread holds `ep`'s lock; once
+/// `call` sleeps waiting for a lock, a signal whose handler has no
+/// `SA_RESTART` (SIGUSR1) interrupts the sleep, and the lock goes 20 ms
+/// later. The lock is then taken as usual (the standard library's mutex
+/// waits again), but the interrupted wait left `EINTR` in `errno` — what a
+/// program's signal does to a call of the library that meets a lock taken
+/// by the progress thread.
+pub fn with_lock_wait_interrupted<R>(ep: &Arc<FakeEndpoint>, call: impl FnOnce() -> R) -> R {
+    // SAFETY: a handler without SA_RESTART for SIGUSR1, which no other test
+    // uses; an all-zero sigaction is valid before it is filled in.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore_signal as extern "C" fn(c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    // SAFETY: plain calls.
+    let (me, tid) = unsafe { (libc::pthread_self(), libc::gettid()) };
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let ep = ep.clone();
+    let holder = std::thread::spawn(move || {
+        let held = ep.hold();
+        locked.send(()).unwrap();
+        // /proc names the system call a thread sleeps in.
+        let syscall = format!("/proc/self/task/{tid}/syscall");
+        let futex = libc::SYS_futex.to_string();
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(&syscall)
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            != Some(futex.as_str())
+        {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the call never waited for the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: the calling thread is alive: it waits for us in join().
+        unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(held);
+    });
+    is_locked.recv().unwrap();
+    let r = call();
+    holder.join().unwrap();
+    r
 }
 
 impl SdpEndpoint for FakeEndpoint {

@@ -1430,6 +1430,217 @@ fn edge_triggered_epoll_sees_each_arrival_as_over_tcp() {
     assert!(log.contains("-> SDP"), "{log}");
 }
 
+/// An edge-triggered epoll server with `SIGALRM` every 1–3 ms (Python's
+/// handler, without `SA_RESTART`): eight nonblocking connections, each
+/// 64 rounds of a 256 KiB request read until `EAGAIN` and a 256 KiB
+/// response sent until `EAGAIN` (128 MiB each way in all), every byte
+/// checked; the peer (a child process) runs a blocking thread per
+/// connection. A ninth connection is written to by another thread of the
+/// server with 1 MiB sends while its peer trickles bytes to the epoll
+/// loop, so the loop often finds a stream's lock taken when a signal
+/// comes. Each phase has one edge to wait for: a connection with no
+/// progress for 5 s, while not runnable, prints its state and fails the
+/// program.
+const ET_EPOLL_SIGNALS: &str = r#"
+import os, random, select, signal, socket, sys, threading, time
+CONNS, MSG, ROUNDS, STALL = 8, 256 << 10, 64, 5.0
+POOL = 1 << 20
+pool = os.urandom(POOL)
+pool2 = pool + pool
+
+def piece(pos, k):
+    o = pos % POOL
+    return pool2[o:o + min(k, POOL)]
+
+rd, wr = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(wr)
+    port = int(os.read(rd, 64).decode())
+    errors = []
+
+    def run(i):
+        rng = random.Random(i)
+        s = socket.create_connection(("127.0.0.1", port))
+        mv = memoryview(bytearray(POOL))
+        pos_out = pos_in = 0
+        for _ in range(ROUNDS):
+            end = pos_out + MSG
+            while pos_out < end:
+                k = min(end - pos_out, rng.choice((1, 100, 4096, 65536, POOL)))
+                s.sendall(piece(pos_out, k))
+                pos_out += k
+            end = pos_in + MSG
+            while pos_in < end:
+                n = s.recv_into(mv[:min(end - pos_in, rng.choice((512, 65536, POOL)))])
+                if n == 0 or mv[:n] != piece(pos_in, n):
+                    errors.append(f"connection {i}: short or different at {pos_in}")
+                    return
+                pos_in += n
+                if rng.random() < 0.05:
+                    time.sleep(0.001)
+        s.close()
+
+    done = threading.Event()
+    z = socket.create_connection(("127.0.0.1", port))
+
+    def trickle():
+        while not done.is_set():
+            z.sendall(b"z" * 100)
+            time.sleep(0.0005)
+        z.shutdown(socket.SHUT_WR)
+
+    def sink():
+        b = bytearray(POOL)
+        while z.recv_into(b):
+            pass
+
+    noise = [threading.Thread(target=trickle), threading.Thread(target=sink)]
+    for t in noise:
+        t.start()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(CONNS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    for t in noise:
+        t.join()
+    print("peer", "ok" if not errors else errors, flush=True)
+    os._exit(0 if not errors else 1)
+
+os.close(rd)
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(CONNS + 1)
+os.write(wr, str(srv.getsockname()[1]).encode())
+os.close(wr)
+z, _ = srv.accept()
+srv.setblocking(False)
+z.setblocking(False)
+rng = random.Random(1)
+signals = [0]
+
+def on_alarm(*_):
+    signals[0] += 1
+    signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.001, 0.003))
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.002)
+ep = select.epoll()
+ep.register(srv.fileno(), select.EPOLLIN)
+ep.register(z.fileno(), select.EPOLLIN | select.EPOLLET)
+z_eof = False
+blob = os.urandom(POOL)
+
+def z_writer():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    p = select.poll()
+    p.register(z.fileno(), select.POLLOUT)
+    while not z_eof:
+        try:
+            z.send(blob)
+        except BlockingIOError:
+            p.poll(100)
+
+writer = threading.Thread(target=z_writer)
+writer.start()
+mv = memoryview(bytearray(MSG))
+
+class Conn:
+    def __init__(self, s):
+        self.s, self.round, self.sending, self.pos, self.total = s, 0, False, 0, 0
+        self.progress, self.last = time.monotonic(), "accepted"
+
+def serve(c):
+    # Until EAGAIN ("blocked"), the end ("done"), or 64 calls ("more").
+    for _ in range(64):
+        if c.round == ROUNDS:
+            return "done"
+        at = c.round * MSG + c.pos
+        try:
+            if c.sending:
+                n = c.s.send(piece(at, MSG - c.pos))
+            else:
+                n = c.s.recv_into(mv[:MSG - c.pos])
+                if n == 0 or mv[:n] != piece(at, n):
+                    raise RuntimeError(f"request short or different at {at}")
+        except BlockingIOError:
+            c.last = "send" if c.sending else "recv"
+            return "blocked"
+        c.pos, c.total, c.progress = c.pos + n, c.total + n, time.monotonic()
+        if c.pos == MSG:
+            c.pos, c.sending = 0, not c.sending
+            c.round += not c.sending
+    return "more"
+
+conns, runnable, accepted = {}, set(), 0
+while accepted < CONNS or conns or not z_eof:
+    for fd, ev in ep.poll(0 if runnable else 0.5):
+        if fd == srv.fileno():
+            while True:
+                try:
+                    s, _ = srv.accept()
+                except BlockingIOError:
+                    break
+                s.setblocking(False)
+                accepted += 1
+                conns[s.fileno()] = Conn(s)
+                ep.register(s.fileno(), select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+                runnable.add(s.fileno())
+        elif fd == z.fileno():
+            while not z_eof:
+                try:
+                    z_eof = not z.recv(1 << 16)
+                except BlockingIOError:
+                    break
+        elif fd in conns:
+            runnable.add(fd)
+    for fd in list(runnable):
+        c = conns[fd]
+        r = serve(c)
+        if r != "more":
+            runnable.discard(fd)
+        if r == "done":
+            ep.unregister(fd)
+            del conns[fd]
+            c.s.close()
+    now = time.monotonic()
+    for fd, c in conns.items():
+        if fd not in runnable and now - c.progress > STALL:
+            p = select.poll()
+            p.register(fd, select.POLLIN | select.POLLOUT)
+            print(f"stalled: connection {fd} waited {now - c.progress:.1f} s for an edge after "
+                  f"{c.total} bytes (round {c.round}, {c.last} said EAGAIN); poll says "
+                  f"{p.poll(0)}; {signals[0]} signals", flush=True)
+            os.kill(child, signal.SIGKILL)
+            os._exit(1)
+signal.setitimer(signal.ITIMER_REAL, 0)
+writer.join()
+z.close()
+_, status = os.waitpid(child, 0)
+print("server done", status, flush=True)
+"#;
+
+#[test]
+fn an_edge_triggered_epoll_loop_with_signals_never_loses_an_edge() {
+    let stat = TempDir::new("sdp-et-signals");
+    let plain = run_ok(python_command(ET_EPOLL_SIGNALS, Mode::Plain, stat.path()));
+    let plain = String::from_utf8(plain.stdout).unwrap();
+    assert_eq!(plain, "peer ok\nserver done 0\n");
+    let pm = PortMapper::start();
+    let log = stat.path().join("et-signals.log");
+    let mut cmd = python_command(ET_EPOLL_SIGNALS, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_LOG", "info")
+        .env("SDP_LOG_FILE", &log);
+    let sdp = String::from_utf8(run_ok(cmd).stdout).unwrap();
+    assert_eq!(sdp, plain);
+    let log = std::fs::read_to_string(&log).unwrap();
+    let over_sdp = log.lines().filter(|l| l.ends_with("-> SDP")).count();
+    assert_eq!(over_sdp, 9, "{log}");
+}
+
 /// 64 MiB of blocking 4 MiB `sendall`s from one thread against blocking
 /// 16 MiB `recv_into`s in another, over one connection of the process's
 /// own; both hashes, then the pid and fds, then it waits for stdin.

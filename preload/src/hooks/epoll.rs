@@ -680,8 +680,20 @@ pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
 }
 
 /// Waits with `wait(timeout)` until a translated event remains or the
-/// deadline passes.
+/// deadline passes. A count leaves `errno` as the program had it (see
+/// [`super::keep_errno_on_success`]: our own calls on the way must not
+/// make the program throw the events away).
 fn wait_translated(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    deadline: Option<Instant>,
+    wait: impl Fn(Option<timespec>) -> c_int,
+) -> c_int {
+    super::keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
+}
+
+fn wait_translated_inner(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
@@ -912,6 +924,44 @@ mod tests {
         ep.take_all();
         ep.deliver(b"b");
         assert_eq!(wait(e, 1000), vec![(IN, 1)]);
+        uninstall(app);
+    }
+
+    /// An edge-triggered wait whose own lock wait a signal interrupted
+    /// (the progress thread held the stream's lock; the handler has no
+    /// SA_RESTART) returns the event with `errno` as the program left it.
+    /// CPython's `select.epoll.poll` clears `errno`, calls, and takes
+    /// `EINTR` as an interrupted call: it threw the events away and waited
+    /// again, and an edge thrown away never comes back (soak bug 5: a
+    /// connection waiting for `EPOLLOUT` stalled for good). A failed wait
+    /// keeps its own `errno`.
+    #[test]
+    fn a_wait_returning_events_leaves_errno_as_the_program_had_it() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let e = epoll();
+        let interest = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET;
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, app, interest, 4), 0);
+        ep.deliver(b"x");
+        let (n, errno, got) = with_lock_wait_interrupted(&ep, || {
+            let mut evs = [epoll_event { events: 0, u64: 0 }; 8];
+            real::set_errno(0);
+            // SAFETY: a local array of 8 events.
+            let n = unsafe { epoll_wait(e, evs.as_mut_ptr(), 8, 1000) };
+            (n, real::errno(), (evs[0].events, evs[0].u64))
+        });
+        assert_eq!((n, got), (1, (IN | OUT, 4)));
+        assert_eq!(errno, 0, "errno after a wait that returned an event");
+        // No event: the timeout, errno as it was.
+        real::set_errno(0);
+        assert_eq!(wait(e, 0), vec![]);
+        assert_eq!(real::errno(), 0);
+        // A wait that fails says why.
+        let mut ev = epoll_event { events: 0, u64: 0 };
+        // SAFETY: one local event; fd -1 is no epoll instance.
+        let n = unsafe { epoll_wait(-1, &mut ev, 1, 0) };
+        assert_eq!((n, real::errno()), (-1, libc::EBADF));
         uninstall(app);
     }
 

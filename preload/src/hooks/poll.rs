@@ -63,14 +63,18 @@ pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
 }
 
 /// `poll` over a set with SDP fds. A listener's readiness joins the
-/// kernel listener's own (pending TCP connections).
+/// kernel listener's own (pending TCP connections). A count leaves `errno`
+/// as the program had it ([`super::keep_errno_on_success`]).
 fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    // A panic in an endpoint fails the call (ENOMEM) instead of unwinding.
-    protect(
-        "poll",
-        || poll_sdp_inner(fds, deadline, mask),
-        || fail(libc::ENOMEM),
-    )
+    super::keep_errno_on_success(|| {
+        // A panic in an endpoint fails the call (ENOMEM) instead of
+        // unwinding.
+        protect(
+            "poll",
+            || poll_sdp_inner(fds, deadline, mask),
+            || fail(libc::ENOMEM),
+        )
+    })
 }
 
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
@@ -402,6 +406,29 @@ mod tests {
             events,
             revents: 0,
         }
+    }
+
+    /// A poll whose own lock wait a signal interrupted returns what is
+    /// ready with `errno` as the program left it: CPython's
+    /// `select.poll.poll` and `select.select` take `EINTR` after the call
+    /// as an interrupted call and poll again, which made a ready fd look
+    /// like a timeout once the time was up.
+    #[test]
+    fn a_poll_returning_readiness_leaves_errno_as_the_program_had_it() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        ep.deliver(b"x");
+        let mut set = [pfd(app, libc::POLLIN)];
+        let (n, errno) = with_lock_wait_interrupted(&ep, || {
+            real::set_errno(0);
+            // SAFETY: a local array.
+            let n = unsafe { poll(set.as_mut_ptr(), 1, 1000) };
+            (n, real::errno())
+        });
+        assert_eq!((n, set[0].revents), (1, libc::POLLIN));
+        assert_eq!(errno, 0, "errno after a poll that found the fd ready");
+        uninstall(app);
     }
 
     #[test]
