@@ -8,7 +8,7 @@
 //! left: the connection only ever reads bytes it placed there itself, so
 //! nothing needs clearing.
 //!
-//! At most [`KEEP`] bytes are kept. The lock is only tried: a caller that
+//! At most [`KEEP`] bytes are kept, in at most [`KEEP_BUFS`] buffers. The lock is only tried: a caller that
 //! finds it taken (or a child of `fork` that inherited it taken) allocates
 //! or frees as if there were no spares.
 //!
@@ -24,6 +24,13 @@ use std::sync::Mutex;
 
 /// The most bytes kept for reuse.
 pub const KEEP: usize = 32 << 20;
+
+/// The most buffers kept: [`take`] and [`give`] go through all of them.
+/// Default-sized connections reach [`KEEP`] first (two 1 MiB buffers
+/// each); connections with small, varied buffers (small socket buffers,
+/// or the fuzz targets' configurations) would otherwise pile up thousands
+/// and make every setup and close scan them.
+pub const KEEP_BUFS: usize = 64;
 
 static SPARE: Mutex<Spares> = Mutex::new(Spares::new(KEEP));
 
@@ -62,7 +69,10 @@ impl Spares {
 
     fn give(&mut self, buf: Vec<u8>) {
         let kept: usize = self.bufs.iter().map(Vec::len).sum();
-        if !buf.is_empty() && kept.saturating_add(buf.len()) <= self.keep {
+        if !buf.is_empty()
+            && self.bufs.len() < KEEP_BUFS
+            && kept.saturating_add(buf.len()) <= self.keep
+        {
             self.bufs.push(buf);
         }
     }
@@ -94,6 +104,22 @@ mod tests {
         assert_eq!(s.take(6_000).map(|b| b[0]), Some(1));
         assert_eq!(s.take(6_000), None);
         assert_eq!(s.take(4_000).map(|b| b[0]), Some(3));
+    }
+
+    #[test]
+    fn no_more_than_keep_bufs_are_kept() {
+        let mut s = Spares::new(1 << 20);
+        for i in 0..=KEEP_BUFS {
+            s.give(vec![0; 100 + i]);
+        }
+        assert_eq!(s.bufs.len(), KEEP_BUFS);
+        assert!(
+            s.take(100 + KEEP_BUFS).is_none(),
+            "the last one was dropped"
+        );
+        assert!(s.take(100).is_some());
+        s.give(vec![0; 7]);
+        assert_eq!(s.take(7).map(|b| b.len()), Some(7), "room again");
     }
 
     #[test]

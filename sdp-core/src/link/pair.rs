@@ -58,6 +58,14 @@ pub struct App {
     pub eof: bool,
     /// Errors from `send`/`recv` other than EAGAIN.
     pub errors: Vec<Error>,
+    /// A `send` failed with an error other than EAGAIN: like a real
+    /// program, the application writes no more on its own ([`LinkPair::step`]
+    /// no longer picks its writes; a direct [`LinkPair::app_write`] still
+    /// calls `send`). Without this a socket that stays writable after
+    /// EPIPE had the random steps call `send` until `max_steps`.
+    pub write_failed: bool,
+    /// The same for `recv`.
+    pub read_failed: bool,
     /// shutdown(SHUT_WR) once everything is written.
     pub shutdown_when_done: bool,
     /// Largest single `send`/`recv`.
@@ -89,6 +97,8 @@ impl App {
             read_hash: StreamHash::default(),
             eof: false,
             errors: Vec::new(),
+            write_failed: false,
+            read_failed: false,
             shutdown_when_done: false,
             max_io: 96 * 1024,
             direct_send: false,
@@ -606,7 +616,10 @@ impl LinkPair {
                     }
                 }
                 Err(Error::WouldBlock) => {}
-                Err(e) => self.apps[s].errors.push(e),
+                Err(e) => {
+                    self.apps[s].errors.push(e);
+                    self.apps[s].write_failed = true;
+                }
             }
             self.buf = buf;
             self.drive(s);
@@ -619,7 +632,10 @@ impl LinkPair {
                 app.written += n as u64;
             }
             Err(Error::WouldBlock) => {}
-            Err(e) => self.apps[s].errors.push(e),
+            Err(e) => {
+                self.apps[s].errors.push(e);
+                self.apps[s].write_failed = true;
+            }
         }
         self.drive(s);
     }
@@ -646,7 +662,10 @@ impl LinkPair {
                 app.read += n as u64;
             }
             Err(Error::WouldBlock) => {}
-            Err(e) => self.apps[s].errors.push(e),
+            Err(e) => {
+                self.apps[s].errors.push(e);
+                self.apps[s].read_failed = true;
+            }
         }
         self.drive(s);
     }
@@ -670,11 +689,14 @@ impl LinkPair {
             let app = &self.apps[s];
             if let Some(link) = self.sides[s].link.as_ref() {
                 if !self.sides[s].hostile {
-                    if (app.written < app.to_write || app.shutdown_when_done) && link.writable() {
+                    if (app.written < app.to_write || app.shutdown_when_done)
+                        && !app.write_failed
+                        && link.writable()
+                    {
                         choices[count] = 4 + s;
                         count += 1;
                     }
-                    if app.reading && !app.eof && link.readable() {
+                    if app.reading && !app.eof && !app.read_failed && link.readable() {
                         choices[count] = 6 + s;
                         count += 1;
                     }
