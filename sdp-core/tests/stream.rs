@@ -520,11 +520,12 @@ fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
 }
 
 /// A blocking write larger than `Config::lend_above` sends its Data
-/// Messages straight from the caller's buffer (no byte staged) and returns
-/// once all of it is in Sends; against a reader that stopped, its
-/// SO_SNDTIMEO leaves out of the stream what was not yet in a Send, and
-/// the write returns the bytes the stream kept — which the reader then
-/// gets, followed by the next write, and nothing else.
+/// Messages straight from the caller's buffer and returns once all of it
+/// is in Sends; against a reader that stopped, it stops lending once no
+/// credit came for `LENT_STALL` and copies what the send buffer takes,
+/// and its SO_SNDTIMEO leaves out of the stream the rest: the write
+/// returns the bytes the stream kept — which the reader then gets,
+/// followed by the next write, and nothing else.
 #[test]
 fn a_lent_write_times_out_with_what_the_stream_kept() {
     let (c, s) = lending_pair();
@@ -537,19 +538,35 @@ fn a_lent_write_times_out_with_what_the_stream_kept() {
     assert!(t.elapsed() >= Duration::from_millis(100));
     assert!(kept > 0 && kept < data.len(), "{kept}");
     let copies = c.info().copies;
-    assert_eq!(copies.bytes_staged, 0, "{copies:?}");
-    assert_eq!(copies.bytes_sent_direct, kept as u64, "{copies:?}");
+    // The send buffer (1 MiB) took some of what credits held back.
+    assert!(
+        copies.bytes_staged > 0 && copies.bytes_staged <= 1 << 20,
+        "{copies:?}"
+    );
+    assert_eq!(
+        copies.bytes_sent_direct + copies.bytes_staged,
+        kept as u64,
+        "{copies:?}"
+    );
+    // The send buffer is full: the next write waits for the reader.
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        (&s).read_to_end(&mut got).unwrap();
+        got
+    });
     c.set_write_timeout(None).unwrap();
     (&c).write_all(b"after the timeout").unwrap();
     c.shutdown(Shutdown::Write).unwrap();
-    let mut got = Vec::new();
-    (&s).read_to_end(&mut got).unwrap();
+    let got = reader.join().unwrap();
     let mut want = data[..kept].to_vec();
     want.extend_from_slice(b"after the timeout");
     assert!(got == want, "{} bytes, want {}", got.len(), want.len());
 }
 
-/// Lent writes carry a stream intact when the reader keeps up.
+/// Lent writes carry a stream intact when the reader keeps up, straight
+/// from the writer's buffers (nine tenths at least: a reader that this
+/// loaded machine keeps off its core for `LENT_STALL` has the rest of one
+/// write copied).
 #[test]
 fn lent_writes_carry_a_stream() {
     let (c, s) = lending_pair();
@@ -565,18 +582,31 @@ fn lent_writes_carry_a_stream() {
     c.shutdown(Shutdown::Write).unwrap();
     assert!(reader.join().unwrap() == data);
     let copies = c.info().copies;
-    assert_eq!(copies.bytes_staged, 0, "{copies:?}");
-    assert_eq!(copies.bytes_sent_direct, data.len() as u64, "{copies:?}");
+    let len = data.len() as u64;
+    assert_eq!(
+        copies.bytes_sent_direct + copies.bytes_staged,
+        len,
+        "{copies:?}"
+    );
+    assert!(copies.bytes_sent_direct >= len / 10 * 9, "{copies:?}");
 }
 
-/// By default a large blocking write copies what credits hold back into
-/// the send buffer and returns, as a TCP write returns once the socket
-/// buffer has its bytes: two peers that each write 1.5 MiB before they
-/// read both get through (lent writes, `Config::lend_above`, would wait
-/// for each other's credits here).
+/// Two peers that each write 1.5 MiB before they read both get through,
+/// as over TCP, whose socket buffers take the bytes: a large blocking
+/// write copies what credits hold back into the send buffer and returns —
+/// at once without lending, after `LENT_STALL` when lent (the default).
 #[test]
 fn both_peers_write_before_reading() {
-    let (c, s) = pair();
+    let no_lending = sdp_core::conn::Config {
+        lend_above: u64::MAX,
+        ..Default::default()
+    };
+    for (c, s) in [pair(), pair_with(&no_lending)] {
+        both_write_then_read(c, s);
+    }
+}
+
+fn both_write_then_read(c: SdpStream, s: SdpStream) {
     let data: Vec<u8> = (0..(3u32 << 19)).map(|k| (k >> 5) as u8).collect();
     let (tx, rx) = std::sync::mpsc::channel();
     for me in [c.try_clone().unwrap(), s.try_clone().unwrap()] {

@@ -1728,15 +1728,20 @@ fn zcopy_stream_lending(mode: &str, lend: &str) -> (statfile::Record, statfile::
     (c, a)
 }
 
-/// With Zcopy off and `SDP_LEND_ABOVE=256K`, each blocking 4 MiB
-/// `sendall` lends its buffer: every byte goes by Bcopy straight from it,
-/// none copied into the send buffer. (Without, most are copied.)
+/// With Zcopy off, each blocking 4 MiB `sendall` lends its buffer (by
+/// default, and with `SDP_LEND_ABOVE=256K`): its bytes go by Bcopy
+/// straight from it, none copied into the send buffer — unless the reader
+/// stalled for `LENT_STALL` (20 ms) on this loaded machine, when the rest
+/// of that write is copied: so nine tenths at least. With
+/// `SDP_LEND_ABOVE=off`, most are copied.
 #[test]
 fn blocking_bcopy_writes_go_straight_from_the_buffer() {
-    let (c, _) = zcopy_stream_lending("off", "256K");
-    assert_eq!(c.counters[0], 64 << 20, "{c:?}");
-    assert_eq!(c.direct[0], 64 << 20, "{c:?}");
-    let (c, _) = zcopy_stream("off");
+    for lend in ["256K", ""] {
+        let (c, _) = zcopy_stream_lending("off", lend);
+        assert_eq!(c.counters[0], 64 << 20, "{lend}: {c:?}");
+        assert!(c.direct[0] >= (64 << 20) / 10 * 9, "{lend}: {c:?}");
+    }
+    let (c, _) = zcopy_stream_lending("off", "off");
     assert!(c.direct[0] < 64 << 20, "{c:?}");
 }
 

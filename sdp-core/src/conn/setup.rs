@@ -100,10 +100,11 @@ pub struct Config {
     /// of it is in Sends (a TCP write returns once its bytes are in the
     /// socket buffer) instead of copying what credits hold back into the
     /// send buffer. Its deadline (SO_SNDTIMEO, a signal) leaves out of the
-    /// stream what is not yet in a Send. `u64::MAX` (the default): never —
-    /// a lent write waits for the peer's credits where a copy would have
-    /// returned, so two peers that each write more than the other's
-    /// receive buffers before they read would wait for each other.
+    /// stream what is not yet in a Send. A lent write that sees no credit
+    /// for [`LENT_STALL`](crate::stream::zcopy::LENT_STALL) copies its
+    /// rest into the send buffer after all: two peers that each write more
+    /// than the other's receive buffers before they read get through, as
+    /// over TCP. Default 128 KiB; `u64::MAX`: never.
     pub lend_above: u64,
 }
 
@@ -140,7 +141,7 @@ impl Default for Config {
             req_pipe: false,
             buffered_after_send_sm: 0,
             sink_avail_wait: Duration::ZERO,
-            lend_above: u64::MAX,
+            lend_above: 128 * 1024,
         }
     }
 }

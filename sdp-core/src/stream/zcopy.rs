@@ -64,11 +64,13 @@ impl Call<'_> {
     /// A signal during an interruptible call's sleep sets `signalled` and
     /// runs `take_back` once; later sleeps of the call wait for the
     /// completion regardless. Other errors end the call.
+    /// `until`: the sleep ends then at the latest.
     fn wait_lent(
         &mut self,
         g: &mut Locked<'_>,
         told: &mut bool,
         signalled: &mut bool,
+        until: Option<Instant>,
         take_back: impl FnOnce(&mut Locked<'_>),
     ) -> io::Result<()> {
         if !std::mem::replace(told, true) {
@@ -77,7 +79,7 @@ impl Call<'_> {
                 return Ok(());
             }
         }
-        match sleep(g, None, self.interruptible && !*signalled) {
+        match sleep(g, until, self.interruptible && !*signalled) {
             Err(e) if is_interrupt(&e) => {
                 *signalled = true;
                 take_back(g);
@@ -181,7 +183,14 @@ pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io
     Some(write_owned(g, buf, call))
 }
 
+/// How long a write lent for Bcopy ([`Config::lend_above`]) waits without
+/// a byte going into a Send before its rest is copied into the send
+/// buffer instead: the peer is not reading, and may be writing to us
+/// before it reads, which a copy lets go on as TCP's socket buffers would.
+pub const LENT_STALL: Duration = Duration::from_millis(20);
+
 fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result<usize> {
+    let bcopy = buf.len() as u64 <= g.link.conn().config().bcopy_threshold;
     loop {
         match g.link.send_zcopy(buf.len(), call.deadline, Instant::now()) {
             Ok(_) => break,
@@ -200,12 +209,17 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
     g.zcopy_begin();
     let mut signalled = false;
     let mut told = false;
+    // A Bcopy write stalls once no byte went into a Send for LENT_STALL.
+    let mut sent = g.link.conn().tx().sent();
+    let mut stall_at = bcopy.then(|| Instant::now() + LENT_STALL);
+    let mut stalled = false;
     let r = loop {
         g.pump_zcopy(Instant::now(), Some(buf), None);
         if let Some(c) = g.poll_zcopy() {
             if let Completion::Sent { len, .. } = c {
                 break match len {
                     0 if signalled => Err(interrupted()),
+                    0 if stalled => Ok(0),
                     0 => Err(would_block()),
                     n => Ok(usize::try_from(n).unwrap_or(buf.len()).min(buf.len())),
                 };
@@ -215,18 +229,77 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
         if let Some(e) = ended(g) {
             break Err(e);
         }
+        if let Some(at) = stall_at {
+            let now = Instant::now();
+            let now_sent = g.link.conn().tx().sent();
+            if now_sent != sent {
+                sent = now_sent;
+                stall_at = Some(now + LENT_STALL);
+            } else if now >= at {
+                // Taken back as at a deadline: the completion says how
+                // much is in Sends, the rest goes the copying way below.
+                stalled = g.link.cancel_send_zcopy(now);
+                stall_at = None;
+                continue;
+            }
+        }
         // A signal: the buffer must not outlive the call, so its
         // advertisement is canceled (§9.5.4) and the completion says how
         // much of it the stream kept.
         let take_back = |g: &mut Locked<'_>| {
             g.link.cancel_send_zcopy(Instant::now());
         };
-        if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, take_back) {
+        if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, stall_at, take_back) {
             break Err(e);
         }
     };
     g.zcopy_end(Instant::now());
-    r
+    match r {
+        Ok(n) if stalled && !signalled && n < buf.len() => copy_rest(g, buf, n, &call),
+        r => r,
+    }
+}
+
+/// The rest of a stalled lent write (from `done`), by the copying `send`
+/// with the call's blocking rule: all of it, or what went in by the
+/// deadline or a signal.
+fn copy_rest(
+    g: &mut Locked<'_>,
+    buf: &[u8],
+    mut done: usize,
+    call: &Call<'_>,
+) -> io::Result<usize> {
+    while done < buf.len() {
+        match g.send_direct(Instant::now(), &buf[done..], crate::conn::SendFlags::EMPTY) {
+            Ok(n) => done += n,
+            Err(Error::WouldBlock) => {
+                if call.deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                match sleep(g, call.deadline, call.interruptible) {
+                    Ok(()) => {
+                        g.pump(Instant::now());
+                    }
+                    Err(e) if is_interrupt(&e) => break,
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            Err(e) if done == 0 => return Err(to_io(e)),
+            Err(e) => {
+                // Reported by the next call, as TCP keeps it.
+                if let Some(e) = Error::pending_from_errno(e.errno()) {
+                    g.link.conn_mut().restore_error(e);
+                }
+                break;
+            }
+        }
+    }
+    match done {
+        0 if call.deadline.is_some_and(|d| Instant::now() >= d) => Err(would_block()),
+        0 => Err(interrupted()),
+        n => Ok(n),
+    }
 }
 
 /// A blocking `read` into `buf` by Zcopy; `got` counts the bytes in it.
@@ -308,7 +381,7 @@ pub(super) fn read(
             let take_back = |g: &mut Locked<'_>| {
                 g.link.cancel_recv_zcopy();
             };
-            if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, take_back) {
+            if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, None, take_back) {
                 break Err(e);
             }
             canceled |= signalled;
