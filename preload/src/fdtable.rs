@@ -737,7 +737,7 @@ pub fn fall_back(fd: i32, reason: TcpReason) {
         e.transport = Transport::Tcp;
         e.reason = reason;
     });
-    crate::hooks::epoll::fell_back(fd);
+    crate::abi::epoll::fell_back(fd);
 }
 
 /// [`fall_back`], only if `fd` still refers to `endpoint` (the SDP
@@ -749,7 +749,7 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
             // The program's O_NONBLOCK goes to the kernel socket while no
             // `fcntl` can slip between (the slot is ours): one that took
             // the handle before sees the fd is TCP now and sets the
-            // kernel's itself (`hooks::socket`), one after goes there.
+            // kernel's itself (`abi::socket`), one after goes there.
             set_kernel_nonblock(fd, h.nonblock.load(Ordering::Acquire));
             e.sdp = SdpSide::None;
             e.transport = Transport::Tcp;
@@ -760,7 +760,7 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
     })
     .unwrap_or(false);
     if ours {
-        crate::hooks::epoll::fell_back(fd);
+        crate::abi::epoll::fell_back(fd);
     }
     ours
 }

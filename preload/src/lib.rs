@@ -2,7 +2,7 @@
 //! dynamically linked program, it carries the program's TCP stream
 //! connections over SDP when the peer speaks it (DESIGN §6).
 //!
-//! * [`hooks`] — the interposed C functions (every call of DESIGN §6).
+//! * [`abi`] — the interposed C functions (every call of DESIGN §6).
 //! * [`fdtable`] — per-fd state of the sockets the preload manages.
 //! * [`sdp`] — the interface the SDP data path plugs into
 //!   ([`sdp::SdpEndpoint`], [`sdp::SdpListener`], [`sdp::SdpBackend`]).
@@ -17,10 +17,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod abi;
 pub mod backend;
 pub mod config;
 pub mod fdtable;
-pub mod hooks;
 pub mod log;
 #[cfg(test)]
 mod no_alloc_test;

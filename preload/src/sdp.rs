@@ -4,7 +4,7 @@
 //! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
 //! SDP connection only has to offer the non-blocking operations below.
 //! [`crate::backend`] implements these traits over `sdp-core` and
-//! `hooks::init` installs it (unless `SDP_ENGINE=0`); without it every
+//! `abi::init` installs it (unless `SDP_ENGINE=0`); without it every
 //! connection is TCP with the reason [`TcpReason::NoEngine`].
 //!
 //! Contract shared by every method:

@@ -126,7 +126,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     // SAFETY: a fresh descriptor of ours.
     let q = unsafe { OwnedFd::from_raw_fd(s) };
     if v6 {
-        let only = crate::hooks::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
+        let only = crate::abi::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
         // SAFETY: an int option on our own socket.
         unsafe {
             crate::real::setsockopt(
@@ -155,7 +155,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    let raw = crate::hooks::RawAddr::new(SocketAddr::new(local.ip(), 0));
+    let raw = crate::abi::RawAddr::new(SocketAddr::new(local.ip(), 0));
     // SAFETY: a complete address; listen on our own socket.
     unsafe {
         if crate::real::bind(s, raw.as_ptr(), raw.len()) != 0

@@ -1,6 +1,6 @@
 //! The SDP engine behind the hooks: [`crate::sdp`]'s traits implemented
 //! over `sdp-core`'s stream layer and the `portmapper` client, installed by
-//! `hooks::init` (unless `SDP_ENGINE=0`).
+//! `abi::init` (unless `SDP_ENGINE=0`).
 //!
 //! * [`connect`] — the Connecting Peer: CpPort, port mapper, TCP to S':Q,
 //!   MPA/Hello, or the fallback to TCP on the same fd number.
@@ -44,7 +44,7 @@ pub fn install() {
     // The SDP layer's diagnostics (abortive closes and their rule,
     // Terminates) go through this library's log: its level and file.
     sdp_core::log::set_sink(|line| crate::log!(crate::log::Level::Info, "sdp: {line}"));
-    progress::set_thread_start(crate::hooks::library_thread);
+    progress::set_thread_start(crate::abi::library_thread);
     sdp::install_backend(&BACKEND);
 }
 

@@ -206,7 +206,7 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
 
 impl Service {
     fn run(&'static self) {
-        crate::hooks::library_thread();
+        crate::abi::library_thread();
         let mut slots: Vec<Slot> = Vec::new();
         let interval = stat_interval();
         let mut next_stats = interval.map(|i| Instant::now() + i);
