@@ -768,14 +768,14 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
 fn set_kernel_nonblock(fd: i32, on: bool) {
     // SAFETY: F_GETFL/F_SETFL on a descriptor of the program's.
     unsafe {
-        let fl = crate::real::fcntl(fd, libc::F_GETFL, 0);
+        let fl = crate::sys::real::fcntl(fd, libc::F_GETFL, 0);
         if fl >= 0 {
             let fl = if on {
                 fl | libc::O_NONBLOCK
             } else {
                 fl & !libc::O_NONBLOCK
             };
-            crate::real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
+            crate::sys::real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
         }
     }
 }

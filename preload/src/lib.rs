@@ -9,7 +9,7 @@
 //! * [`rules`] — the `libsdp.conf` rule language; [`config`] loads it.
 //! * [`stat`] — the per-process state export read by `sdp-stat`.
 //! * [`log`] — logging by environment, never to standard output.
-//! * [`real`] — the C library's own functions.
+//! * [`sys`] — the C library's own functions and low-level helpers.
 //! * [`backend`] — the SDP engine behind [`sdp`]: `sdp-core` streams, the
 //!   port mapper client, the hidden listeners, `fork`.
 //!
@@ -24,10 +24,10 @@ pub mod fdtable;
 pub mod log;
 #[cfg(test)]
 mod no_alloc_test;
-pub mod real;
 pub mod rules;
 pub mod sdp;
 pub mod stat;
 pub mod stat_format;
+pub mod sys;
 #[cfg(test)]
 mod test_support;

@@ -16,7 +16,7 @@
 //!   application's fd: it uses `MSG_DONTWAIT` on its own socket calls, so
 //!   `fcntl(F_GETFL)` keeps telling the program what it set.
 //! * The endpoint does its own socket I/O with the functions of
-//!   [`crate::real`] (or raw syscalls), never through the hooks.
+//!   [`crate::sys::real`] (or raw syscalls), never through the hooks.
 //!
 //! [`crate::fdtable`] owns the handles: an fd number, its `dup`s and its
 //! copies in forked children share one endpoint; `close` is called when the

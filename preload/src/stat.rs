@@ -15,9 +15,9 @@
 //! only thread, in a forked child), so each record has one writer at a time.
 
 use crate::fdtable::{Entry, CHUNK};
-use crate::real;
 use crate::rules::Family;
 use crate::sdp::Stats;
+use crate::sys::real;
 use std::ffi::CString;
 use std::net::SocketAddr;
 use std::ops::Range;

@@ -44,9 +44,11 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
-use super::{fail, protect, Guard, SavedErrno};
+use super::protect;
 use crate::fdtable;
-use crate::real;
+use crate::sys::errno::{fail, keep_errno_on_success, SavedErrno};
+use crate::sys::guard::{pid, Guard};
+use crate::sys::real;
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -282,7 +284,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 sock,
                 queue,
                 disarmed: false,
-                owner: super::pid(),
+                owner: pid(),
             },
         );
     });
@@ -362,7 +364,7 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             .collect()
     });
     for reg in &gone {
-        for (k, _) in reg.kernel_fds().filter(|_| reg.owner == super::pid()) {
+        for (k, _) in reg.kernel_fds().filter(|_| reg.owner == pid()) {
             // Before closing our duplicates: a registration lives on while
             // another fd (the program's) refers to the same socket.
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
@@ -681,7 +683,7 @@ pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
 
 /// Waits with `wait(timeout)` until a translated event remains or the
 /// deadline passes. A count leaves `errno` as the program had it (see
-/// [`super::keep_errno_on_success`]: our own calls on the way must not
+/// [`keep_errno_on_success`]: our own calls on the way must not
 /// make the program throw the events away).
 fn wait_translated(
     epfd: c_int,
@@ -690,7 +692,7 @@ fn wait_translated(
     deadline: Option<Instant>,
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
-    super::keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
+    keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
 }
 
 fn wait_translated_inner(

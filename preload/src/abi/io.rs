@@ -10,12 +10,15 @@
 //! endpoint's wake fds, never spinning.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, protect, socket_name, write_sockaddr, Guard, SavedErrno};
+use super::protect;
 use crate::fdtable::{
     self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
 };
-use crate::real;
 use crate::sdp::{Errno, RecvFlags, SendFlags};
+use crate::sys::addr::{socket_name, write_sockaddr};
+use crate::sys::errno::{fail, SavedErrno};
+use crate::sys::guard::Guard;
+use crate::sys::real;
 use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
@@ -1127,7 +1130,7 @@ mod tests {
         assert_eq!(r, 0);
         // SAFETY: getpeername wrote len bytes.
         let a = unsafe {
-            super::super::read_sockaddr((&ss as *const libc::sockaddr_storage).cast(), len)
+            crate::sys::addr::read_sockaddr((&ss as *const libc::sockaddr_storage).cast(), len)
         };
         assert_eq!(a, Some("10.1.2.3:5201".parse().unwrap()));
         uninstall(app);
@@ -1139,7 +1142,7 @@ mod tests {
         let ep = FakeEndpoint::new();
         install(app, ep.clone());
         fdtable::update(app, |e| e.role = crate::fdtable::SocketRole::Client);
-        let raw = super::super::RawAddr::new("127.0.0.1:9".parse().unwrap());
+        let raw = crate::sys::addr::RawAddr::new("127.0.0.1:9".parse().unwrap());
         // SAFETY: a complete local address.
         let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
         assert_eq!((r, real::errno()), (-1, libc::EISCONN));

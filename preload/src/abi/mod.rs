@@ -6,11 +6,12 @@
 //! (`socket`, `connect`, `listen`, `accept`, `close`, `dup`...) touch the
 //! fd table only for the sockets it manages, found lock-free.
 //!
-//! A thread-local guard marks "inside the preload": any C call the preload
-//! makes itself (reading the rules file, logging, `getsockname` for the
-//! state export) goes straight to the C library. Panics never cross the C
-//! boundary: the managed paths run under `catch_unwind` and, on a panic,
-//! log it and do what the C library would have done.
+//! A thread-local guard ([`crate::sys::guard`]) marks "inside the preload":
+//! any C call the preload makes itself (reading the rules file, logging,
+//! `getsockname` for the state export) goes straight to the C library.
+//! Panics never cross the C boundary: the managed paths run under
+//! `catch_unwind` and, on a panic, log it and do what the C library would
+//! have done.
 //!
 //! The `unsafe extern "C"` functions of the submodules are exported under
 //! their C names from the shared library (not from unit-test builds, where
@@ -23,101 +24,10 @@ pub mod socket;
 
 use crate::fdtable;
 use crate::log::Level;
-use crate::real;
-use libc::{c_int, sockaddr, socklen_t};
-use std::cell::Cell;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use crate::sys::guard::{foreign_process, note_pid, Guard};
+use crate::sys::real;
+use libc::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI32, Ordering};
-
-/// `socket(AF_INET_SDP, ...)`: libsdp's address family that forces SDP.
-pub const AF_INET_SDP: c_int = 27;
-
-thread_local! {
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Proof that this thread is inside the preload; dropping it leaves.
-pub struct Guard(());
-
-impl Guard {
-    /// Enters the preload, or `None` if this thread already is inside (the
-    /// call then goes straight to the C library).
-    #[inline]
-    pub fn enter() -> Option<Guard> {
-        INSIDE
-            .try_with(|inside| {
-                if inside.get() {
-                    None
-                } else {
-                    inside.set(true);
-                    Some(Guard(()))
-                }
-            })
-            .ok()
-            .flatten()
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = INSIDE.try_with(|inside| inside.set(false));
-    }
-}
-
-impl Guard {
-    /// [`Guard::enter`] for the hooks that change the fd table (`close`,
-    /// `dup*`): `None` in the child of a `vfork` (or of a `clone` sharing
-    /// our memory, as `posix_spawn` makes), which runs on the parent's
-    /// memory until it execs. Such a child closing or duplicating fds
-    /// (Python's `subprocess` does) must not touch the parent's table.
-    pub fn enter_lifecycle() -> Option<Guard> {
-        if foreign_process() {
-            return None;
-        }
-        Guard::enter()
-    }
-}
-
-/// Marks the calling thread as the preload's own for its whole life (the
-/// SDP engine's progress and service threads): its C calls go straight to
-/// the C library — its `close` of a connection's socket must not wait at
-/// the fork gate, which a `fork` holds closed while it waits for this
-/// thread — and every signal is blocked on it, so that a signal for the
-/// process goes to a thread of the program, whose blocking call it
-/// interrupts (`EINTR`) as it would without the library.
-pub fn library_thread() {
-    let _ = INSIDE.try_with(|inside| inside.set(true));
-    // SAFETY: a local set filled by sigfillset; only this thread's mask
-    // changes.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-}
-
-/// This process's id, as the library last saw it (start, fork child).
-static PID: AtomicI32 = AtomicI32::new(0);
-
-fn note_pid() {
-    // SAFETY: getpid has no preconditions.
-    PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-}
-
-/// This process's id as the library last noted it (at start and in the
-/// child of each `fork`).
-pub fn pid() -> i32 {
-    PID.load(Ordering::Relaxed)
-}
-
-/// True when running in a process other than the one the library's
-/// memory belongs to (a `vfork` child before its `exec`).
-pub fn foreign_process() -> bool {
-    let p = PID.load(Ordering::Relaxed);
-    // SAFETY: getpid has no preconditions.
-    p != 0 && p != unsafe { libc::getpid() }
-}
 
 /// Runs `f`; if it panics, logs and runs `fallback` instead (which must do
 /// what the C library would do with the same arguments).
@@ -132,182 +42,6 @@ pub fn protect<R>(what: &str, f: impl FnOnce() -> R, fallback: impl FnOnce() -> 
             fallback()
         }
     }
-}
-
-/// Keeps `errno` across calls the preload makes for itself.
-pub struct SavedErrno(c_int);
-
-impl SavedErrno {
-    pub fn save() -> Self {
-        SavedErrno(real::errno())
-    }
-}
-
-impl Drop for SavedErrno {
-    fn drop(&mut self) {
-        real::set_errno(self.0);
-    }
-}
-
-/// Runs the SDP side of a readiness wait (`epoll_wait`, `poll`, `select`
-/// and their variants), which returns a count or -1: a count leaves
-/// `errno` as the program had it before the call, -1 keeps the `errno` of
-/// the failure.
-///
-/// Such a wait makes calls of its own: it takes locks (a lock wait that a
-/// signal without `SA_RESTART` interrupts leaves `EINTR` in `errno`, though
-/// the lock is then taken), pumps a stream (a socket read that found
-/// nothing leaves `EAGAIN`). Programs look at `errno` after a successful
-/// wait: CPython's `select.epoll.poll`, `select.poll.poll` and
-/// `select.select` clear it, call, and take `errno == EINTR` as "the call
-/// was interrupted" whatever it returned — they throw the events away and
-/// wait again. An edge-triggered event thrown away never comes back, and
-/// the connection stalls.
-pub fn keep_errno_on_success(wait: impl FnOnce() -> c_int) -> c_int {
-    let before = real::errno();
-    let r = wait();
-    if r >= 0 {
-        real::set_errno(before);
-    }
-    r
-}
-
-/// Fails the current call with `errno` set: the C convention.
-pub fn fail<T: From<i8>>(errno: c_int) -> T {
-    real::set_errno(errno);
-    T::from(-1)
-}
-
-/// Reads a socket address the program passed (`AF_INET`, `AF_INET6`, and
-/// `AF_INET_SDP` laid out as `sockaddr_in`).
-///
-/// # Safety
-/// `addr` is null or points to `len` readable bytes.
-pub unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
-    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
-        return None;
-    }
-    // SAFETY: at least the family field is readable (checked above).
-    let family = c_int::from(unsafe { (*addr).sa_family });
-    match family {
-        libc::AF_INET | AF_INET_SDP if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
-            // SAFETY: len covers a sockaddr_in; read_unaligned allows any
-            // alignment of the program's buffer.
-            let sin = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: as above, for a sockaddr_in6.
-            let sin6 = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in6>()) };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
-/// A socket address as the kernel wants it.
-pub enum RawAddr {
-    V4(libc::sockaddr_in),
-    V6(libc::sockaddr_in6),
-}
-
-impl RawAddr {
-    pub fn new(addr: SocketAddr) -> RawAddr {
-        match addr {
-            SocketAddr::V4(a) => RawAddr::V4(libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*a.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            }),
-            SocketAddr::V6(a) => RawAddr::V6(libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            }),
-        }
-    }
-
-    pub fn as_ptr(&self) -> *const sockaddr {
-        match self {
-            RawAddr::V4(a) => (a as *const libc::sockaddr_in).cast(),
-            RawAddr::V6(a) => (a as *const libc::sockaddr_in6).cast(),
-        }
-    }
-
-    #[allow(clippy::len_without_is_empty)]
-    pub fn len(&self) -> socklen_t {
-        (match self {
-            RawAddr::V4(_) => std::mem::size_of::<libc::sockaddr_in>(),
-            RawAddr::V6(_) => std::mem::size_of::<libc::sockaddr_in6>(),
-        }) as socklen_t
-    }
-}
-
-/// Writes `addr` to the program's `(addr, len)` pair as the kernel would:
-/// truncated to the buffer, `*len` set to the full size.
-///
-/// # Safety
-/// `out` is null or points to `*len` writable bytes; `len` is null or valid.
-pub unsafe fn write_sockaddr(addr: SocketAddr, out: *mut sockaddr, len: *mut socklen_t) {
-    if out.is_null() || len.is_null() {
-        return;
-    }
-    let raw = RawAddr::new(addr);
-    // SAFETY: len is valid (checked non-null; the caller vouches for it).
-    let room = unsafe { *len } as usize;
-    let n = room.min(raw.len() as usize);
-    // SAFETY: raw is raw.len() bytes; out has room for `room` >= n bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), out.cast::<u8>(), n);
-        *len = raw.len();
-    }
-}
-
-/// `getsockname`/`getpeername` of our own, into a std address.
-pub fn socket_name(fd: c_int, peer: bool) -> Option<SocketAddr> {
-    let _errno = SavedErrno::save();
-    // SAFETY: an all-zero sockaddr_storage is valid.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    let p = (&mut storage as *mut libc::sockaddr_storage).cast::<sockaddr>();
-    // SAFETY: p/len describe our local storage.
-    let r = unsafe {
-        if peer {
-            real::getpeername(fd, p, &mut len)
-        } else {
-            real::getsockname(fd, p, &mut len)
-        }
-    };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: the kernel wrote `len` bytes of an address into storage.
-    unsafe { read_sockaddr(p, len) }
-}
-
-/// An integer socket option of our own (errno kept).
-pub fn int_sockopt(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
-    let _errno = SavedErrno::save();
-    let mut v: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: v/len describe a local int.
-    let r = unsafe { real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len) };
-    (r == 0).then_some(v)
 }
 
 /// Library start: configuration, logging, symbol resolution, fork handlers.

@@ -9,10 +9,12 @@
 //! as readiness.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, protect, Guard};
+use super::protect;
 use crate::fdtable::{self, ListenerHandle, StreamHandle};
-use crate::real;
 use crate::sdp::Readiness;
+use crate::sys::errno::{fail, keep_errno_on_success};
+use crate::sys::guard::Guard;
+use crate::sys::real;
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,9 +66,9 @@ pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
 
 /// `poll` over a set with SDP fds. A listener's readiness joins the
 /// kernel listener's own (pending TCP connections). A count leaves `errno`
-/// as the program had it ([`super::keep_errno_on_success`]).
+/// as the program had it ([`keep_errno_on_success`]).
 fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    super::keep_errno_on_success(|| {
+    keep_errno_on_success(|| {
         // A panic in an endpoint fails the call (ENOMEM) instead of
         // unwinding.
         protect(

@@ -3,16 +3,18 @@
 //! `fork`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{
-    fail, int_sockopt, protect, read_sockaddr, socket_name, write_sockaddr, Guard, RawAddr,
-    SavedErrno, AF_INET_SDP,
-};
+use super::protect;
 use crate::config;
 use crate::fdtable::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
 use crate::log::Level;
-use crate::real;
 use crate::rules::{Family, Role};
 use crate::sdp::{self, ConnectOutcome, Shutdown};
+use crate::sys::addr::{
+    int_sockopt, read_sockaddr, socket_name, write_sockaddr, RawAddr, AF_INET_SDP,
+};
+use crate::sys::errno::{fail, SavedErrno};
+use crate::sys::guard::Guard;
+use crate::sys::real;
 use libc::{c_int, c_uint, c_ulong, c_void, pid_t, sockaddr, socklen_t};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

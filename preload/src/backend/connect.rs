@@ -18,11 +18,11 @@
 
 use super::endpoint::{Ep, State};
 use super::service;
-use crate::abi::{socket_name, RawAddr};
 use crate::fdtable::{self, TcpReason};
 use crate::log::Level;
-use crate::real;
 use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
+use crate::sys::addr::{socket_name, RawAddr};
+use crate::sys::real;
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::SdpStream;
@@ -168,7 +168,7 @@ fn bind_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
 }
 
 fn so_error(fd: RawFd) -> Errno {
-    crate::abi::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(libc::EIO)
+    crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(libc::EIO)
 }
 
 fn set_nonblock(fd: RawFd, on: bool) {
@@ -261,8 +261,8 @@ impl Connector {
     /// Binds the socket (CpPort) and asks the port mapper (or its cache).
     fn new(fd: RawFd, dest: SocketAddr, sdp_only: bool) -> Result<Connector, TcpReason> {
         let sock = dup_cloexec(fd).ok_or(TcpReason::Internal)?;
-        let v6 =
-            crate::abi::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);
+        let v6 = crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+            == Some(libc::AF_INET6);
         let ap = plain(dest);
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
         // A cached answer needs no CpPort: no bind before the connect.

@@ -21,10 +21,10 @@ use super::owner::{Claim, Ownership, Release};
 use super::service::{self, Task};
 use crate::fdtable;
 use crate::log::Level;
-use crate::real;
 use crate::sdp::{
     Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
 };
+use crate::sys::real;
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;

@@ -114,7 +114,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
     // SAFETY: plain socket creation.
     let s = unsafe {
-        crate::real::socket(
+        crate::sys::real::socket(
             domain,
             libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             libc::IPPROTO_TCP,
@@ -126,10 +126,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     // SAFETY: a fresh descriptor of ours.
     let q = unsafe { OwnedFd::from_raw_fd(s) };
     if v6 {
-        let only = crate::abi::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
+        let only =
+            crate::sys::addr::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
         // SAFETY: an int option on our own socket.
         unsafe {
-            crate::real::setsockopt(
+            crate::sys::real::setsockopt(
                 s,
                 libc::IPPROTO_IPV6,
                 libc::IPV6_V6ONLY,
@@ -147,7 +148,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     let defer = SETUP_LIMIT.as_secs() as libc::c_int;
     // SAFETY: an int option on our own socket.
     unsafe {
-        crate::real::setsockopt(
+        crate::sys::real::setsockopt(
             s,
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
@@ -155,11 +156,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    let raw = crate::abi::RawAddr::new(SocketAddr::new(local.ip(), 0));
+    let raw = crate::sys::addr::RawAddr::new(SocketAddr::new(local.ip(), 0));
     // SAFETY: a complete address; listen on our own socket.
     unsafe {
-        if crate::real::bind(s, raw.as_ptr(), raw.len()) != 0
-            || crate::real::listen(s, if backlog > 0 { backlog } else { 128 }) != 0
+        if crate::sys::real::bind(s, raw.as_ptr(), raw.len()) != 0
+            || crate::sys::real::listen(s, if backlog > 0 { backlog } else { 128 }) != 0
         {
             return Err(io::Error::last_os_error());
         }
@@ -297,7 +298,7 @@ impl Shared {
             revents: 0,
         };
         // SAFETY: one local pollfd, no wait.
-        unsafe { crate::real::poll(&mut p, 1, 0) > 0 }
+        unsafe { crate::sys::real::poll(&mut p, 1, 0) > 0 }
     }
 
     /// How many connections the service thread may hold set up or in
@@ -531,7 +532,7 @@ fn keepalive(fd: RawFd) {
     let one: libc::c_int = 1;
     // SAFETY: an int option on our own socket.
     unsafe {
-        crate::real::setsockopt(
+        crate::sys::real::setsockopt(
             fd,
             libc::SOL_SOCKET,
             libc::SO_KEEPALIVE,
@@ -682,7 +683,7 @@ impl Handshake {
 
 fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD (no close-on-exec: accept4's flags decide).
-    let d = unsafe { crate::real::fcntl(fd, libc::F_DUPFD, 3) };
+    let d = unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD, 3) };
     if d < 0 {
         return Err(io::Error::last_os_error());
     }

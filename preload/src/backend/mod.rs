@@ -44,7 +44,7 @@ pub fn install() {
     // The SDP layer's diagnostics (abortive closes and their rule,
     // Terminates) go through this library's log: its level and file.
     sdp_core::log::set_sink(|line| crate::log!(crate::log::Level::Info, "sdp: {line}"));
-    progress::set_thread_start(crate::abi::library_thread);
+    progress::set_thread_start(crate::sys::guard::library_thread);
     sdp::install_backend(&BACKEND);
 }
 

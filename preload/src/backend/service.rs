@@ -17,7 +17,7 @@ use super::connect::{Connector, Step};
 use super::listener::{Handshake, HsStep, Shared as ListenerShared};
 use super::owner::{Orphan, OrphanStep};
 use crate::fdtable::{self, SdpSide};
-use crate::real;
+use crate::sys::real;
 use sdp_core::stream::SdpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -206,7 +206,7 @@ fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait
 
 impl Service {
     fn run(&'static self) {
-        crate::abi::library_thread();
+        crate::sys::guard::library_thread();
         let mut slots: Vec<Slot> = Vec::new();
         let interval = stat_interval();
         let mut next_stats = interval.map(|i| Instant::now() + i);
