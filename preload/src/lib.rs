@@ -3,7 +3,7 @@
 //! connections over SDP when the peer speaks it (DESIGN §6).
 //!
 //! * [`abi`] — the interposed C functions (every call of DESIGN §6).
-//! * [`fdtable`] — per-fd state of the sockets the preload manages.
+//! * [`table`] — per-fd state of the sockets the preload manages.
 //! * [`sdp`] — the interface the SDP data path plugs into
 //!   ([`sdp::SdpEndpoint`], [`sdp::SdpListener`], [`sdp::SdpBackend`]).
 //! * [`rules`] — the `libsdp.conf` rule language; [`config`] loads it.
@@ -20,7 +20,6 @@
 pub mod abi;
 pub mod backend;
 pub mod config;
-pub mod fdtable;
 pub mod log;
 #[cfg(test)]
 mod no_alloc_test;
@@ -29,5 +28,6 @@ pub mod sdp;
 pub mod stat;
 pub mod stat_format;
 pub mod sys;
+pub mod table;
 #[cfg(test)]
 mod test_support;

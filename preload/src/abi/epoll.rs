@@ -45,10 +45,10 @@
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
 use super::protect;
-use crate::fdtable;
 use crate::sys::errno::{fail, keep_errno_on_success, SavedErrno};
 use crate::sys::guard::{pid, Guard};
 use crate::sys::real;
+use crate::table;
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -114,7 +114,7 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     // Inside the fork gate, so a child never inherits the lock held.
-    let _gate = fdtable::enter_gate();
+    let _gate = table::enter_gate();
     let mut guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     let r = f(guard.get_or_insert_with(Registry::default));
     COUNT.store(
@@ -197,6 +197,8 @@ fn wants_write(events: u32) -> bool {
 }
 
 fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(), c_int> {
+    // The table tells us when a registered fd falls back to TCP.
+    table::set_on_fall_back(fell_back);
     if with_registry(|r| r.by_key.contains_key(&(epfd, fd))) {
         return Err(libc::EEXIST);
     }
@@ -575,7 +577,7 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     event: *mut epoll_event,
 ) -> c_int {
-    let ours = !fdtable::no_sdp() && fdtable::is_sdp(fd)
+    let ours = !table::no_sdp() && table::is_sdp(fd)
         || COUNT.load(Ordering::Relaxed) != 0
             && with_registry(|r| r.by_key.contains_key(&(epfd, fd)));
     if ours {
@@ -636,7 +638,7 @@ fn touch_pending(epfd: c_int) {
 
 /// Epoll sets some thread of this process is waiting on (-1: a free
 /// slot), read at a `fork`: the SDP connections registered in them are in
-/// use ([`crate::fdtable::StreamHandle::in_use`]). One atomic store in,
+/// use ([`crate::table::StreamHandle::in_use`]). One atomic store in,
 /// one out; with more waiting threads than slots, the extra ones are not
 /// seen (their sets' connections go pending as before).
 static WAITING: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
@@ -663,7 +665,7 @@ impl Drop for Waiting {
 
 /// Before a `fork` (the fork gate is closed, so no other thread holds the
 /// registry): whether `h` is registered in a set that a thread waits on.
-pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
+pub(super) fn in_waited_set(h: &table::StreamHandle) -> bool {
     let sets: Vec<c_int> = WAITING
         .iter()
         .map(|slot| slot.load(Ordering::Acquire))

@@ -11,14 +11,14 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::protect;
-use crate::fdtable::{
-    self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
-};
 use crate::sdp::{Errno, RecvFlags, SendFlags};
 use crate::sys::addr::{socket_name, write_sockaddr};
 use crate::sys::errno::{fail, SavedErrno};
 use crate::sys::guard::Guard;
 use crate::sys::real;
+use crate::table::{
+    self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
+};
 use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 /// while no fd is SDP.
 #[inline]
 fn sdp_stream(fd: c_int) -> Route {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return Route::Kernel;
     }
     let Some(g) = Guard::enter() else {
@@ -42,13 +42,13 @@ fn sdp_stream(fd: c_int) -> Route {
         // (or the preload itself, which never uses an SDP fd number): the
         // kernel socket carries the SDP byte stream, so the call must not
         // go there, and the endpoint is busy on this very thread.
-        return if fdtable::is_sdp(fd) {
+        return if table::is_sdp(fd) {
             Route::Reentrant
         } else {
             Route::Kernel
         };
     };
-    match fdtable::stream(fd) {
+    match table::stream(fd) {
         Some(h) => Route::Sdp(h, g),
         None => Route::Kernel,
     }
@@ -125,7 +125,7 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSlice<'a>>, Errn
 fn timeout(fd: c_int, h: &StreamHandle, name: c_int) -> Option<Duration> {
     let slot = &h.timeouts[usize::from(name == libc::SO_SNDTIMEO)];
     let ns = match slot.load(Ordering::Relaxed) {
-        fdtable::TIMEOUT_UNKNOWN => {
+        table::TIMEOUT_UNKNOWN => {
             let t = kernel_timeout(fd, name).map_or(0, |t| t.as_nanos() as u64);
             slot.store(t, Ordering::Relaxed);
             t
@@ -244,7 +244,7 @@ fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
 /// (the service thread also publishes every `SDP_STAT_INTERVAL_MS`).
 fn publish_stats(fd: c_int, h: &StreamHandle) {
     if let Some(stats) = h.endpoint.stats() {
-        fdtable::publish_stats(fd, &stats);
+        table::publish_stats(fd, &stats);
     }
 }
 
@@ -575,7 +575,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if n <= buflen && !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if n <= buflen && !table::no_sdp() && table::is_sdp(fd) {
         // SAFETY: the program's arguments, n <= the buffer's size.
         return unsafe { recvfrom(fd, p, n, flags, addr, len) };
     }
@@ -619,7 +619,7 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     timeout: *mut timespec,
 ) -> c_int {
-    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if !table::no_sdp() && table::is_sdp(fd) {
         // A stream socket: one message is all a sensible program asks for.
         if n == 0 {
             return 0;
@@ -730,7 +730,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int {
-    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if !table::no_sdp() && table::is_sdp(fd) {
         let mut sent = 0;
         while sent < n {
             // SAFETY: the program's array of n mmsghdrs.
@@ -867,7 +867,7 @@ unsafe fn sdp_accept_inner(
         // SAFETY: the program's arguments, passed on.
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
-    let Some(h) = fdtable::listener(fd) else {
+    let Some(h) = table::listener(fd) else {
         // SAFETY: the program's arguments, passed on.
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
@@ -889,7 +889,7 @@ unsafe fn sdp_accept_inner(
                         real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
                     }
                 }
-                let l = fdtable::get(fd);
+                let l = table::get(fd);
                 let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
                 e.role = SocketRole::Accepted;
                 e.want = l.as_ref().and_then(|l| l.want);
@@ -907,7 +907,7 @@ unsafe fn sdp_accept_inner(
                 };
                 e.peer = Some(acc.peer);
                 e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
-                fdtable::insert(new, e);
+                table::insert(new, e);
                 drop(_errno);
                 // SAFETY: the program's (addr, len) pair.
                 unsafe { write_sockaddr(acc.peer, addr, len) };
@@ -1115,7 +1115,7 @@ mod tests {
             )
         };
         assert_eq!((r, v), (0, 5));
-        fdtable::update(app, |e| e.peer = Some("10.1.2.3:5201".parse().unwrap()));
+        table::update(app, |e| e.peer = Some("10.1.2.3:5201".parse().unwrap()));
         // SAFETY: an all-zero sockaddr_storage is valid.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
@@ -1141,7 +1141,7 @@ mod tests {
         let (app, _peer) = socketpair();
         let ep = FakeEndpoint::new();
         install(app, ep.clone());
-        fdtable::update(app, |e| e.role = crate::fdtable::SocketRole::Client);
+        table::update(app, |e| e.role = crate::table::SocketRole::Client);
         let raw = crate::sys::addr::RawAddr::new("127.0.0.1:9".parse().unwrap());
         // SAFETY: a complete local address.
         let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
@@ -1209,13 +1209,13 @@ mod tests {
         // SAFETY: duplicating our own fd.
         let copy = unsafe { super::super::socket::dup(app) };
         assert!(copy > app);
-        assert!(fdtable::is_sdp(copy));
+        assert!(table::is_sdp(copy));
         // SAFETY: closing our own fds.
         unsafe { super::super::socket::close(app) };
         assert_eq!(ep.closes(), 0);
         // SAFETY: as above.
         unsafe { super::super::socket::close(copy) };
         assert_eq!(ep.closes(), 1);
-        assert!(!fdtable::is_managed(copy));
+        assert!(!table::is_managed(copy));
     }
 }

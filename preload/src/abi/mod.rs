@@ -1,7 +1,7 @@
 //! The interposed C functions (DESIGN §6 "Calls covered").
 //!
 //! Every hook starts on a fast path that costs a relaxed atomic load or two
-//! and no allocation: while no fd is in SDP state ([`fdtable::no_sdp`]) the
+//! and no allocation: while no fd is in SDP state ([`table::no_sdp`]) the
 //! data-path hooks call the C library at once; the lifecycle hooks
 //! (`socket`, `connect`, `listen`, `accept`, `close`, `dup`...) touch the
 //! fd table only for the sockets it manages, found lock-free.
@@ -22,10 +22,10 @@ pub mod io;
 pub mod poll;
 pub mod socket;
 
-use crate::fdtable;
 use crate::log::Level;
 use crate::sys::guard::{foreign_process, note_pid, Guard};
 use crate::sys::real;
+use crate::table;
 use libc::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -104,22 +104,22 @@ fn exit_flush_time() -> std::time::Duration {
 pub fn flush_all(deadline: std::time::Instant) -> usize {
     let mut seen: Vec<*const ()> = Vec::new();
     let mut listeners: Vec<*const ()> = Vec::new();
-    fdtable::for_each(|_, e| match &e.sdp {
-        fdtable::SdpSide::Stream(h) => {
+    table::for_each(|_, e| match &e.sdp {
+        table::SdpSide::Stream(h) => {
             let key = std::sync::Arc::as_ptr(h).cast::<()>();
             if !seen.contains(&key) {
                 seen.push(key);
                 h.endpoint.flush_at_exit(deadline);
             }
         }
-        fdtable::SdpSide::Listener(h) => {
+        table::SdpSide::Listener(h) => {
             let key = std::sync::Arc::as_ptr(h).cast::<()>();
             if !listeners.contains(&key) {
                 listeners.push(key);
                 h.listener.exiting();
             }
         }
-        fdtable::SdpSide::None => {}
+        table::SdpSide::None => {}
     });
     seen.len()
 }
@@ -136,7 +136,7 @@ fn exit_flush() {
         "exit",
         || {
             let deadline = std::time::Instant::now() + exit_flush_time();
-            if !fdtable::no_sdp() {
+            if !table::no_sdp() {
                 flush_all(deadline);
             }
             if let Some(b) = crate::sdp::backend() {
@@ -195,13 +195,13 @@ unsafe fn real_exit(status: c_int) -> ! {
 
 /// Calls `f` once per SDP side (however many fd numbers share it), with
 /// the fork gate closed by this thread.
-fn each_side_unguarded(mut f: impl FnMut(&fdtable::SdpSide)) {
+fn each_side_unguarded(mut f: impl FnMut(&table::SdpSide)) {
     let mut seen: Vec<*const ()> = Vec::new();
-    fdtable::for_each_unguarded(|_, e| {
+    table::for_each_unguarded(|_, e| {
         let key = match &e.sdp {
-            fdtable::SdpSide::None => return,
-            fdtable::SdpSide::Stream(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
-            fdtable::SdpSide::Listener(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+            table::SdpSide::None => return,
+            table::SdpSide::Stream(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
+            table::SdpSide::Listener(h) => std::sync::Arc::as_ptr(h).cast::<()>(),
         };
         if !seen.contains(&key) {
             seen.push(key);
@@ -218,8 +218,8 @@ fn fork_failed() {
         "fork",
         || {
             let mut seen: Vec<*const ()> = Vec::new();
-            fdtable::for_each(|_, e| {
-                if let fdtable::SdpSide::Stream(h) = &e.sdp {
+            table::for_each(|_, e| {
+                if let table::SdpSide::Stream(h) = &e.sdp {
                     let key = std::sync::Arc::as_ptr(h).cast::<()>();
                     if !seen.contains(&key) {
                         seen.push(key);
@@ -233,7 +233,7 @@ fn fork_failed() {
 }
 
 extern "C" fn atfork_prepare() {
-    fdtable::fork_prepare();
+    table::fork_prepare();
     if foreign_process() {
         return;
     }
@@ -244,9 +244,9 @@ extern "C" fn atfork_prepare() {
     protect(
         "fork (prepare)",
         || {
-            if !fdtable::no_sdp() {
+            if !table::no_sdp() {
                 each_side_unguarded(|side| {
-                    if let fdtable::SdpSide::Stream(h) = side {
+                    if let table::SdpSide::Stream(h) = side {
                         let in_use = h.in_use() || epoll::in_waited_set(h);
                         h.endpoint.fork_prepare(in_use);
                     }
@@ -265,11 +265,11 @@ extern "C" fn atfork_parent() {
         protect(
             "fork (parent)",
             || {
-                if !fdtable::no_sdp() {
+                if !table::no_sdp() {
                     each_side_unguarded(|side| match side {
-                        fdtable::SdpSide::None => {}
-                        fdtable::SdpSide::Stream(h) => h.endpoint.fork_parent(),
-                        fdtable::SdpSide::Listener(h) => h.listener.fork_parent(),
+                        table::SdpSide::None => {}
+                        table::SdpSide::Stream(h) => h.endpoint.fork_parent(),
+                        table::SdpSide::Listener(h) => h.listener.fork_parent(),
                     });
                 }
                 backend.fork_parent();
@@ -277,13 +277,13 @@ extern "C" fn atfork_parent() {
             || (),
         );
     }
-    fdtable::fork_done();
+    table::fork_done();
 }
 
 extern "C" fn atfork_child() {
     note_pid();
     // The only thread: the gate may open before the fix-ups.
-    fdtable::fork_done();
+    table::fork_done();
     let Some(_g) = Guard::enter() else {
         return;
     };
@@ -295,9 +295,9 @@ extern "C" fn atfork_child() {
                 backend.fork_child();
             }
             each_side_unguarded(|side| match side {
-                fdtable::SdpSide::None => {}
-                fdtable::SdpSide::Stream(h) => h.endpoint.fork_child(),
-                fdtable::SdpSide::Listener(h) => h.listener.fork_child(),
+                table::SdpSide::None => {}
+                table::SdpSide::Stream(h) => h.endpoint.fork_child(),
+                table::SdpSide::Listener(h) => h.listener.fork_child(),
             });
         },
         || (),

@@ -18,11 +18,11 @@
 
 use super::endpoint::{Ep, State};
 use super::service;
-use crate::fdtable::{self, TcpReason};
 use crate::log::Level;
 use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
 use crate::sys::addr::{socket_name, RawAddr};
 use crate::sys::real;
+use crate::table::{self, TcpReason};
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::SdpStream;
@@ -267,7 +267,7 @@ impl Connector {
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
         // A cached answer needs no CpPort: no bind before the connect.
         let cached = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             super::pm().cached(ap)
         };
         if app_local.is_none() && cached.is_none() {
@@ -287,7 +287,7 @@ impl Connector {
                 let cp = socket_name(fd, false)
                     .map(plain)
                     .ok_or(TcpReason::Internal)?;
-                let _g = fdtable::enter_gate();
+                let _g = table::enter_gate();
                 super::pm().start(ap, cp)
             }
         };
@@ -331,7 +331,7 @@ impl Connector {
         // Connected to the SDP address or tried: remember, for this host,
         // that SDP did not work (the cached PMAccept becomes a denial).
         {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             super::pm().sdp_connect_failed(self.ap);
         }
         Step::Done(Err(Fail {
@@ -361,7 +361,7 @@ impl Connector {
                         return step;
                     }
                     let decision = {
-                        let _g = fdtable::enter_gate();
+                        let _g = table::enter_gate();
                         super::pm().finish(*q)
                     };
                     match decision {
@@ -513,7 +513,7 @@ impl Connector {
     /// as `nonblock`. The old socket (connected to the SDP address, or
     /// reset) closes with our last reference to it.
     fn replace_socket(&self, nonblock: bool) -> Result<(), Errno> {
-        let opts = fdtable::get(self.fd).map(|e| e.opts).unwrap_or_default();
+        let opts = table::get(self.fd).map(|e| e.opts).unwrap_or_default();
         let domain = if self.v6 {
             libc::AF_INET6
         } else {
@@ -598,8 +598,8 @@ impl Connector {
                     ep.set_socket(stream.socket_fd());
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
-                    fdtable::update(fd, |e| {
-                        if matches!(&e.sdp, fdtable::SdpSide::Stream(h)
+                    table::update(fd, |e| {
+                        if matches!(&e.sdp, table::SdpSide::Stream(h)
                             if std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&dyn_ep)))
                         {
                             e.local = local;
@@ -625,7 +625,7 @@ impl Connector {
         if let Some(l) = levels.as_mut() {
             let _ = l.set(true, true);
         }
-        let handle = fdtable::stream(fd)
+        let handle = table::stream(fd)
             .filter(|h| std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&ep)));
         let Some(handle) = handle else {
             // The fd number is no longer this connection's: leave it alone.
@@ -681,9 +681,9 @@ impl Connector {
                     if fail.connected {
                         share_socket(fd, other);
                     }
-                    fdtable::fall_back_if(other, &dyn_ep, fail.reason);
+                    table::fall_back_if(other, &dyn_ep, fail.reason);
                 }
-                fdtable::fall_back_if(fd, &dyn_ep, fail.reason);
+                table::fall_back_if(fd, &dyn_ep, fail.reason);
             }
             Err(e) => {
                 *st = State::Failed {
@@ -699,9 +699,8 @@ impl Connector {
 /// The other fd numbers in the table that hold `ep`'s connection.
 fn duplicates(fd: RawFd, ep: &Arc<dyn SdpEndpoint>) -> Vec<RawFd> {
     let mut found = Vec::new();
-    fdtable::for_each(|n, e| {
-        if n != fd && matches!(&e.sdp, fdtable::SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, ep))
-        {
+    table::for_each(|n, e| {
+        if n != fd && matches!(&e.sdp, table::SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, ep)) {
             found.push(n);
         }
     });

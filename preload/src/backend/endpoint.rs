@@ -19,12 +19,12 @@
 
 use super::owner::{Claim, Ownership, Release};
 use super::service::{self, Task};
-use crate::fdtable;
 use crate::log::Level;
 use crate::sdp::{
     Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
 };
 use crate::sys::real;
+use crate::table;
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;
@@ -242,7 +242,7 @@ impl Ep {
     /// outside the fork gate, as a blocked wait does (a fork goes ahead;
     /// the child forgets the call, `fork_child`).
     fn blocking_stream(&self) -> Option<SdpStream> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => Some(s),
             _ => None,
@@ -389,7 +389,7 @@ fn all_ready() -> Readiness {
 
 impl SdpEndpoint for Ep {
     fn readiness(&self) -> Readiness {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => {
                 let st = s.poll_state();
@@ -413,7 +413,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn wake_fd(&self) -> WakeFd {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let st = self.lock();
         if matches!(*st, State::FellBack) {
             return self.fd;
@@ -463,7 +463,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => recv_into(&s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
@@ -494,7 +494,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => send_from(&s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
@@ -521,7 +521,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn shutdown(&self, how: Shutdown) -> Result<(), Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let how_net = match how {
             Shutdown::Read => std::net::Shutdown::Read,
             Shutdown::Write => std::net::Shutdown::Write,
@@ -549,7 +549,7 @@ impl SdpEndpoint for Ep {
 
     fn close(&self, nonblocking: bool) {
         let stream = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected(s) => s,
@@ -573,7 +573,7 @@ impl SdpEndpoint for Ep {
             }
             Release::LetGo => {
                 // Not ours after a fork: let go of the descriptors only.
-                let _g = fdtable::enter_gate();
+                let _g = table::enter_gate();
                 stream.detach();
                 return;
             }
@@ -614,7 +614,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn restore_error(&self, errno: Errno) {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {
             s.restore_error(&io::Error::from_raw_os_error(errno));
         }
@@ -623,14 +623,14 @@ impl SdpEndpoint for Ep {
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
         if (level, name) == (libc::SOL_SOCKET, libc::SO_OOBINLINE) {
             let on = value.iter().any(|&b| b != 0);
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if let Access::Stream(s) = self.access() {
                 s.set_oob_inline(on);
             }
         }
         if (level, name) == (libc::SOL_SOCKET, libc::SO_SNDBUF) {
             // What the kernel made of it (twice the value, within limits).
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if let (Some(v), Access::Stream(s)) = (kernel_int(self.fd, level, name), self.access())
             {
                 s.set_send_buffer(v.max(1) as u64);
@@ -654,7 +654,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn fionread(&self) -> usize {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => usize::try_from(s.bytes_readable()).unwrap_or(usize::MAX),
             Access::FellBack => {
@@ -668,7 +668,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn at_mark(&self) -> bool {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => s.at_mark(),
             _ => false,
@@ -676,7 +676,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn take_error(&self) -> Option<Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => s.take_error().ok().flatten().map(|e| errno_of(&e)),
             Access::Failed => {
@@ -689,7 +689,7 @@ impl SdpEndpoint for Ep {
 
     fn stats(&self) -> Option<Stats> {
         use crate::sdp::Messages;
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let stream = match &*self.lock() {
             // Another process goes on with it: nothing to report, and its
             // lock may be held for good in this copy (`Ownership::lost`)
@@ -791,7 +791,7 @@ impl SdpEndpoint for Ep {
             Release::LetGo | Release::Watch => return,
         };
         let stream = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected(s) => s,
@@ -855,7 +855,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn pump(&self) {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {
             s.pump();
         }

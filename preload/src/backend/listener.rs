@@ -41,9 +41,9 @@
 
 use super::endpoint::Ep;
 use super::service::{self, Task};
-use crate::fdtable;
 use crate::log::Level;
 use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
+use crate::table;
 use iwarp::engine::Event as QpEvent;
 use iwarp::mem::VecMemory;
 use portmapper::control::ControlClient;
@@ -214,7 +214,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     // fork gate, as every use of the queue's lock: a fork never finds it
     // held).
     {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         lst.sh.kick();
     }
     service::submit(Task::Registration(lst.sh.clone()));
@@ -693,7 +693,7 @@ fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
 
 impl SdpListener for Lst {
     fn readiness(&self) -> Readiness {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         Readiness {
             readable: !self.sh.lock().ready.is_empty() || self.sh.q_pending(),
             ..Readiness::default()
@@ -701,7 +701,7 @@ impl SdpListener for Lst {
     }
 
     fn wake_fd(&self) -> WakeFd {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         self.sh.lock().wake.as_raw_fd()
     }
 
@@ -710,12 +710,12 @@ impl SdpListener for Lst {
     }
 
     fn setting_up(&self) -> bool {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         self.sh.lock().setting_up > 0
     }
 
     fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         loop {
             let r = {
                 let mut q = self.sh.lock();
@@ -774,7 +774,7 @@ impl SdpListener for Lst {
 
     fn close(&self) {
         let (ready, control) = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut q = self.sh.lock();
             q.closed = true;
             let ready: Vec<Ready> = q.ready.drain(..).collect();
@@ -821,7 +821,7 @@ impl SdpListener for Lst {
     fn exiting(&self) {
         self.sh.listening.store(false, Ordering::Release);
         let ready: Vec<Ready> = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             self.sh.lock().ready.drain(..).collect()
         };
         drop(ready);

@@ -22,8 +22,8 @@ pub mod listener;
 pub mod owner;
 pub mod service;
 
-use crate::fdtable::TcpReason;
 use crate::sdp::{self, ConnectOutcome, SdpBackend, SdpListener};
+use crate::table::TcpReason;
 use libc::c_int;
 use portmapper::client::ClientConfig;
 use portmapper::net::PmClient;

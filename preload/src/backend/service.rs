@@ -16,8 +16,8 @@
 use super::connect::{Connector, Step};
 use super::listener::{Handshake, HsStep, Shared as ListenerShared};
 use super::owner::{Orphan, OrphanStep};
-use crate::fdtable::{self, SdpSide};
 use crate::sys::real;
+use crate::table::{self, SdpSide};
 use sdp_core::stream::SdpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -85,16 +85,16 @@ pub fn submit(task: Task) {
             "the SDP service thread cannot start; a connection setup is dropped"
         );
         if let Task::Connect(c) = task {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             c.finish(Err(super::connect::Fail {
-                reason: fdtable::TcpReason::Internal,
+                reason: table::TcpReason::Internal,
                 connected: false,
             }));
         }
         return;
     };
     {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         s.queue.lock().unwrap_or_else(|p| p.into_inner()).push(task);
     }
     let one: u64 = 1;
@@ -123,13 +123,13 @@ fn stat_interval() -> Option<Duration> {
 /// the lock of a connection the parent kept may be held for good, and
 /// this thread, waiting for it, would leave every task stranded).
 fn publish_all() {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return;
     }
-    fdtable::for_each(|fd, e| {
+    table::for_each(|fd, e| {
         if let SdpSide::Stream(h) = &e.sdp {
             if let Some(stats) = h.endpoint.stats() {
-                fdtable::publish_stats(fd, &stats);
+                table::publish_stats(fd, &stats);
             }
         }
     });
@@ -252,7 +252,7 @@ impl Service {
             // SAFETY: our own pollfd vector.
             unsafe { real::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             let now = Instant::now();
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if pfds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: an 8-byte eventfd read into a local.
