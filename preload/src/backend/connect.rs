@@ -17,7 +17,7 @@
 //! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
 
 use super::endpoint::{Ep, State};
-use super::service;
+use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
 use crate::sys::addr::{socket_name, RawAddr};
@@ -693,6 +693,39 @@ impl Connector {
                 };
             }
         }
+    }
+}
+
+/// A nonblocking connect, carried on by the service thread.
+impl Task for Connector {
+    fn advance(
+        mut self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if self.abandoned() {
+            return None;
+        }
+        match self.step(now) {
+            Step::Wait {
+                fd,
+                events,
+                deadline,
+            } => Some((self, (fd, events, deadline))),
+            Step::Done(r) => {
+                (*self).finish(r);
+                None
+            }
+        }
+    }
+
+    /// No service thread: the connect fails as after an internal error.
+    fn dropped(self: Box<Self>) {
+        let _g = table::enter_gate();
+        self.finish(Err(Fail {
+            reason: TcpReason::Internal,
+            connected: false,
+        }));
     }
 }
 

@@ -17,8 +17,8 @@
 //! stream's locks held) and first claims the connection for this process
 //! ([`super::owner`]).
 
-use super::owner::{Claim, Ownership, Release};
-use super::service::{self, Task};
+use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
+use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
     Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
@@ -69,7 +69,7 @@ pub struct Ep {
     sock: AtomicI32,
     /// A nonblocking connect waiting for the hooks to record the endpoint
     /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
-    connector: Mutex<Option<Box<super::connect::Connector>>>,
+    connector: Mutex<Option<Box<dyn Task>>>,
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
@@ -190,8 +190,9 @@ impl Ep {
         self.sock.store(fd, Ordering::Relaxed);
     }
 
-    /// The nonblocking connect to start once the hooks recorded us.
-    pub fn park_connector(&self, c: Box<super::connect::Connector>) {
+    /// The nonblocking connect (the service thread's task) to start once
+    /// the hooks recorded us.
+    pub fn park_connector(&self, c: Box<dyn Task>) {
         *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
     }
 
@@ -581,7 +582,7 @@ impl SdpEndpoint for Ep {
                 // Another process holds a copy: it may take the connection
                 // or be gone without, and then this one closes it.
                 match self.own.orphan() {
-                    Some(o) => service::submit(Task::Orphan(Box::new((o, stream)))),
+                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
                     None => stream.detach(),
                 }
                 return;
@@ -868,7 +869,39 @@ impl SdpEndpoint for Ep {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(c) = pending {
-            super::service::submit(super::service::Task::Connect(c));
+            service::submit(c);
+        }
+    }
+}
+
+/// A connection this process let go of after a fork while another
+/// process held a copy (see [`super::owner`]): the service thread watches
+/// the other holders.
+struct Orphaned(Orphan, SdpStream);
+
+/// How often an orphan's other holders are looked at.
+const ORPHAN_LOOK: Duration = Duration::from_millis(200);
+
+impl Task for Orphaned {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        match self.0.step() {
+            OrphanStep::Wait => Some((self, (-1, 0, Some(now + ORPHAN_LOOK)))),
+            OrphanStep::LetGo => {
+                self.1.detach();
+                None
+            }
+            OrphanStep::Close => {
+                // Every other holder is gone: the close they would have
+                // made, graceful, by this process's progress thread.
+                let Orphaned(_, stream) = *self;
+                let _ = stream.resume_progress();
+                drop(stream);
+                None
+            }
         }
     }
 }

@@ -40,7 +40,7 @@
 //! nothing but a socket.
 
 use super::endpoint::Ep;
-use super::service::{self, Task};
+use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
 use crate::table;
@@ -217,8 +217,41 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
         let _g = table::enter_gate();
         lst.sh.kick();
     }
-    service::submit(Task::Registration(lst.sh.clone()));
+    service::submit(Box::new(Registration(lst.sh.clone())));
     Ok(lst)
+}
+
+/// The service thread's task taking connections from Q
+/// ([`Shared::listen_step`]).
+struct Listen(Arc<Shared>);
+
+impl Task for Listen {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if !self.0.listen_step(now, spawned) {
+            return None;
+        }
+        let fd = self.0.q_fd();
+        Some((self, (fd, libc::POLLIN, None)))
+    }
+}
+
+/// The service thread's task keeping the hidden listener registered with
+/// the port mapper ([`Shared::registration_step`]).
+struct Registration(Arc<Shared>);
+
+impl Task for Registration {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        let wait = self.0.registration_step(now)?;
+        Some((self, wait))
+    }
 }
 
 impl Shared {
@@ -322,14 +355,14 @@ impl Shared {
     /// none runs.
     fn kick(self: &Arc<Self>) {
         if self.wanted() && !self.task.swap(true, Ordering::AcqRel) {
-            service::submit(Task::Listen(self.clone()));
+            service::submit(Box::new(Listen(self.clone())));
         }
     }
 
     /// The service thread's task on Q (inside the fork gate): takes the
     /// connections wanted and starts their setup; false when it ends
     /// (nothing wanted: a later want starts another).
-    pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) -> bool {
+    pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) -> bool {
         self.take_connections(now, out);
         if self.wanted() {
             return true;
@@ -341,13 +374,13 @@ impl Shared {
     }
 
     /// Takes the connections waiting on Q, as many as wanted.
-    fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
+    fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) {
         while self.wanted() {
             let Some((tcp, peer)) = self.take_q() else {
                 return;
             };
             match Handshake::new(self.clone(), tcp, peer, now) {
-                Ok(h) => out.push(Task::Handshake(Box::new(h))),
+                Ok(h) => out.push(Box::new(h)),
                 Err(e) => {
                     self.setup_failed();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
@@ -404,7 +437,7 @@ impl Shared {
                 // setup short, where TCP's connect is complete.
                 Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
                     Ok(h) => {
-                        service::submit(Task::Handshake(Box::new(h)));
+                        service::submit(Box::new(h));
                         return Some(());
                     }
                     Err(e) => {
@@ -414,7 +447,7 @@ impl Shared {
                 },
                 Some(Err(())) => self.setup_failed(),
                 None => {
-                    service::submit(Task::Handshake(Box::new(h)));
+                    service::submit(Box::new(h));
                     return Some(());
                 }
             }
@@ -689,6 +722,27 @@ fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor of ours.
     Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
+/// The setup of one connection, carried on by the service thread.
+impl Task for Handshake {
+    fn advance(
+        mut self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if self.abandoned() {
+            return None;
+        }
+        match self.step(now) {
+            HsStep::Wait {
+                fd,
+                events,
+                deadline,
+            } => Some((self, (fd, events, deadline))),
+            HsStep::Done => None,
+        }
+    }
 }
 
 impl SdpListener for Lst {

@@ -11,6 +11,10 @@
 //!   publishes statistics.
 //! * [`owner`] — which process drives a connection a `fork` made shared.
 //!
+//! Inside, imports go one way too: `connect` and `listener` use
+//! `endpoint`, which uses `owner`; they hand work to `service`, which
+//! knows it only as [`service::Task`] trait objects.
+//!
 //! Environment: `SDP_PM_PORT` (the port mapper's UDP port, default 3935),
 //! `SDP_PM_CONTROL` (its control socket), `SDP_STAT_INTERVAL_MS`,
 //! `SDP_ENGINE=0` (no SDP at all). The progress thread of `sdp-core` moves
