@@ -4,10 +4,10 @@
 //! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
 //! SDP connection only has to offer the non-blocking operations below.
 //! The SDP engine (`backend`, a layer above) implements these traits over
-//! `sdp-core` and `abi::init` installs it (unless `SDP_ENGINE=0`); without
-//! it every connection is TCP with the reason [`TcpReason::NoEngine`].
-//! The interface sits below the fd table, which stores the endpoints, and
-//! imports nothing of the crate.
+//! `sdp-core` and `abi::process::init` installs it (unless
+//! `SDP_ENGINE=0`); without it every connection is TCP with the reason
+//! [`TcpReason::NoEngine`]. The interface sits below the fd table, which
+//! stores the endpoints, and imports nothing of the crate.
 //!
 //! Contract shared by every method:
 //! * No method blocks. "Nothing now" is `Err(EAGAIN)`; the hooks wait on

@@ -1,5 +1,5 @@
-//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile`, their `_chk`
-//! variants, and accepting from a hidden SDP listener.
+//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile` and their
+//! `_chk` variants.
 //!
 //! On an SDP fd the hooks give the program the socket semantics on top of
 //! the endpoint's non-blocking operations (DESIGN §6 "Blocking
@@ -12,19 +12,15 @@
 
 use super::protect;
 use crate::sdp::{Errno, RecvFlags, SendFlags};
-use crate::sys::addr::{socket_name, write_sockaddr};
 use crate::sys::errno::{fail, SavedErrno};
 use crate::sys::guard::Guard;
 use crate::sys::real;
-use crate::table::{
-    self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
-};
+use crate::table::{self, StreamHandle};
 use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
 };
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -834,136 +830,6 @@ pub unsafe extern "C" fn sendfile64(
     unsafe { real::sendfile64(out, input, offset, n) }
 }
 
-/// `accept` on a listening fd with a hidden SDP listener beside it: the
-/// first connection from either, SDP or TCP.
-/// How long a nonblocking `accept` waits for a connection whose setup is
-/// under way (one round trip, the client's RTR, is left once its MPA
-/// Request is answered): the listener was readable for it, and a program
-/// that saw it readable must not get `EAGAIN`, as from TCP's queue. The
-/// bound holds a client that stalls in its setup from stalling the program.
-const SETUP_WAIT: Duration = Duration::from_millis(500);
-
-pub unsafe fn sdp_accept(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    protect(
-        "accept",
-        // SAFETY: the program's arguments.
-        || unsafe { sdp_accept_inner(fd, addr, len, flags) },
-        || fail(libc::ECONNABORTED),
-    )
-}
-
-unsafe fn sdp_accept_inner(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    let Some(_g) = Guard::enter() else {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept4(fd, addr, len, flags) };
-    };
-    let Some(h) = table::listener(fd) else {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept4(fd, addr, len, flags) };
-    };
-    let dontwait = h.nonblock.load(Ordering::Relaxed);
-    // How long a nonblocking call waits for a connection already in setup.
-    let setup_deadline = Instant::now() + SETUP_WAIT;
-    loop {
-        match h.listener.accept(dontwait) {
-            Ok(acc) => {
-                let new = acc.fd.into_raw_fd();
-                let _errno = SavedErrno::save();
-                // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
-                unsafe {
-                    if flags & libc::SOCK_NONBLOCK != 0 {
-                        let fl = real::fcntl(new, libc::F_GETFL, 0);
-                        real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
-                    }
-                    if flags & libc::SOCK_CLOEXEC != 0 {
-                        real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
-                    }
-                }
-                let l = table::get(fd);
-                let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
-                e.role = SocketRole::Accepted;
-                e.want = l.as_ref().and_then(|l| l.want);
-                e.decided_by = DecidedBy::Listener;
-                e.rule = l.as_ref().map_or(0, |l| l.rule);
-                e.transport = Transport::Sdp;
-                e.reason = TcpReason::None;
-                // Report the listening port P, not the hidden port Q.
-                e.local = match (l.as_ref().and_then(|l| l.local), socket_name(new, false)) {
-                    (Some(p), Some(mut q)) => {
-                        q.set_port(p.port());
-                        Some(q)
-                    }
-                    (p, q) => p.or(q),
-                };
-                e.peer = Some(acc.peer);
-                e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
-                table::insert(new, e);
-                drop(_errno);
-                // SAFETY: the program's (addr, len) pair.
-                unsafe { write_sockaddr(acc.peer, addr, len) };
-                return new;
-            }
-            Err(e) if e == libc::EAGAIN => {}
-            Err(e) => return fail(e),
-        }
-        // Then the kernel listener, without blocking in it; a blocking call
-        // waits for either listener, and for a connection whose setup went
-        // on in the background.
-        let pollfd = |fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut p = [
-            pollfd(fd),
-            pollfd(h.listener.wake_fd()),
-            pollfd(h.listener.queue_fd().unwrap_or(-1)),
-        ];
-        let t = if !dontwait {
-            -1
-        } else if h.listener.setting_up() {
-            let left = setup_deadline.saturating_duration_since(Instant::now());
-            left.as_millis() as c_int
-        } else {
-            0
-        };
-        // SAFETY: three local pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
-        if r < 0 {
-            return -1;
-        }
-        if p[0].revents != 0 {
-            // The kernel listener is nonblocking: another process (or
-            // thread) sharing it may have taken the connection.
-            // SAFETY: the program's arguments, passed on.
-            let new = unsafe { real::accept4(fd, addr, len, flags) };
-            if new >= 0 {
-                // SAFETY: the kernel filled (addr, len) for `new`.
-                unsafe { super::socket::record_accepted(fd, new, addr, len) };
-                return new;
-            }
-            let e = real::errno();
-            if e != libc::EAGAIN || dontwait {
-                return -1;
-            }
-            continue;
-        }
-        if r == 0 {
-            return fail(libc::EAGAIN);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1195,7 +1061,7 @@ mod tests {
         install(app, ep.clone());
         // SAFETY: duplicating our own fd.
         let copy = unsafe { super::super::socket::dup(app) };
-        super::super::flush_all(Instant::now());
+        crate::abi::process::flush_all(Instant::now());
         assert_eq!(ep.flushes(), 1);
         uninstall(copy);
         uninstall(app);

@@ -1,5 +1,5 @@
 //! Readiness hooks: `poll`, `ppoll`, `select`, `pselect`, `__poll_chk`,
-//! `__ppoll_chk` (`epoll` is in [`super::epoll`]).
+//! `__ppoll_chk` (`epoll` has a module of its own).
 //!
 //! While no fd is SDP every call goes to the C library unchanged. When a
 //! set holds SDP fds, `poll`/`select` report their readiness from the

@@ -1,6 +1,6 @@
 //! Socket lifecycle hooks: creation, the SDP/TCP decision at `connect` and
-//! `listen`, `accept`, names, options, `close`, `dup*`, `fcntl`, `ioctl`,
-//! `fork`.
+//! `listen`, names, options, `close`, `dup*`, `fcntl`, `ioctl` (`accept`
+//! has a module of its own).
 #![allow(clippy::missing_safety_doc)]
 
 use super::protect;
@@ -15,7 +15,7 @@ use crate::sys::errno::{fail, SavedErrno};
 use crate::sys::guard::Guard;
 use crate::sys::real;
 use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
-use libc::{c_int, c_uint, c_ulong, c_void, pid_t, sockaddr, socklen_t};
+use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
 
 /// A socket we did not see created (inherited across `exec`, made with a
 /// raw syscall): manage it from now on if it is a TCP socket.
-fn adopt(fd: c_int) -> bool {
+pub(super) fn adopt(fd: c_int) -> bool {
     if table::is_managed(fd) {
         return true;
     }
@@ -396,7 +396,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     r
 }
 
-fn listen_managed(fd: c_int, backlog: c_int) {
+pub(super) fn listen_managed(fd: c_int, backlog: c_int) {
     let Some(entry) = table::get(fd) else {
         return;
     };
@@ -462,127 +462,6 @@ fn listen_managed(fd: c_int, backlog: c_int) {
         e.local = Some(local);
         e.sdp = side;
     });
-}
-
-/// Records a connection the kernel listener `listener` accepted as `fd`.
-pub(super) unsafe fn record_accepted(
-    listener: c_int,
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-) {
-    let Some(l) = table::get(listener) else {
-        return;
-    };
-    let _errno = SavedErrno::save();
-    let peer = if addr.is_null() || len.is_null() {
-        None
-    } else {
-        // SAFETY: the kernel just filled the program's (addr, *len).
-        unsafe { read_sockaddr(addr, *len) }
-    }
-    .or_else(|| socket_name(fd, true));
-    let local = match l.local {
-        Some(a) if !a.ip().is_unspecified() => Some(a),
-        _ => socket_name(fd, false),
-    };
-    let mut e = Entry::new(l.ipv6, l.forced);
-    e.role = SocketRole::Accepted;
-    e.want = l.want;
-    e.decided_by = DecidedBy::Listener;
-    e.rule = l.rule;
-    e.transport = Transport::Tcp;
-    e.reason = if l.transport == Transport::Sdp {
-        TcpReason::PeerTcp
-    } else {
-        l.reason
-    };
-    e.local = local;
-    e.peer = peer;
-    table::insert(fd, e);
-}
-
-unsafe fn accept_common(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the program's arguments, passed on.
-    let r = unsafe { real::accept4(fd, addr, len, flags) };
-    if r < 0 || !table::is_managed(fd) {
-        return r;
-    }
-    let Some(_g) = Guard::enter() else { return r };
-    // SAFETY: the kernel filled (addr, len) for the new fd.
-    protect(
-        "accept",
-        || unsafe { record_accepted(fd, r, addr, len) },
-        || (),
-    );
-    r
-}
-
-/// A listening socket the program did not `listen` on under the preload
-/// (inherited across `exec`, or from systemd's socket activation) is
-/// managed from its first `accept` on, with its hidden SDP listener. The
-/// check costs one `getsockopt` per `accept` on sockets the preload does
-/// not manage (Unix sockets, say).
-fn adopt_inherited_listener(fd: c_int) {
-    if table::is_managed(fd) || sdp::backend().is_none() {
-        return;
-    }
-    // Not from the preload's own threads (the hidden listeners' accepts).
-    let Some(_g) = Guard::enter() else { return };
-    protect(
-        "accept",
-        || {
-            let _errno = SavedErrno::save();
-            let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
-            if !matches!(domain, Some(libc::AF_INET | libc::AF_INET6)) {
-                return;
-            }
-            if int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != Some(1) {
-                return;
-            }
-            if adopt(fd) {
-                crate::log!(Level::Debug, "fd {fd}: inherited listener adopted");
-                listen_managed(fd, libc::SOMAXCONN);
-            }
-        },
-        || (),
-    );
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    adopt_inherited_listener(fd);
-    if table::listener(fd).is_some() {
-        // SAFETY: the program's arguments.
-        return unsafe { super::io::sdp_accept(fd, addr, len, 0) };
-    }
-    if !table::is_managed(fd) {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept(fd, addr, len) };
-    }
-    // SAFETY: the program's arguments.
-    unsafe { accept_common(fd, addr, len, 0) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn accept4(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    adopt_inherited_listener(fd);
-    if table::listener(fd).is_some() {
-        // SAFETY: the program's arguments.
-        return unsafe { super::io::sdp_accept(fd, addr, len, flags) };
-    }
-    // SAFETY: the program's arguments.
-    unsafe { accept_common(fd, addr, len, flags) }
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -965,18 +844,4 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the program's arguments.
     unsafe { name_common(fd, addr, len, true) }
-}
-
-/// `fork`: the fd table and state export are fixed up by the `pthread_atfork`
-/// handlers the library registers at start, which also run for forks the C
-/// library makes itself (`daemon`).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn fork() -> pid_t {
-    // SAFETY: fork has no arguments; the handlers do the rest.
-    let pid = unsafe { real::fork() };
-    if pid < 0 {
-        let _errno = SavedErrno::save();
-        super::fork_failed();
-    }
-    pid
 }

@@ -1,6 +1,6 @@
 //! The SDP engine behind the hooks: [`crate::sdp`]'s traits implemented
 //! over `sdp-core`'s stream layer and the `portmapper` client, installed by
-//! `abi::init` (unless `SDP_ENGINE=0`).
+//! `abi::process::init` (unless `SDP_ENGINE=0`).
 //!
 //! * [`connect`] — the Connecting Peer: CpPort, port mapper, TCP to S':Q,
 //!   MPA/Hello, or the fallback to TCP on the same fd number.
