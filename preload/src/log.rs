@@ -9,7 +9,7 @@
 //! child after `fork`, or while another thread is inside `malloc`. Nothing
 //! is ever written to standard output.
 
-use crate::real;
+use crate::sys::real;
 use std::ffi::CString;
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU8, Ordering};

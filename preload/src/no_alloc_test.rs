@@ -2,7 +2,7 @@
 //! allocator (per thread, so parallel tests do not disturb it) and the
 //! hooks called on fds the preload does not manage.
 
-use crate::hooks::{epoll, io, poll, socket};
+use crate::abi::{epoll, io, poll, socket};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 

@@ -3,9 +3,11 @@
 //! The hooks keep the program's socket semantics (blocking, timeouts,
 //! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
 //! SDP connection only has to offer the non-blocking operations below.
-//! [`crate::backend`] implements these traits over `sdp-core` and
-//! `hooks::init` installs it (unless `SDP_ENGINE=0`); without it every
-//! connection is TCP with the reason [`TcpReason::NoEngine`].
+//! The SDP engine (`backend`, a layer above) implements these traits over
+//! `sdp-core` and `abi::process::init` installs it (unless
+//! `SDP_ENGINE=0`); without it every connection is TCP with the reason
+//! [`TcpReason::NoEngine`]. The interface sits below the fd table, which
+//! stores the endpoints, and imports nothing of the crate.
 //!
 //! Contract shared by every method:
 //! * No method blocks. "Nothing now" is `Err(EAGAIN)`; the hooks wait on
@@ -16,13 +18,12 @@
 //!   application's fd: it uses `MSG_DONTWAIT` on its own socket calls, so
 //!   `fcntl(F_GETFL)` keeps telling the program what it set.
 //! * The endpoint does its own socket I/O with the functions of
-//!   [`crate::real`] (or raw syscalls), never through the hooks.
+//!   [`crate::sys::real`] (or raw syscalls), never through the hooks.
 //!
-//! [`crate::fdtable`] owns the handles: an fd number, its `dup`s and its
+//! The fd table (`table`) owns the handles: an fd number, its `dup`s and its
 //! copies in forked children share one endpoint; `close` is called when the
 //! last fd number of this process referring to it is closed.
 
-use crate::fdtable::TcpReason;
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
@@ -32,6 +33,55 @@ use std::time::Instant;
 
 /// An `errno` value.
 pub type Errno = c_int;
+
+/// Why a socket that could have been SDP is TCP (`sdp-stat`'s "why").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TcpReason {
+    None = 0,
+    /// A `use tcp` rule.
+    RuleTcp = 1,
+    /// This build has no SDP engine installed.
+    NoEngine = 2,
+    /// The port mapper answered PMDeny.
+    PmDeny = 3,
+    /// The port mapper did not answer after the retries.
+    PmTimeout = 4,
+    /// ICMP port unreachable for the port mapper.
+    PmUnreachable = 5,
+    /// RST on the SDP port.
+    Refused = 6,
+    /// MPA reject.
+    MpaReject = 7,
+    /// The SDP Hello was refused.
+    HelloReject = 8,
+    /// MPA or Hello timeout.
+    Timeout = 9,
+    /// An internal error of the preload (logged).
+    Internal = 10,
+    /// Accepted on the kernel TCP listener (the peer used TCP).
+    PeerTcp = 11,
+}
+
+impl TcpReason {
+    /// The name used in logs and by `sdp-stat`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpReason::None => "-",
+            TcpReason::RuleTcp => "rule-tcp",
+            TcpReason::NoEngine => "no-sdp-engine",
+            TcpReason::PmDeny => "pm-deny",
+            TcpReason::PmTimeout => "pm-timeout",
+            TcpReason::PmUnreachable => "pm-unreachable",
+            TcpReason::Refused => "refused",
+            TcpReason::MpaReject => "mpa-reject",
+            TcpReason::HelloReject => "hello-reject",
+            TcpReason::Timeout => "timeout",
+            TcpReason::Internal => "internal-error",
+            TcpReason::PeerTcp => "peer-tcp",
+        }
+    }
+}
 
 /// Readiness of a connection or listener, exactly as DESIGN §6 defines it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -309,7 +359,7 @@ pub trait SdpEndpoint: Send + Sync {
     fn pump(&self) {}
     /// The hooks recorded the endpoint of [`ConnectOutcome::InProgress`]
     /// in the fd table: the connect may go on in the background now (and
-    /// fall back to TCP with [`crate::fdtable::fall_back_if`]).
+    /// fall back to TCP with `table::fall_back_if`).
     fn recorded(&self) {}
     /// The process is exiting (`exit`, not `_exit`) with this connection
     /// open: block until the bytes accepted by `send` have reached the
@@ -368,7 +418,7 @@ pub enum ConnectOutcome {
     Sdp(Arc<dyn SdpEndpoint>),
     /// Nonblocking connect under way: the endpoint turns writable when it is
     /// up or failed and `take_error` says which (DESIGN §4). If it falls
-    /// back to TCP it calls [`crate::fdtable::fall_back`].
+    /// back to TCP it calls `table::fall_back`.
     InProgress(Arc<dyn SdpEndpoint>),
     /// Not SDP: the hooks connect the same fd with TCP.
     Fallback(TcpReason),

@@ -11,13 +11,13 @@
 //! program that `exec`'d in the same process (a killed process leaves its
 //! file: readers skip files whose pid no longer runs that start time).
 //!
-//! Every writer holds the fd's slot lock in [`crate::fdtable`] (or is the
+//! Every writer holds the fd's slot lock in [`crate::table`] (or is the
 //! only thread, in a forked child), so each record has one writer at a time.
 
-use crate::fdtable::{Entry, CHUNK};
-use crate::real;
 use crate::rules::Family;
 use crate::sdp::Stats;
+use crate::sys::real;
+use crate::table::{self, Entry, CHUNK};
 use std::ffi::CString;
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -84,6 +84,10 @@ fn own_path(dir: &str) -> Option<CString> {
 /// At library start: decides whether the export is on, and removes a file
 /// left under our pid by the program this process was before `exec`.
 pub fn init() {
+    table::set_publisher(table::Publisher {
+        entry: publish,
+        stats: publish_stats,
+    });
     match directory() {
         None => STATUS.store(Status::Off as u8, Ordering::Relaxed),
         Some(dir) => {
@@ -536,7 +540,7 @@ pub fn fork_child() {
     let Some(old) = guard.take() else { return };
     // What the child holds, read before the windows are replaced.
     let mut records: Vec<(i32, [u8; 52], Option<StatsPart>)> = Vec::new();
-    crate::fdtable::for_each_unguarded(|fd, e| {
+    crate::table::for_each_unguarded(|fd, e| {
         let stats = record(fd, false).and_then(stats_part);
         records.push((fd, entry_bytes(e), stats));
     });
@@ -599,9 +603,9 @@ pub fn current_path() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fdtable::{DecidedBy, SocketRole, TcpReason, Transport};
     use crate::sdp::{Counters, Messages, Mode};
     use crate::stat_format::le_u32;
+    use crate::table::{DecidedBy, SocketRole, TcpReason, Transport};
 
     #[test]
     fn records_round_trip_through_the_format() {

@@ -81,15 +81,15 @@ pub struct ProcessState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub fd: u32,
-    /// 0 undecided, 1 TCP, 2 SDP (`fdtable::Transport`).
+    /// 0 undecided, 1 TCP, 2 SDP (`table::Transport`).
     pub transport: u8,
-    /// `fdtable::SocketRole` as a number.
+    /// `table::SocketRole` as a number.
     pub role: u8,
     /// 0 none, 1 sdp, 2 tcp, 3 both.
     pub want: u8,
-    /// `fdtable::DecidedBy` as a number.
+    /// `table::DecidedBy` as a number.
     pub decided_by: u8,
-    /// `fdtable::TcpReason` as a number.
+    /// `table::TcpReason` as a number.
     pub reason: u8,
     pub rule: u16,
     /// 0 (TCP), else `sdp::Mode`.

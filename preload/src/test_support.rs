@@ -3,11 +3,11 @@
 //! on a socket pair end as the `SdpEndpoint` contract asks (the stream
 //! layer's own readiness descriptor).
 
-use crate::fdtable::{self, Entry, SdpSide, Transport};
 use crate::sdp::{
     Counters, Errno, Messages, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats,
     WakeFd,
 };
+use crate::table::{self, Entry, SdpSide, Transport};
 use libc::c_int;
 use sdp_core::stream::readiness::Readiness as Levels;
 use std::collections::VecDeque;
@@ -268,12 +268,12 @@ pub fn install(fd: c_int, ep: Arc<FakeEndpoint>) {
     let mut e = Entry::new(false, false);
     e.transport = Transport::Sdp;
     e.sdp = SdpSide::stream(ep, false);
-    fdtable::insert(fd, e);
+    table::insert(fd, e);
 }
 
 /// Takes `fd` out of the table and closes it.
 pub fn uninstall(fd: c_int) {
-    fdtable::remove(fd);
+    table::remove(fd);
     // SAFETY: our own fd.
     unsafe { libc::close(fd) };
 }

@@ -17,12 +17,12 @@
 //! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
 
 use super::endpoint::{Ep, State};
-use super::service;
-use crate::fdtable::{self, TcpReason};
-use crate::hooks::{socket_name, RawAddr};
+use super::service::{self, Task, Wait};
 use crate::log::Level;
-use crate::real;
 use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
+use crate::sys::addr::{socket_name, RawAddr};
+use crate::sys::real;
+use crate::table::{self, TcpReason};
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::SdpStream;
@@ -168,7 +168,7 @@ fn bind_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
 }
 
 fn so_error(fd: RawFd) -> Errno {
-    crate::hooks::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(libc::EIO)
+    crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(libc::EIO)
 }
 
 fn set_nonblock(fd: RawFd, on: bool) {
@@ -261,13 +261,13 @@ impl Connector {
     /// Binds the socket (CpPort) and asks the port mapper (or its cache).
     fn new(fd: RawFd, dest: SocketAddr, sdp_only: bool) -> Result<Connector, TcpReason> {
         let sock = dup_cloexec(fd).ok_or(TcpReason::Internal)?;
-        let v6 = crate::hooks::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+        let v6 = crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
             == Some(libc::AF_INET6);
         let ap = plain(dest);
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
         // A cached answer needs no CpPort: no bind before the connect.
         let cached = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             super::pm().cached(ap)
         };
         if app_local.is_none() && cached.is_none() {
@@ -287,7 +287,7 @@ impl Connector {
                 let cp = socket_name(fd, false)
                     .map(plain)
                     .ok_or(TcpReason::Internal)?;
-                let _g = fdtable::enter_gate();
+                let _g = table::enter_gate();
                 super::pm().start(ap, cp)
             }
         };
@@ -331,7 +331,7 @@ impl Connector {
         // Connected to the SDP address or tried: remember, for this host,
         // that SDP did not work (the cached PMAccept becomes a denial).
         {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             super::pm().sdp_connect_failed(self.ap);
         }
         Step::Done(Err(Fail {
@@ -361,7 +361,7 @@ impl Connector {
                         return step;
                     }
                     let decision = {
-                        let _g = fdtable::enter_gate();
+                        let _g = table::enter_gate();
                         super::pm().finish(*q)
                     };
                     match decision {
@@ -513,7 +513,7 @@ impl Connector {
     /// as `nonblock`. The old socket (connected to the SDP address, or
     /// reset) closes with our last reference to it.
     fn replace_socket(&self, nonblock: bool) -> Result<(), Errno> {
-        let opts = fdtable::get(self.fd).map(|e| e.opts).unwrap_or_default();
+        let opts = table::get(self.fd).map(|e| e.opts).unwrap_or_default();
         let domain = if self.v6 {
             libc::AF_INET6
         } else {
@@ -598,8 +598,8 @@ impl Connector {
                     ep.set_socket(stream.socket_fd());
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
-                    fdtable::update(fd, |e| {
-                        if matches!(&e.sdp, fdtable::SdpSide::Stream(h)
+                    table::update(fd, |e| {
+                        if matches!(&e.sdp, table::SdpSide::Stream(h)
                             if std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&dyn_ep)))
                         {
                             e.local = local;
@@ -625,7 +625,7 @@ impl Connector {
         if let Some(l) = levels.as_mut() {
             let _ = l.set(true, true);
         }
-        let handle = fdtable::stream(fd)
+        let handle = table::stream(fd)
             .filter(|h| std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&ep)));
         let Some(handle) = handle else {
             // The fd number is no longer this connection's: leave it alone.
@@ -681,9 +681,9 @@ impl Connector {
                     if fail.connected {
                         share_socket(fd, other);
                     }
-                    fdtable::fall_back_if(other, &dyn_ep, fail.reason);
+                    table::fall_back_if(other, &dyn_ep, fail.reason);
                 }
-                fdtable::fall_back_if(fd, &dyn_ep, fail.reason);
+                table::fall_back_if(fd, &dyn_ep, fail.reason);
             }
             Err(e) => {
                 *st = State::Failed {
@@ -696,12 +696,44 @@ impl Connector {
     }
 }
 
+/// A nonblocking connect, carried on by the service thread.
+impl Task for Connector {
+    fn advance(
+        mut self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if self.abandoned() {
+            return None;
+        }
+        match self.step(now) {
+            Step::Wait {
+                fd,
+                events,
+                deadline,
+            } => Some((self, (fd, events, deadline))),
+            Step::Done(r) => {
+                (*self).finish(r);
+                None
+            }
+        }
+    }
+
+    /// No service thread: the connect fails as after an internal error.
+    fn dropped(self: Box<Self>) {
+        let _g = table::enter_gate();
+        self.finish(Err(Fail {
+            reason: TcpReason::Internal,
+            connected: false,
+        }));
+    }
+}
+
 /// The other fd numbers in the table that hold `ep`'s connection.
 fn duplicates(fd: RawFd, ep: &Arc<dyn SdpEndpoint>) -> Vec<RawFd> {
     let mut found = Vec::new();
-    fdtable::for_each(|n, e| {
-        if n != fd && matches!(&e.sdp, fdtable::SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, ep))
-        {
+    table::for_each(|n, e| {
+        if n != fd && matches!(&e.sdp, table::SdpSide::Stream(h) if Arc::ptr_eq(&h.endpoint, ep)) {
             found.push(n);
         }
     });

@@ -17,14 +17,14 @@
 //! stream's locks held) and first claims the connection for this process
 //! ([`super::owner`]).
 
-use super::owner::{Claim, Ownership, Release};
-use super::service::{self, Task};
-use crate::fdtable;
+use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
+use super::service::{self, Task, Wait};
 use crate::log::Level;
-use crate::real;
 use crate::sdp::{
     Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
 };
+use crate::sys::real;
+use crate::table;
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;
@@ -69,7 +69,7 @@ pub struct Ep {
     sock: AtomicI32,
     /// A nonblocking connect waiting for the hooks to record the endpoint
     /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
-    connector: Mutex<Option<Box<super::connect::Connector>>>,
+    connector: Mutex<Option<Box<dyn Task>>>,
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
@@ -190,8 +190,9 @@ impl Ep {
         self.sock.store(fd, Ordering::Relaxed);
     }
 
-    /// The nonblocking connect to start once the hooks recorded us.
-    pub fn park_connector(&self, c: Box<super::connect::Connector>) {
+    /// The nonblocking connect (the service thread's task) to start once
+    /// the hooks recorded us.
+    pub fn park_connector(&self, c: Box<dyn Task>) {
         *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
     }
 
@@ -242,7 +243,7 @@ impl Ep {
     /// outside the fork gate, as a blocked wait does (a fork goes ahead;
     /// the child forgets the call, `fork_child`).
     fn blocking_stream(&self) -> Option<SdpStream> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => Some(s),
             _ => None,
@@ -389,7 +390,7 @@ fn all_ready() -> Readiness {
 
 impl SdpEndpoint for Ep {
     fn readiness(&self) -> Readiness {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => {
                 let st = s.poll_state();
@@ -413,7 +414,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn wake_fd(&self) -> WakeFd {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let st = self.lock();
         if matches!(*st, State::FellBack) {
             return self.fd;
@@ -463,7 +464,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => recv_into(&s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
@@ -494,7 +495,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => send_from(&s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
@@ -521,7 +522,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn shutdown(&self, how: Shutdown) -> Result<(), Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let how_net = match how {
             Shutdown::Read => std::net::Shutdown::Read,
             Shutdown::Write => std::net::Shutdown::Write,
@@ -549,7 +550,7 @@ impl SdpEndpoint for Ep {
 
     fn close(&self, nonblocking: bool) {
         let stream = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected(s) => s,
@@ -573,7 +574,7 @@ impl SdpEndpoint for Ep {
             }
             Release::LetGo => {
                 // Not ours after a fork: let go of the descriptors only.
-                let _g = fdtable::enter_gate();
+                let _g = table::enter_gate();
                 stream.detach();
                 return;
             }
@@ -581,7 +582,7 @@ impl SdpEndpoint for Ep {
                 // Another process holds a copy: it may take the connection
                 // or be gone without, and then this one closes it.
                 match self.own.orphan() {
-                    Some(o) => service::submit(Task::Orphan(Box::new((o, stream)))),
+                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
                     None => stream.detach(),
                 }
                 return;
@@ -614,7 +615,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn restore_error(&self, errno: Errno) {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {
             s.restore_error(&io::Error::from_raw_os_error(errno));
         }
@@ -623,14 +624,14 @@ impl SdpEndpoint for Ep {
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
         if (level, name) == (libc::SOL_SOCKET, libc::SO_OOBINLINE) {
             let on = value.iter().any(|&b| b != 0);
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if let Access::Stream(s) = self.access() {
                 s.set_oob_inline(on);
             }
         }
         if (level, name) == (libc::SOL_SOCKET, libc::SO_SNDBUF) {
             // What the kernel made of it (twice the value, within limits).
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if let (Some(v), Access::Stream(s)) = (kernel_int(self.fd, level, name), self.access())
             {
                 s.set_send_buffer(v.max(1) as u64);
@@ -654,7 +655,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn fionread(&self) -> usize {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => usize::try_from(s.bytes_readable()).unwrap_or(usize::MAX),
             Access::FellBack => {
@@ -668,7 +669,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn at_mark(&self) -> bool {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => s.at_mark(),
             _ => false,
@@ -676,7 +677,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn take_error(&self) -> Option<Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => s.take_error().ok().flatten().map(|e| errno_of(&e)),
             Access::Failed => {
@@ -689,7 +690,7 @@ impl SdpEndpoint for Ep {
 
     fn stats(&self) -> Option<Stats> {
         use crate::sdp::Messages;
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         let stream = match &*self.lock() {
             // Another process goes on with it: nothing to report, and its
             // lock may be held for good in this copy (`Ownership::lost`)
@@ -791,7 +792,7 @@ impl SdpEndpoint for Ep {
             Release::LetGo | Release::Watch => return,
         };
         let stream = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected(s) => s,
@@ -855,7 +856,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn pump(&self) {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {
             s.pump();
         }
@@ -868,7 +869,39 @@ impl SdpEndpoint for Ep {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(c) = pending {
-            super::service::submit(super::service::Task::Connect(c));
+            service::submit(c);
+        }
+    }
+}
+
+/// A connection this process let go of after a fork while another
+/// process held a copy (see [`super::owner`]): the service thread watches
+/// the other holders.
+struct Orphaned(Orphan, SdpStream);
+
+/// How often an orphan's other holders are looked at.
+const ORPHAN_LOOK: Duration = Duration::from_millis(200);
+
+impl Task for Orphaned {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        match self.0.step() {
+            OrphanStep::Wait => Some((self, (-1, 0, Some(now + ORPHAN_LOOK)))),
+            OrphanStep::LetGo => {
+                self.1.detach();
+                None
+            }
+            OrphanStep::Close => {
+                // Every other holder is gone: the close they would have
+                // made, graceful, by this process's progress thread.
+                let Orphaned(_, stream) = *self;
+                let _ = stream.resume_progress();
+                drop(stream);
+                None
+            }
         }
     }
 }

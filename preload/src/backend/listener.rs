@@ -40,10 +40,10 @@
 //! nothing but a socket.
 
 use super::endpoint::Ep;
-use super::service::{self, Task};
-use crate::fdtable;
+use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
+use crate::table;
 use iwarp::engine::Event as QpEvent;
 use iwarp::mem::VecMemory;
 use portmapper::control::ControlClient;
@@ -114,7 +114,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
     // SAFETY: plain socket creation.
     let s = unsafe {
-        crate::real::socket(
+        crate::sys::real::socket(
             domain,
             libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             libc::IPPROTO_TCP,
@@ -126,10 +126,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     // SAFETY: a fresh descriptor of ours.
     let q = unsafe { OwnedFd::from_raw_fd(s) };
     if v6 {
-        let only = crate::hooks::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
+        let only =
+            crate::sys::addr::int_sockopt(p, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
         // SAFETY: an int option on our own socket.
         unsafe {
-            crate::real::setsockopt(
+            crate::sys::real::setsockopt(
                 s,
                 libc::IPPROTO_IPV6,
                 libc::IPV6_V6ONLY,
@@ -147,7 +148,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     let defer = SETUP_LIMIT.as_secs() as libc::c_int;
     // SAFETY: an int option on our own socket.
     unsafe {
-        crate::real::setsockopt(
+        crate::sys::real::setsockopt(
             s,
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
@@ -155,11 +156,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    let raw = crate::hooks::RawAddr::new(SocketAddr::new(local.ip(), 0));
+    let raw = crate::sys::addr::RawAddr::new(SocketAddr::new(local.ip(), 0));
     // SAFETY: a complete address; listen on our own socket.
     unsafe {
-        if crate::real::bind(s, raw.as_ptr(), raw.len()) != 0
-            || crate::real::listen(s, if backlog > 0 { backlog } else { 128 }) != 0
+        if crate::sys::real::bind(s, raw.as_ptr(), raw.len()) != 0
+            || crate::sys::real::listen(s, if backlog > 0 { backlog } else { 128 }) != 0
         {
             return Err(io::Error::last_os_error());
         }
@@ -213,11 +214,44 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     // fork gate, as every use of the queue's lock: a fork never finds it
     // held).
     {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         lst.sh.kick();
     }
-    service::submit(Task::Registration(lst.sh.clone()));
+    service::submit(Box::new(Registration(lst.sh.clone())));
     Ok(lst)
+}
+
+/// The service thread's task taking connections from Q
+/// ([`Shared::listen_step`]).
+struct Listen(Arc<Shared>);
+
+impl Task for Listen {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if !self.0.listen_step(now, spawned) {
+            return None;
+        }
+        let fd = self.0.q_fd();
+        Some((self, (fd, libc::POLLIN, None)))
+    }
+}
+
+/// The service thread's task keeping the hidden listener registered with
+/// the port mapper ([`Shared::registration_step`]).
+struct Registration(Arc<Shared>);
+
+impl Task for Registration {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        let wait = self.0.registration_step(now)?;
+        Some((self, wait))
+    }
 }
 
 impl Shared {
@@ -297,7 +331,7 @@ impl Shared {
             revents: 0,
         };
         // SAFETY: one local pollfd, no wait.
-        unsafe { crate::real::poll(&mut p, 1, 0) > 0 }
+        unsafe { crate::sys::real::poll(&mut p, 1, 0) > 0 }
     }
 
     /// How many connections the service thread may hold set up or in
@@ -321,14 +355,14 @@ impl Shared {
     /// none runs.
     fn kick(self: &Arc<Self>) {
         if self.wanted() && !self.task.swap(true, Ordering::AcqRel) {
-            service::submit(Task::Listen(self.clone()));
+            service::submit(Box::new(Listen(self.clone())));
         }
     }
 
     /// The service thread's task on Q (inside the fork gate): takes the
     /// connections wanted and starts their setup; false when it ends
     /// (nothing wanted: a later want starts another).
-    pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) -> bool {
+    pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) -> bool {
         self.take_connections(now, out);
         if self.wanted() {
             return true;
@@ -340,13 +374,13 @@ impl Shared {
     }
 
     /// Takes the connections waiting on Q, as many as wanted.
-    fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Task>) {
+    fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) {
         while self.wanted() {
             let Some((tcp, peer)) = self.take_q() else {
                 return;
             };
             match Handshake::new(self.clone(), tcp, peer, now) {
-                Ok(h) => out.push(Task::Handshake(Box::new(h))),
+                Ok(h) => out.push(Box::new(h)),
                 Err(e) => {
                     self.setup_failed();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
@@ -403,7 +437,7 @@ impl Shared {
                 // setup short, where TCP's connect is complete.
                 Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
                     Ok(h) => {
-                        service::submit(Task::Handshake(Box::new(h)));
+                        service::submit(Box::new(h));
                         return Some(());
                     }
                     Err(e) => {
@@ -413,7 +447,7 @@ impl Shared {
                 },
                 Some(Err(())) => self.setup_failed(),
                 None => {
-                    service::submit(Task::Handshake(Box::new(h)));
+                    service::submit(Box::new(h));
                     return Some(());
                 }
             }
@@ -531,7 +565,7 @@ fn keepalive(fd: RawFd) {
     let one: libc::c_int = 1;
     // SAFETY: an int option on our own socket.
     unsafe {
-        crate::real::setsockopt(
+        crate::sys::real::setsockopt(
             fd,
             libc::SOL_SOCKET,
             libc::SO_KEEPALIVE,
@@ -682,7 +716,7 @@ impl Handshake {
 
 fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD (no close-on-exec: accept4's flags decide).
-    let d = unsafe { crate::real::fcntl(fd, libc::F_DUPFD, 3) };
+    let d = unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD, 3) };
     if d < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -690,9 +724,30 @@ fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(d) })
 }
 
+/// The setup of one connection, carried on by the service thread.
+impl Task for Handshake {
+    fn advance(
+        mut self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if self.abandoned() {
+            return None;
+        }
+        match self.step(now) {
+            HsStep::Wait {
+                fd,
+                events,
+                deadline,
+            } => Some((self, (fd, events, deadline))),
+            HsStep::Done => None,
+        }
+    }
+}
+
 impl SdpListener for Lst {
     fn readiness(&self) -> Readiness {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         Readiness {
             readable: !self.sh.lock().ready.is_empty() || self.sh.q_pending(),
             ..Readiness::default()
@@ -700,7 +755,7 @@ impl SdpListener for Lst {
     }
 
     fn wake_fd(&self) -> WakeFd {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         self.sh.lock().wake.as_raw_fd()
     }
 
@@ -709,12 +764,12 @@ impl SdpListener for Lst {
     }
 
     fn setting_up(&self) -> bool {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         self.sh.lock().setting_up > 0
     }
 
     fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         loop {
             let r = {
                 let mut q = self.sh.lock();
@@ -773,7 +828,7 @@ impl SdpListener for Lst {
 
     fn close(&self) {
         let (ready, control) = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             let mut q = self.sh.lock();
             q.closed = true;
             let ready: Vec<Ready> = q.ready.drain(..).collect();
@@ -820,7 +875,7 @@ impl SdpListener for Lst {
     fn exiting(&self) {
         self.sh.listening.store(false, Ordering::Release);
         let ready: Vec<Ready> = {
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             self.sh.lock().ready.drain(..).collect()
         };
         drop(ready);

@@ -1,6 +1,6 @@
 //! The SDP engine behind the hooks: [`crate::sdp`]'s traits implemented
 //! over `sdp-core`'s stream layer and the `portmapper` client, installed by
-//! `hooks::init` (unless `SDP_ENGINE=0`).
+//! `abi::process::init` (unless `SDP_ENGINE=0`).
 //!
 //! * [`connect`] — the Connecting Peer: CpPort, port mapper, TCP to S':Q,
 //!   MPA/Hello, or the fallback to TCP on the same fd number.
@@ -10,6 +10,10 @@
 //! * [`service`] — the thread that carries nonblocking setups on and
 //!   publishes statistics.
 //! * [`owner`] — which process drives a connection a `fork` made shared.
+//!
+//! Inside, imports go one way too: `connect` and `listener` use
+//! `endpoint`, which uses `owner`; they hand work to `service`, which
+//! knows it only as [`service::Task`] trait objects.
 //!
 //! Environment: `SDP_PM_PORT` (the port mapper's UDP port, default 3935),
 //! `SDP_PM_CONTROL` (its control socket), `SDP_STAT_INTERVAL_MS`,
@@ -22,8 +26,8 @@ pub mod listener;
 pub mod owner;
 pub mod service;
 
-use crate::fdtable::TcpReason;
 use crate::sdp::{self, ConnectOutcome, SdpBackend, SdpListener};
+use crate::table::TcpReason;
 use libc::c_int;
 use portmapper::client::ClientConfig;
 use portmapper::net::PmClient;
@@ -44,7 +48,7 @@ pub fn install() {
     // The SDP layer's diagnostics (abortive closes and their rule,
     // Terminates) go through this library's log: its level and file.
     sdp_core::log::set_sink(|line| crate::log!(crate::log::Level::Info, "sdp: {line}"));
-    progress::set_thread_start(crate::hooks::library_thread);
+    progress::set_thread_start(crate::sys::guard::library_thread);
     sdp::install_backend(&BACKEND);
 }
 

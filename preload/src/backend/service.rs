@@ -1,49 +1,52 @@
 //! The backend's service thread, one per process: it carries nonblocking
-//! connects ([`super::connect::Connector`]) and the setup of connections
-//! arriving at hidden listeners ([`super::listener::Handshake`]) on, takes
-//! new connections from the hidden listeners this process watches,
-//! watches the connections it let go of after a fork for the last other
-//! holder's end ([`super::owner::Orphan`]), and publishes the SDP connections' statistics to the state export every
-//! `SDP_STAT_INTERVAL_MS` (default 200; `0`: only after the program's own
-//! calls), so `sdp-stat` sees bytes move while the program sleeps.
+//! connects (`connect`'s `Connector`) and the setup of connections
+//! arriving at hidden listeners (`listener`'s `Handshake`) on, takes new
+//! connections from the hidden listeners this process watches, watches
+//! the connections it let go of after a fork for the last other holder's
+//! end (`owner`'s `Orphan`), and publishes the SDP connections'
+//! statistics to the state export every `SDP_STAT_INTERVAL_MS` (default
+//! 200; `0`: only after the program's own calls), so `sdp-stat` sees bytes
+//! move while the program sleeps.
 //!
 //! It sleeps in `poll(2)` on the fds its tasks wait for; its work runs
 //! inside the fd table's fork gate, so a fork never finds it holding a
 //! lock. A child of `fork` starts its own thread on first use; the tasks
 //! of the parent's thread stay the parent's (their descriptors are left
 //! open in the child until it execs or exits).
+//!
+//! The tasks are [`Task`] trait objects: each is defined beside the code
+//! it carries on, and this module knows none of them.
 
-use super::connect::{Connector, Step};
-use super::listener::{Handshake, HsStep, Shared as ListenerShared};
-use super::owner::{Orphan, OrphanStep};
-use crate::fdtable::{self, SdpSide};
-use crate::real;
-use sdp_core::stream::SdpStream;
+use crate::sys::real;
+use crate::table::{self, SdpSide};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Work for the service thread.
-pub enum Task {
-    Connect(Box<Connector>),
-    Handshake(Box<Handshake>),
-    /// Take connections from a hidden listener while this process wants
-    /// them.
-    Listen(Arc<ListenerShared>),
-    /// Keep a hidden listener registered with the port mapper.
-    Registration(Arc<ListenerShared>),
-    /// A connection this process let go of after a fork while another
-    /// process held a copy (see [`super::owner`]).
-    Orphan(Box<(Orphan, SdpStream)>),
-}
+/// What a task waits for: until `fd` polls one of `events` (`fd` -1:
+/// nothing to poll), or until the deadline.
+pub type Wait = (RawFd, i16, Option<Instant>);
 
-/// How often an orphan's other holders are looked at.
-const ORPHAN_LOOK: Duration = Duration::from_millis(200);
+/// Work for the service thread: a state machine it steps each time what
+/// the task waits for is there.
+pub trait Task: Send {
+    /// One step at `now` (inside the fork gate); tasks it starts go to
+    /// `spawned`. `Some` to keep the task, with what it waits for next;
+    /// `None` once it ended.
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)>;
+
+    /// The service thread cannot start: the task is dropped unstepped.
+    fn dropped(self: Box<Self>) {}
+}
 
 struct Service {
     wake: OwnedFd,
-    queue: Mutex<Vec<Task>>,
+    queue: Mutex<Vec<Box<dyn Task>>>,
 }
 
 const GENERATIONS: usize = 256;
@@ -78,23 +81,17 @@ pub fn ensure() {
 }
 
 /// Hands `task` to the service thread.
-pub fn submit(task: Task) {
+pub fn submit(task: Box<dyn Task>) {
     let Some(s) = service() else {
         crate::log!(
             crate::log::Level::Error,
             "the SDP service thread cannot start; a connection setup is dropped"
         );
-        if let Task::Connect(c) = task {
-            let _g = fdtable::enter_gate();
-            c.finish(Err(super::connect::Fail {
-                reason: fdtable::TcpReason::Internal,
-                connected: false,
-            }));
-        }
+        task.dropped();
         return;
     };
     {
-        let _g = fdtable::enter_gate();
+        let _g = table::enter_gate();
         s.queue.lock().unwrap_or_else(|p| p.into_inner()).push(task);
     }
     let one: u64 = 1;
@@ -123,90 +120,27 @@ fn stat_interval() -> Option<Duration> {
 /// the lock of a connection the parent kept may be held for good, and
 /// this thread, waiting for it, would leave every task stranded).
 fn publish_all() {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return;
     }
-    fdtable::for_each(|fd, e| {
+    table::for_each(|fd, e| {
         if let SdpSide::Stream(h) = &e.sdp {
             if let Some(stats) = h.endpoint.stats() {
-                fdtable::publish_stats(fd, &stats);
+                table::publish_stats(fd, &stats);
             }
         }
     });
 }
 
 struct Slot {
-    task: Task,
+    task: Box<dyn Task>,
     /// What it waits for; `None`: step at once.
     wait: Option<Wait>,
 }
 
-type Wait = (RawFd, i16, Option<Instant>);
-
-/// Steps `task`; `Some` to keep it, with what it waits for.
-fn step(task: Task, now: Instant, spawned: &mut Vec<Task>) -> Option<(Task, Wait)> {
-    match task {
-        Task::Connect(mut c) => {
-            if c.abandoned() {
-                return None;
-            }
-            match c.step(now) {
-                Step::Wait {
-                    fd,
-                    events,
-                    deadline,
-                } => Some((Task::Connect(c), (fd, events, deadline))),
-                Step::Done(r) => {
-                    (*c).finish(r);
-                    None
-                }
-            }
-        }
-        Task::Handshake(mut h) => {
-            if h.abandoned() {
-                return None;
-            }
-            match h.step(now) {
-                HsStep::Wait {
-                    fd,
-                    events,
-                    deadline,
-                } => Some((Task::Handshake(h), (fd, events, deadline))),
-                HsStep::Done => None,
-            }
-        }
-        Task::Listen(l) => {
-            if !l.listen_step(now, spawned) {
-                return None;
-            }
-            let fd = l.q_fd();
-            Some((Task::Listen(l), (fd, libc::POLLIN, None)))
-        }
-        Task::Registration(l) => {
-            let wait = l.registration_step(now)?;
-            Some((Task::Registration(l), wait))
-        }
-        Task::Orphan(w) => match w.0.step() {
-            OrphanStep::Wait => Some((Task::Orphan(w), (-1, 0, Some(now + ORPHAN_LOOK)))),
-            OrphanStep::LetGo => {
-                w.1.detach();
-                None
-            }
-            OrphanStep::Close => {
-                // Every other holder is gone: the close they would have
-                // made, graceful, by this process's progress thread.
-                let (_, stream) = *w;
-                let _ = stream.resume_progress();
-                drop(stream);
-                None
-            }
-        },
-    }
-}
-
 impl Service {
     fn run(&'static self) {
-        crate::hooks::library_thread();
+        crate::sys::guard::library_thread();
         let mut slots: Vec<Slot> = Vec::new();
         let interval = stat_interval();
         let mut next_stats = interval.map(|i| Instant::now() + i);
@@ -252,7 +186,7 @@ impl Service {
             // SAFETY: our own pollfd vector.
             unsafe { real::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             let now = Instant::now();
-            let _g = fdtable::enter_gate();
+            let _g = table::enter_gate();
             if pfds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: an 8-byte eventfd read into a local.
@@ -273,7 +207,7 @@ impl Service {
                     kept.push(s);
                     continue;
                 }
-                if let Some((task, w)) = step(s.task, now, &mut spawned) {
+                if let Some((task, w)) = s.task.advance(now, &mut spawned) {
                     kept.push(Slot {
                         task,
                         wait: Some(w),
@@ -281,7 +215,7 @@ impl Service {
                 }
             }
             slots = kept;
-            let fresh: Vec<Task> =
+            let fresh: Vec<Box<dyn Task>> =
                 std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()));
             slots.extend(
                 fresh

@@ -163,7 +163,7 @@ fn want(w: u8) -> &'static str {
     }
 }
 
-/// The names of `TcpReason` (`fdtable::TcpReason::name`).
+/// The names of `TcpReason` (`table::TcpReason::name`).
 fn reason(r: u8) -> &'static str {
     match r {
         1 => "rule-tcp",

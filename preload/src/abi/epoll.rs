@@ -44,9 +44,11 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
-use super::{fail, protect, Guard, SavedErrno};
-use crate::fdtable;
-use crate::real;
+use super::protect;
+use crate::sys::errno::{fail, keep_errno_on_success, SavedErrno};
+use crate::sys::guard::{pid, Guard};
+use crate::sys::real;
+use crate::table;
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -112,7 +114,7 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     // Inside the fork gate, so a child never inherits the lock held.
-    let _gate = fdtable::enter_gate();
+    let _gate = table::enter_gate();
     let mut guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     let r = f(guard.get_or_insert_with(Registry::default));
     COUNT.store(
@@ -195,6 +197,8 @@ fn wants_write(events: u32) -> bool {
 }
 
 fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(), c_int> {
+    // The table tells us when a registered fd falls back to TCP.
+    table::set_on_fall_back(fell_back);
     if with_registry(|r| r.by_key.contains_key(&(epfd, fd))) {
         return Err(libc::EEXIST);
     }
@@ -282,7 +286,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 sock,
                 queue,
                 disarmed: false,
-                owner: super::pid(),
+                owner: pid(),
             },
         );
     });
@@ -362,7 +366,7 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             .collect()
     });
     for reg in &gone {
-        for (k, _) in reg.kernel_fds().filter(|_| reg.owner == super::pid()) {
+        for (k, _) in reg.kernel_fds().filter(|_| reg.owner == pid()) {
             // Before closing our duplicates: a registration lives on while
             // another fd (the program's) refers to the same socket.
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
@@ -573,7 +577,7 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     event: *mut epoll_event,
 ) -> c_int {
-    let ours = !fdtable::no_sdp() && fdtable::is_sdp(fd)
+    let ours = !table::no_sdp() && table::is_sdp(fd)
         || COUNT.load(Ordering::Relaxed) != 0
             && with_registry(|r| r.by_key.contains_key(&(epfd, fd)));
     if ours {
@@ -634,7 +638,7 @@ fn touch_pending(epfd: c_int) {
 
 /// Epoll sets some thread of this process is waiting on (-1: a free
 /// slot), read at a `fork`: the SDP connections registered in them are in
-/// use ([`crate::fdtable::StreamHandle::in_use`]). One atomic store in,
+/// use ([`crate::table::StreamHandle::in_use`]). One atomic store in,
 /// one out; with more waiting threads than slots, the extra ones are not
 /// seen (their sets' connections go pending as before).
 static WAITING: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
@@ -661,7 +665,7 @@ impl Drop for Waiting {
 
 /// Before a `fork` (the fork gate is closed, so no other thread holds the
 /// registry): whether `h` is registered in a set that a thread waits on.
-pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
+pub(super) fn in_waited_set(h: &table::StreamHandle) -> bool {
     let sets: Vec<c_int> = WAITING
         .iter()
         .map(|slot| slot.load(Ordering::Acquire))
@@ -681,7 +685,7 @@ pub(super) fn in_waited_set(h: &fdtable::StreamHandle) -> bool {
 
 /// Waits with `wait(timeout)` until a translated event remains or the
 /// deadline passes. A count leaves `errno` as the program had it (see
-/// [`super::keep_errno_on_success`]: our own calls on the way must not
+/// [`keep_errno_on_success`]: our own calls on the way must not
 /// make the program throw the events away).
 fn wait_translated(
     epfd: c_int,
@@ -690,7 +694,7 @@ fn wait_translated(
     deadline: Option<Instant>,
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
-    super::keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
+    keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
 }
 
 fn wait_translated_inner(

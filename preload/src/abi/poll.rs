@@ -1,5 +1,5 @@
 //! Readiness hooks: `poll`, `ppoll`, `select`, `pselect`, `__poll_chk`,
-//! `__ppoll_chk` (`epoll` is in [`super::epoll`]).
+//! `__ppoll_chk` (`epoll` has a module of its own).
 //!
 //! While no fd is SDP every call goes to the C library unchanged. When a
 //! set holds SDP fds, `poll`/`select` report their readiness from the
@@ -9,10 +9,12 @@
 //! as readiness.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, protect, Guard};
-use crate::fdtable::{self, ListenerHandle, StreamHandle};
-use crate::real;
+use super::protect;
 use crate::sdp::Readiness;
+use crate::sys::errno::{fail, keep_errno_on_success};
+use crate::sys::guard::Guard;
+use crate::sys::real;
+use crate::table::{self, ListenerHandle, StreamHandle};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,10 +28,10 @@ pub(super) enum Side {
 
 impl Side {
     pub(super) fn of(fd: c_int) -> Option<Side> {
-        if let Some(h) = fdtable::stream(fd) {
+        if let Some(h) = table::stream(fd) {
             return Some(Side::Stream(h));
         }
-        fdtable::listener(fd).map(Side::Listener)
+        table::listener(fd).map(Side::Listener)
     }
 
     pub(super) fn readiness(&self) -> Readiness {
@@ -49,7 +51,7 @@ impl Side {
 
 /// Does the set hold an SDP fd? (Only asked while some fd is SDP.)
 fn any_sdp(fds: &[pollfd]) -> bool {
-    fds.iter().any(|p| fdtable::is_sdp(p.fd))
+    fds.iter().any(|p| table::is_sdp(p.fd))
 }
 
 pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
@@ -64,9 +66,9 @@ pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
 
 /// `poll` over a set with SDP fds. A listener's readiness joins the
 /// kernel listener's own (pending TCP connections). A count leaves `errno`
-/// as the program had it ([`super::keep_errno_on_success`]).
+/// as the program had it ([`keep_errno_on_success`]).
 fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    super::keep_errno_on_success(|| {
+    keep_errno_on_success(|| {
         // A panic in an endpoint fails the call (ENOMEM) instead of
         // unwinding.
         protect(
@@ -80,9 +82,9 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
     // Each connection polled is in use while we wait (a fork leaves it to
     // this process).
-    let streams: Vec<Arc<fdtable::StreamHandle>> =
-        fds.iter().filter_map(|p| fdtable::stream(p.fd)).collect();
-    let _watching: Vec<fdtable::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
+    let streams: Vec<Arc<table::StreamHandle>> =
+        fds.iter().filter_map(|p| table::stream(p.fd)).collect();
+    let _watching: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
     loop {
         // Again on every round: a nonblocking connect that fell back to TCP
         // while we slept is polled as the kernel socket it now is.
@@ -185,7 +187,7 @@ pub(super) fn ts_deadline(ts: *const timespec) -> Option<Instant> {
 
 /// The program's pollfd array, if it holds SDP fds and we may handle it.
 unsafe fn sdp_set<'a>(fds: *mut pollfd, n: nfds_t) -> Option<(&'a mut [pollfd], Guard)> {
-    if fdtable::no_sdp() || fds.is_null() {
+    if table::no_sdp() || fds.is_null() {
         return None;
     }
     let g = Guard::enter()?;
@@ -269,7 +271,7 @@ unsafe fn select_sdp(
     deadline: Option<Instant>,
     mask: *const sigset_t,
 ) -> Option<c_int> {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return None;
     }
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int);
@@ -289,7 +291,7 @@ unsafe fn select_sdp(
         events
     };
     // Without an SDP fd in the sets, the C library does it (no allocation).
-    if !(0..nfds).any(|fd| events_of(fd) != 0 && fdtable::is_sdp(fd)) {
+    if !(0..nfds).any(|fd| events_of(fd) != 0 && table::is_sdp(fd)) {
         return None;
     }
     let mut set: Vec<pollfd> = (0..nfds)

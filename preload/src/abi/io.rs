@@ -1,5 +1,5 @@
-//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile`, their `_chk`
-//! variants, and accepting from a hidden SDP listener.
+//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile` and their
+//! `_chk` variants.
 //!
 //! On an SDP fd the hooks give the program the socket semantics on top of
 //! the endpoint's non-blocking operations (DESIGN §6 "Blocking
@@ -10,18 +10,17 @@
 //! endpoint's wake fds, never spinning.
 #![allow(clippy::missing_safety_doc)]
 
-use super::{fail, protect, socket_name, write_sockaddr, Guard, SavedErrno};
-use crate::fdtable::{
-    self, DecidedBy, Entry, SdpSide, SocketRole, StreamHandle, TcpReason, Transport,
-};
-use crate::real;
+use super::protect;
 use crate::sdp::{Errno, RecvFlags, SendFlags};
+use crate::sys::errno::{fail, SavedErrno};
+use crate::sys::guard::Guard;
+use crate::sys::real;
+use crate::table::{self, StreamHandle};
 use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
 };
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant};
 /// while no fd is SDP.
 #[inline]
 fn sdp_stream(fd: c_int) -> Route {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return Route::Kernel;
     }
     let Some(g) = Guard::enter() else {
@@ -39,13 +38,13 @@ fn sdp_stream(fd: c_int) -> Route {
         // (or the preload itself, which never uses an SDP fd number): the
         // kernel socket carries the SDP byte stream, so the call must not
         // go there, and the endpoint is busy on this very thread.
-        return if fdtable::is_sdp(fd) {
+        return if table::is_sdp(fd) {
             Route::Reentrant
         } else {
             Route::Kernel
         };
     };
-    match fdtable::stream(fd) {
+    match table::stream(fd) {
         Some(h) => Route::Sdp(h, g),
         None => Route::Kernel,
     }
@@ -122,7 +121,7 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Result<Vec<IoSlice<'a>>, Errn
 fn timeout(fd: c_int, h: &StreamHandle, name: c_int) -> Option<Duration> {
     let slot = &h.timeouts[usize::from(name == libc::SO_SNDTIMEO)];
     let ns = match slot.load(Ordering::Relaxed) {
-        fdtable::TIMEOUT_UNKNOWN => {
+        table::TIMEOUT_UNKNOWN => {
             let t = kernel_timeout(fd, name).map_or(0, |t| t.as_nanos() as u64);
             slot.store(t, Ordering::Relaxed);
             t
@@ -241,7 +240,7 @@ fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
 /// (the service thread also publishes every `SDP_STAT_INTERVAL_MS`).
 fn publish_stats(fd: c_int, h: &StreamHandle) {
     if let Some(stats) = h.endpoint.stats() {
-        fdtable::publish_stats(fd, &stats);
+        table::publish_stats(fd, &stats);
     }
 }
 
@@ -572,7 +571,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if n <= buflen && !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if n <= buflen && !table::no_sdp() && table::is_sdp(fd) {
         // SAFETY: the program's arguments, n <= the buffer's size.
         return unsafe { recvfrom(fd, p, n, flags, addr, len) };
     }
@@ -616,7 +615,7 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     timeout: *mut timespec,
 ) -> c_int {
-    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if !table::no_sdp() && table::is_sdp(fd) {
         // A stream socket: one message is all a sensible program asks for.
         if n == 0 {
             return 0;
@@ -727,7 +726,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int {
-    if !fdtable::no_sdp() && fdtable::is_sdp(fd) {
+    if !table::no_sdp() && table::is_sdp(fd) {
         let mut sent = 0;
         while sent < n {
             // SAFETY: the program's array of n mmsghdrs.
@@ -829,136 +828,6 @@ pub unsafe extern "C" fn sendfile64(
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::sendfile64(out, input, offset, n) }
-}
-
-/// `accept` on a listening fd with a hidden SDP listener beside it: the
-/// first connection from either, SDP or TCP.
-/// How long a nonblocking `accept` waits for a connection whose setup is
-/// under way (one round trip, the client's RTR, is left once its MPA
-/// Request is answered): the listener was readable for it, and a program
-/// that saw it readable must not get `EAGAIN`, as from TCP's queue. The
-/// bound holds a client that stalls in its setup from stalling the program.
-const SETUP_WAIT: Duration = Duration::from_millis(500);
-
-pub unsafe fn sdp_accept(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    protect(
-        "accept",
-        // SAFETY: the program's arguments.
-        || unsafe { sdp_accept_inner(fd, addr, len, flags) },
-        || fail(libc::ECONNABORTED),
-    )
-}
-
-unsafe fn sdp_accept_inner(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    let Some(_g) = Guard::enter() else {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept4(fd, addr, len, flags) };
-    };
-    let Some(h) = fdtable::listener(fd) else {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept4(fd, addr, len, flags) };
-    };
-    let dontwait = h.nonblock.load(Ordering::Relaxed);
-    // How long a nonblocking call waits for a connection already in setup.
-    let setup_deadline = Instant::now() + SETUP_WAIT;
-    loop {
-        match h.listener.accept(dontwait) {
-            Ok(acc) => {
-                let new = acc.fd.into_raw_fd();
-                let _errno = SavedErrno::save();
-                // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
-                unsafe {
-                    if flags & libc::SOCK_NONBLOCK != 0 {
-                        let fl = real::fcntl(new, libc::F_GETFL, 0);
-                        real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
-                    }
-                    if flags & libc::SOCK_CLOEXEC != 0 {
-                        real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
-                    }
-                }
-                let l = fdtable::get(fd);
-                let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
-                e.role = SocketRole::Accepted;
-                e.want = l.as_ref().and_then(|l| l.want);
-                e.decided_by = DecidedBy::Listener;
-                e.rule = l.as_ref().map_or(0, |l| l.rule);
-                e.transport = Transport::Sdp;
-                e.reason = TcpReason::None;
-                // Report the listening port P, not the hidden port Q.
-                e.local = match (l.as_ref().and_then(|l| l.local), socket_name(new, false)) {
-                    (Some(p), Some(mut q)) => {
-                        q.set_port(p.port());
-                        Some(q)
-                    }
-                    (p, q) => p.or(q),
-                };
-                e.peer = Some(acc.peer);
-                e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
-                fdtable::insert(new, e);
-                drop(_errno);
-                // SAFETY: the program's (addr, len) pair.
-                unsafe { write_sockaddr(acc.peer, addr, len) };
-                return new;
-            }
-            Err(e) if e == libc::EAGAIN => {}
-            Err(e) => return fail(e),
-        }
-        // Then the kernel listener, without blocking in it; a blocking call
-        // waits for either listener, and for a connection whose setup went
-        // on in the background.
-        let pollfd = |fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut p = [
-            pollfd(fd),
-            pollfd(h.listener.wake_fd()),
-            pollfd(h.listener.queue_fd().unwrap_or(-1)),
-        ];
-        let t = if !dontwait {
-            -1
-        } else if h.listener.setting_up() {
-            let left = setup_deadline.saturating_duration_since(Instant::now());
-            left.as_millis() as c_int
-        } else {
-            0
-        };
-        // SAFETY: three local pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
-        if r < 0 {
-            return -1;
-        }
-        if p[0].revents != 0 {
-            // The kernel listener is nonblocking: another process (or
-            // thread) sharing it may have taken the connection.
-            // SAFETY: the program's arguments, passed on.
-            let new = unsafe { real::accept4(fd, addr, len, flags) };
-            if new >= 0 {
-                // SAFETY: the kernel filled (addr, len) for `new`.
-                unsafe { super::socket::record_accepted(fd, new, addr, len) };
-                return new;
-            }
-            let e = real::errno();
-            if e != libc::EAGAIN || dontwait {
-                return -1;
-            }
-            continue;
-        }
-        if r == 0 {
-            return fail(libc::EAGAIN);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1112,7 +981,7 @@ mod tests {
             )
         };
         assert_eq!((r, v), (0, 5));
-        fdtable::update(app, |e| e.peer = Some("10.1.2.3:5201".parse().unwrap()));
+        table::update(app, |e| e.peer = Some("10.1.2.3:5201".parse().unwrap()));
         // SAFETY: an all-zero sockaddr_storage is valid.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
@@ -1127,7 +996,7 @@ mod tests {
         assert_eq!(r, 0);
         // SAFETY: getpeername wrote len bytes.
         let a = unsafe {
-            super::super::read_sockaddr((&ss as *const libc::sockaddr_storage).cast(), len)
+            crate::sys::addr::read_sockaddr((&ss as *const libc::sockaddr_storage).cast(), len)
         };
         assert_eq!(a, Some("10.1.2.3:5201".parse().unwrap()));
         uninstall(app);
@@ -1138,8 +1007,8 @@ mod tests {
         let (app, _peer) = socketpair();
         let ep = FakeEndpoint::new();
         install(app, ep.clone());
-        fdtable::update(app, |e| e.role = crate::fdtable::SocketRole::Client);
-        let raw = super::super::RawAddr::new("127.0.0.1:9".parse().unwrap());
+        table::update(app, |e| e.role = crate::table::SocketRole::Client);
+        let raw = crate::sys::addr::RawAddr::new("127.0.0.1:9".parse().unwrap());
         // SAFETY: a complete local address.
         let r = unsafe { super::super::socket::connect(app, raw.as_ptr(), raw.len()) };
         assert_eq!((r, real::errno()), (-1, libc::EISCONN));
@@ -1192,7 +1061,7 @@ mod tests {
         install(app, ep.clone());
         // SAFETY: duplicating our own fd.
         let copy = unsafe { super::super::socket::dup(app) };
-        super::super::flush_all(Instant::now());
+        crate::abi::process::flush_all(Instant::now());
         assert_eq!(ep.flushes(), 1);
         uninstall(copy);
         uninstall(app);
@@ -1206,13 +1075,13 @@ mod tests {
         // SAFETY: duplicating our own fd.
         let copy = unsafe { super::super::socket::dup(app) };
         assert!(copy > app);
-        assert!(fdtable::is_sdp(copy));
+        assert!(table::is_sdp(copy));
         // SAFETY: closing our own fds.
         unsafe { super::super::socket::close(app) };
         assert_eq!(ep.closes(), 0);
         // SAFETY: as above.
         unsafe { super::super::socket::close(copy) };
         assert_eq!(ep.closes(), 1);
-        assert!(!fdtable::is_managed(copy));
+        assert!(!table::is_managed(copy));
     }
 }

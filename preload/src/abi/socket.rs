@@ -1,19 +1,21 @@
 //! Socket lifecycle hooks: creation, the SDP/TCP decision at `connect` and
-//! `listen`, `accept`, names, options, `close`, `dup*`, `fcntl`, `ioctl`,
-//! `fork`.
+//! `listen`, names, options, `close`, `dup*`, `fcntl`, `ioctl` (`accept`
+//! has a module of its own).
 #![allow(clippy::missing_safety_doc)]
 
-use super::{
-    fail, int_sockopt, protect, read_sockaddr, socket_name, write_sockaddr, Guard, RawAddr,
-    SavedErrno, AF_INET_SDP,
-};
+use super::protect;
 use crate::config;
-use crate::fdtable::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
 use crate::log::Level;
-use crate::real;
 use crate::rules::{Family, Role};
 use crate::sdp::{self, ConnectOutcome, Shutdown};
-use libc::{c_int, c_uint, c_ulong, c_void, pid_t, sockaddr, socklen_t};
+use crate::sys::addr::{
+    int_sockopt, read_sockaddr, socket_name, write_sockaddr, RawAddr, AF_INET_SDP,
+};
+use crate::sys::errno::{fail, SavedErrno};
+use crate::sys::guard::Guard;
+use crate::sys::real;
+use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
+use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -42,7 +44,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         "socket",
         || {
             let _errno = SavedErrno::save();
-            fdtable::insert(fd, Entry::new(domain == libc::AF_INET6, forced));
+            table::insert(fd, Entry::new(domain == libc::AF_INET6, forced));
             if forced {
                 crate::log!(Level::Debug, "fd {fd}: socket(AF_INET_SDP): SDP forced");
             }
@@ -54,8 +56,8 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
 
 /// A socket we did not see created (inherited across `exec`, made with a
 /// raw syscall): manage it from now on if it is a TCP socket.
-fn adopt(fd: c_int) -> bool {
-    if fdtable::is_managed(fd) {
+pub(super) fn adopt(fd: c_int) -> bool {
+    if table::is_managed(fd) {
         return true;
     }
     let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
@@ -63,7 +65,7 @@ fn adopt(fd: c_int) -> bool {
     let proto = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, ty, proto) {
         (Some(d), Some(t), Some(p)) if is_tcp(d, t, p) => {
-            fdtable::insert(fd, Entry::new(d == libc::AF_INET6, false));
+            table::insert(fd, Entry::new(d == libc::AF_INET6, false));
             true
         }
         _ => false,
@@ -98,7 +100,7 @@ unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
         return;
     }
     let _errno = SavedErrno::save();
-    let Some(e) = fdtable::get(fd) else { return };
+    let Some(e) = table::get(fd) else { return };
     if !e.forced || e.ipv6 || e.role != SocketRole::None {
         return;
     }
@@ -132,7 +134,7 @@ unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
         let r = real::dup3(new, fd, cloexec);
         real::close(new);
         if r >= 0 {
-            fdtable::update(fd, |e| e.ipv6 = true);
+            table::update(fd, |e| e.ipv6 = true);
             crate::log!(Level::Debug, "fd {fd}: AF_INET_SDP socket now AF_INET6");
         }
     }
@@ -140,7 +142,7 @@ unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if fdtable::is_managed(fd) {
+    if table::is_managed(fd) {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's (addr, len) pair.
             unsafe { forced_to_ipv6(fd, addr, len) };
@@ -215,7 +217,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     // SAFETY: the program's (addr, len) pair.
     let dest = unsafe { read_sockaddr(addr, len) };
-    if dest.is_some() && fdtable::is_managed(fd) {
+    if dest.is_some() && table::is_managed(fd) {
         // SAFETY: the program's (addr, len) pair.
         unsafe { forced_to_ipv6(fd, addr, len) };
     }
@@ -238,7 +240,7 @@ unsafe fn connect_managed(
     len: socklen_t,
     dest: SocketAddr,
 ) -> c_int {
-    let Some(entry) = fdtable::get(fd) else {
+    let Some(entry) = table::get(fd) else {
         // SAFETY: the program's arguments.
         return unsafe { pass_connect(fd, addr, len) };
     };
@@ -285,7 +287,7 @@ unsafe fn connect_managed(
                         SdpSide::stream(ep, nonblocking),
                     );
                     let local = socket_name(fd, false);
-                    fdtable::update(fd, |e| e.local = local);
+                    table::update(fd, |e| e.local = local);
                     return 0;
                 }
                 ConnectOutcome::InProgress(ep) => {
@@ -344,7 +346,7 @@ unsafe fn connect_managed(
     let r = unsafe { pass_connect(fd, addr, len) };
     if r == 0 || real::errno() == libc::EINPROGRESS {
         let local = socket_name(fd, false);
-        fdtable::update(fd, |e| e.local = local);
+        table::update(fd, |e| e.local = local);
     }
     r
 }
@@ -361,7 +363,7 @@ fn record_connect(
     side: SdpSide,
 ) {
     let _errno = SavedErrno::save();
-    fdtable::update(fd, |e| {
+    table::update(fd, |e| {
         e.role = SocketRole::Client;
         e.want = Some(family);
         e.decided_by = decided_by;
@@ -394,8 +396,8 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     r
 }
 
-fn listen_managed(fd: c_int, backlog: c_int) {
-    let Some(entry) = fdtable::get(fd) else {
+pub(super) fn listen_managed(fd: c_int, backlog: c_int) {
+    let Some(entry) = table::get(fd) else {
         return;
     };
     if entry.role == SocketRole::Listener {
@@ -450,7 +452,7 @@ fn listen_managed(fd: c_int, backlog: c_int) {
             reason.name()
         }
     );
-    fdtable::update(fd, |e| {
+    table::update(fd, |e| {
         e.role = SocketRole::Listener;
         e.want = Some(family);
         e.decided_by = decided_by;
@@ -462,137 +464,16 @@ fn listen_managed(fd: c_int, backlog: c_int) {
     });
 }
 
-/// Records a connection the kernel listener `listener` accepted as `fd`.
-pub(super) unsafe fn record_accepted(
-    listener: c_int,
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-) {
-    let Some(l) = fdtable::get(listener) else {
-        return;
-    };
-    let _errno = SavedErrno::save();
-    let peer = if addr.is_null() || len.is_null() {
-        None
-    } else {
-        // SAFETY: the kernel just filled the program's (addr, *len).
-        unsafe { read_sockaddr(addr, *len) }
-    }
-    .or_else(|| socket_name(fd, true));
-    let local = match l.local {
-        Some(a) if !a.ip().is_unspecified() => Some(a),
-        _ => socket_name(fd, false),
-    };
-    let mut e = Entry::new(l.ipv6, l.forced);
-    e.role = SocketRole::Accepted;
-    e.want = l.want;
-    e.decided_by = DecidedBy::Listener;
-    e.rule = l.rule;
-    e.transport = Transport::Tcp;
-    e.reason = if l.transport == Transport::Sdp {
-        TcpReason::PeerTcp
-    } else {
-        l.reason
-    };
-    e.local = local;
-    e.peer = peer;
-    fdtable::insert(fd, e);
-}
-
-unsafe fn accept_common(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the program's arguments, passed on.
-    let r = unsafe { real::accept4(fd, addr, len, flags) };
-    if r < 0 || !fdtable::is_managed(fd) {
-        return r;
-    }
-    let Some(_g) = Guard::enter() else { return r };
-    // SAFETY: the kernel filled (addr, len) for the new fd.
-    protect(
-        "accept",
-        || unsafe { record_accepted(fd, r, addr, len) },
-        || (),
-    );
-    r
-}
-
-/// A listening socket the program did not `listen` on under the preload
-/// (inherited across `exec`, or from systemd's socket activation) is
-/// managed from its first `accept` on, with its hidden SDP listener. The
-/// check costs one `getsockopt` per `accept` on sockets the preload does
-/// not manage (Unix sockets, say).
-fn adopt_inherited_listener(fd: c_int) {
-    if fdtable::is_managed(fd) || sdp::backend().is_none() {
-        return;
-    }
-    // Not from the preload's own threads (the hidden listeners' accepts).
-    let Some(_g) = Guard::enter() else { return };
-    protect(
-        "accept",
-        || {
-            let _errno = SavedErrno::save();
-            let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
-            if !matches!(domain, Some(libc::AF_INET | libc::AF_INET6)) {
-                return;
-            }
-            if int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != Some(1) {
-                return;
-            }
-            if adopt(fd) {
-                crate::log!(Level::Debug, "fd {fd}: inherited listener adopted");
-                listen_managed(fd, libc::SOMAXCONN);
-            }
-        },
-        || (),
-    );
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    adopt_inherited_listener(fd);
-    if fdtable::listener(fd).is_some() {
-        // SAFETY: the program's arguments.
-        return unsafe { super::io::sdp_accept(fd, addr, len, 0) };
-    }
-    if !fdtable::is_managed(fd) {
-        // SAFETY: the program's arguments, passed on.
-        return unsafe { real::accept(fd, addr, len) };
-    }
-    // SAFETY: the program's arguments.
-    unsafe { accept_common(fd, addr, len, 0) }
-}
-
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn accept4(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    adopt_inherited_listener(fd);
-    if fdtable::listener(fd).is_some() {
-        // SAFETY: the program's arguments.
-        return unsafe { super::io::sdp_accept(fd, addr, len, flags) };
-    }
-    // SAFETY: the program's arguments.
-    unsafe { accept_common(fd, addr, len, flags) }
-}
-
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if fdtable::is_managed(fd) || super::epoll::registered() {
+    if table::is_managed(fd) || super::epoll::registered() {
         if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             protect(
                 "close",
                 || {
                     super::epoll::forget_fd(fd);
-                    fdtable::remove(fd);
+                    table::remove(fd);
                 },
                 || (),
             );
@@ -609,7 +490,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     if r == 0 && flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
         if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
-            protect("close_range", || fdtable::remove_range(first, last), || ());
+            protect("close_range", || table::remove_range(first, last), || ());
         }
     }
     r
@@ -617,7 +498,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if let Some(h) = fdtable::stream(fd) {
+    if let Some(h) = table::stream(fd) {
         let how = match how {
             libc::SHUT_RD => Shutdown::Read,
             libc::SHUT_WR => Shutdown::Write,
@@ -639,10 +520,10 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// After a successful duplication of `old` onto `new`.
 fn duplicated(old: c_int, new: c_int) {
-    if new >= 0 && (fdtable::is_managed(old) || fdtable::is_managed(new)) {
+    if new >= 0 && (table::is_managed(old) || table::is_managed(new)) {
         if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
-            protect("dup", || fdtable::duplicate(old, new), || ());
+            protect("dup", || table::duplicate(old, new), || ());
         }
     }
 }
@@ -650,13 +531,13 @@ fn duplicated(old: c_int, new: c_int) {
 /// `dup2`/`dup3` close `new` first: an SDP connection there learns it
 /// before the kernel closes the fd (so it can still flush).
 fn forget_target(old: c_int, new: c_int) {
-    if old != new && fdtable::is_sdp(new) && fdtable::is_managed(new) {
+    if old != new && table::is_sdp(new) && table::is_managed(new) {
         if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             // Only if `old` is open: otherwise dup2 fails and changes nothing.
             // SAFETY: F_GETFD takes no argument.
             if unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0 {
-                protect("dup2", || fdtable::remove(new), || ());
+                protect("dup2", || table::remove(new), || ());
             }
         }
     }
@@ -695,14 +576,14 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// The program's view of `O_NONBLOCK` on an SDP fd (stream or listener),
 /// whose kernel socket is always nonblocking.
 fn nonblock_view(fd: c_int) -> Option<std::sync::Arc<dyn AsNonblock>> {
-    if fdtable::no_sdp() {
+    if table::no_sdp() {
         return None;
     }
     let _g = Guard::enter()?;
-    if let Some(h) = fdtable::stream(fd) {
+    if let Some(h) = table::stream(fd) {
         return Some(h);
     }
-    fdtable::listener(fd).map(|h| h as std::sync::Arc<dyn AsNonblock>)
+    table::listener(fd).map(|h| h as std::sync::Arc<dyn AsNonblock>)
 }
 
 /// Whether `fd` stopped being `h`'s while the program set its view of
@@ -721,13 +602,13 @@ pub(crate) trait AsNonblock {
     fn flag(&self) -> &std::sync::atomic::AtomicBool;
 }
 
-impl AsNonblock for fdtable::StreamHandle {
+impl AsNonblock for table::StreamHandle {
     fn flag(&self) -> &std::sync::atomic::AtomicBool {
         &self.nonblock
     }
 }
 
-impl AsNonblock for fdtable::ListenerHandle {
+impl AsNonblock for table::ListenerHandle {
     fn flag(&self) -> &std::sync::atomic::AtomicBool {
         &self.nonblock
     }
@@ -808,7 +689,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
             return 0;
         }
     }
-    if let Some(h) = fdtable::stream(fd) {
+    if let Some(h) = table::stream(fd) {
         let value = protect(
             "ioctl",
             || match request {
@@ -842,7 +723,7 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    if let Some(h) = fdtable::stream(fd) {
+    if let Some(h) = table::stream(fd) {
         if val.is_null() || len.is_null() {
             return fail(libc::EFAULT);
         }
@@ -890,7 +771,7 @@ pub unsafe extern "C" fn setsockopt(
     // The kernel socket always gets the option, so a fallback keeps it.
     // SAFETY: the program's arguments, passed on.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r == 0 && !val.is_null() && fdtable::is_managed(fd) {
+    if r == 0 && !val.is_null() && table::is_managed(fd) {
         if let Some(_g) = Guard::enter() {
             let _errno = SavedErrno::save();
             // SAFETY: the kernel just read `len` bytes at `val`.
@@ -898,18 +779,18 @@ pub unsafe extern "C" fn setsockopt(
             protect(
                 "setsockopt",
                 || {
-                    fdtable::update(fd, |e| e.record_opt(level, name, bytes));
+                    table::update(fd, |e| e.record_opt(level, name, bytes));
                 },
                 || (),
             );
         }
     }
     if r == 0 && !val.is_null() {
-        if let Some(h) = fdtable::stream(fd) {
+        if let Some(h) = table::stream(fd) {
             if level == libc::SOL_SOCKET {
                 // Perhaps a timeout: read again at the next blocking call.
                 for t in &h.timeouts {
-                    t.store(fdtable::TIMEOUT_UNKNOWN, Ordering::Relaxed);
+                    t.store(table::TIMEOUT_UNKNOWN, Ordering::Relaxed);
                 }
             }
             // SAFETY: the kernel just read `len` bytes at `val`.
@@ -931,8 +812,8 @@ pub unsafe extern "C" fn setsockopt(
 /// arrived on the hidden port Q but reports the listening port P; a client
 /// reports the address it connected to, not the SDP port's).
 unsafe fn name_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> c_int {
-    if fdtable::is_sdp(fd) {
-        if let Some(e) = fdtable::get(fd) {
+    if table::is_sdp(fd) {
+        if let Some(e) = table::get(fd) {
             if let Some(a) = if peer { e.peer } else { e.local } {
                 if addr.is_null() || len.is_null() {
                     return fail(libc::EFAULT);
@@ -963,18 +844,4 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the program's arguments.
     unsafe { name_common(fd, addr, len, true) }
-}
-
-/// `fork`: the fd table and state export are fixed up by the `pthread_atfork`
-/// handlers the library registers at start, which also run for forks the C
-/// library makes itself (`daemon`).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn fork() -> pid_t {
-    // SAFETY: fork has no arguments; the handlers do the rest.
-    let pid = unsafe { real::fork() };
-    if pid < 0 {
-        let _errno = SavedErrno::save();
-        super::fork_failed();
-    }
-    pid
 }

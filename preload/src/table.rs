@@ -14,17 +14,21 @@
 //! `fork`: a gate counts the threads inside the table; the fork hook closes
 //! the gate and waits for them to leave before forking, so the child never
 //! inherits a held slot lock.
+//!
+//! The table imports nothing above it: the state export and `epoll`, which
+//! must hear of its changes, register a function for it ([`set_publisher`],
+//! [`set_on_fall_back`]).
 
 use crate::rules::Family;
-use crate::sdp::{SdpEndpoint, SdpListener};
-use crate::stat;
+pub use crate::sdp::TcpReason;
+use crate::sdp::{SdpEndpoint, SdpListener, Stats};
 use std::cell::UnsafeCell;
 use std::net::SocketAddr;
 use std::ptr;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Slots per chunk.
 pub const CHUNK: usize = 1024;
@@ -70,55 +74,6 @@ pub enum DecidedBy {
     Forced = 3,
     /// Inherited from the listening socket that accepted it.
     Listener = 4,
-}
-
-/// Why a socket that could have been SDP is TCP (`sdp-stat`'s "why").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum TcpReason {
-    None = 0,
-    /// A `use tcp` rule.
-    RuleTcp = 1,
-    /// This build has no SDP engine installed.
-    NoEngine = 2,
-    /// The port mapper answered PMDeny.
-    PmDeny = 3,
-    /// The port mapper did not answer after the retries.
-    PmTimeout = 4,
-    /// ICMP port unreachable for the port mapper.
-    PmUnreachable = 5,
-    /// RST on the SDP port.
-    Refused = 6,
-    /// MPA reject.
-    MpaReject = 7,
-    /// The SDP Hello was refused.
-    HelloReject = 8,
-    /// MPA or Hello timeout.
-    Timeout = 9,
-    /// An internal error of the preload (logged).
-    Internal = 10,
-    /// Accepted on the kernel TCP listener (the peer used TCP).
-    PeerTcp = 11,
-}
-
-impl TcpReason {
-    /// The name used in logs and by `sdp-stat`.
-    pub fn name(self) -> &'static str {
-        match self {
-            TcpReason::None => "-",
-            TcpReason::RuleTcp => "rule-tcp",
-            TcpReason::NoEngine => "no-sdp-engine",
-            TcpReason::PmDeny => "pm-deny",
-            TcpReason::PmTimeout => "pm-timeout",
-            TcpReason::PmUnreachable => "pm-unreachable",
-            TcpReason::Refused => "refused",
-            TcpReason::MpaReject => "mpa-reject",
-            TcpReason::HelloReject => "hello-reject",
-            TcpReason::Timeout => "timeout",
-            TcpReason::Internal => "internal-error",
-            TcpReason::PeerTcp => "peer-tcp",
-        }
-    }
 }
 
 /// An SDP endpoint shared by every fd number (dup, fork) referring to it.
@@ -560,7 +515,9 @@ fn store(s: &Slot, fd: i32, entry: &mut Option<Entry>, new: Option<Entry>) -> Op
         }
         _ => {}
     }
-    stat::publish(fd, entry.as_ref());
+    if let Some(p) = PUBLISHER.get() {
+        (p.entry)(fd, entry.as_ref());
+    }
     old
 }
 
@@ -737,7 +694,7 @@ pub fn fall_back(fd: i32, reason: TcpReason) {
         e.transport = Transport::Tcp;
         e.reason = reason;
     });
-    crate::hooks::epoll::fell_back(fd);
+    fell_back(fd);
 }
 
 /// [`fall_back`], only if `fd` still refers to `endpoint` (the SDP
@@ -749,7 +706,7 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
             // The program's O_NONBLOCK goes to the kernel socket while no
             // `fcntl` can slip between (the slot is ours): one that took
             // the handle before sees the fd is TCP now and sets the
-            // kernel's itself (`hooks::socket`), one after goes there.
+            // kernel's itself (`abi::socket`), one after goes there.
             set_kernel_nonblock(fd, h.nonblock.load(Ordering::Acquire));
             e.sdp = SdpSide::None;
             e.transport = Transport::Tcp;
@@ -760,7 +717,7 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
     })
     .unwrap_or(false);
     if ours {
-        crate::hooks::epoll::fell_back(fd);
+        fell_back(fd);
     }
     ours
 }
@@ -768,27 +725,67 @@ pub fn fall_back_if(fd: i32, endpoint: &Arc<dyn SdpEndpoint>, reason: TcpReason)
 fn set_kernel_nonblock(fd: i32, on: bool) {
     // SAFETY: F_GETFL/F_SETFL on a descriptor of the program's.
     unsafe {
-        let fl = crate::real::fcntl(fd, libc::F_GETFL, 0);
+        let fl = crate::sys::real::fcntl(fd, libc::F_GETFL, 0);
         if fl >= 0 {
             let fl = if on {
                 fl | libc::O_NONBLOCK
             } else {
                 fl & !libc::O_NONBLOCK
             };
-            crate::real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
+            crate::sys::real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
         }
     }
 }
 
 /// Publishes the SDP statistics of `fd` to the state export.
-pub fn publish_stats(fd: i32, stats: &crate::sdp::Stats) {
+pub fn publish_stats(fd: i32, stats: &Stats) {
+    let Some(p) = PUBLISHER.get() else { return };
     let _g = enter_gate();
     if let Some(s) = slot(fd) {
         s.entry.with(|e| {
             if e.is_some() {
-                stat::publish_stats(fd, stats);
+                (p.stats)(fd, stats);
             }
         });
+    }
+}
+
+/// What the state export is told, under the fd's slot lock (so each
+/// record has one writer at a time).
+#[derive(Clone, Copy)]
+pub struct Publisher {
+    /// The entry of `fd` was stored (`None`: the fd is no longer managed).
+    pub entry: fn(i32, Option<&Entry>),
+    /// The SDP statistics of `fd` ([`publish_stats`]).
+    pub stats: fn(i32, &Stats),
+}
+
+static PUBLISHER: OnceLock<Publisher> = OnceLock::new();
+
+/// Sets the state export's functions (at library start; only the first
+/// call counts). Until then nothing is published.
+pub fn set_publisher(p: Publisher) {
+    // Inside the gate: a fork never finds the cell half set.
+    let _g = enter_gate();
+    let _ = PUBLISHER.set(p);
+}
+
+static ON_FALL_BACK: OnceLock<fn(i32)> = OnceLock::new();
+
+/// Sets what is called after an SDP connection fell back to TCP, with its
+/// fd number (`epoll` makes its registrations ordinary ones of the fd);
+/// only the first call counts.
+pub fn set_on_fall_back(f: fn(i32)) {
+    if ON_FALL_BACK.get().is_none() {
+        // Inside the gate: a fork never finds the cell half set.
+        let _g = enter_gate();
+        let _ = ON_FALL_BACK.set(f);
+    }
+}
+
+fn fell_back(fd: i32) {
+    if let Some(f) = ON_FALL_BACK.get() {
+        f(fd);
     }
 }
 

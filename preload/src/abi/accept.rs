@@ -1,0 +1,258 @@
+//! `accept` and `accept4`: from the kernel listener, or from the hidden
+//! SDP listener beside it, whichever has a connection first; the accepted
+//! socket is recorded in the fd table with the listener's decision.
+#![allow(clippy::missing_safety_doc)]
+
+use super::protect;
+use crate::log::Level;
+use crate::sdp;
+use crate::sys::addr::{int_sockopt, read_sockaddr, socket_name, write_sockaddr};
+use crate::sys::errno::{fail, SavedErrno};
+use crate::sys::guard::Guard;
+use crate::sys::real;
+use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
+use libc::{c_int, sockaddr, socklen_t};
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Records a connection the kernel listener `listener` accepted as `fd`.
+unsafe fn record_accepted(listener: c_int, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) {
+    let Some(l) = table::get(listener) else {
+        return;
+    };
+    let _errno = SavedErrno::save();
+    let peer = if addr.is_null() || len.is_null() {
+        None
+    } else {
+        // SAFETY: the kernel just filled the program's (addr, *len).
+        unsafe { read_sockaddr(addr, *len) }
+    }
+    .or_else(|| socket_name(fd, true));
+    let local = match l.local {
+        Some(a) if !a.ip().is_unspecified() => Some(a),
+        _ => socket_name(fd, false),
+    };
+    let mut e = Entry::new(l.ipv6, l.forced);
+    e.role = SocketRole::Accepted;
+    e.want = l.want;
+    e.decided_by = DecidedBy::Listener;
+    e.rule = l.rule;
+    e.transport = Transport::Tcp;
+    e.reason = if l.transport == Transport::Sdp {
+        TcpReason::PeerTcp
+    } else {
+        l.reason
+    };
+    e.local = local;
+    e.peer = peer;
+    table::insert(fd, e);
+}
+
+unsafe fn accept_common(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the program's arguments, passed on.
+    let r = unsafe { real::accept4(fd, addr, len, flags) };
+    if r < 0 || !table::is_managed(fd) {
+        return r;
+    }
+    let Some(_g) = Guard::enter() else { return r };
+    // SAFETY: the kernel filled (addr, len) for the new fd.
+    protect(
+        "accept",
+        || unsafe { record_accepted(fd, r, addr, len) },
+        || (),
+    );
+    r
+}
+
+/// A listening socket the program did not `listen` on under the preload
+/// (inherited across `exec`, or from systemd's socket activation) is
+/// managed from its first `accept` on, with its hidden SDP listener. The
+/// check costs one `getsockopt` per `accept` on sockets the preload does
+/// not manage (Unix sockets, say).
+fn adopt_inherited_listener(fd: c_int) {
+    if table::is_managed(fd) || sdp::backend().is_none() {
+        return;
+    }
+    // Not from the preload's own threads (the hidden listeners' accepts).
+    let Some(_g) = Guard::enter() else { return };
+    protect(
+        "accept",
+        || {
+            let _errno = SavedErrno::save();
+            let domain = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
+            if !matches!(domain, Some(libc::AF_INET | libc::AF_INET6)) {
+                return;
+            }
+            if int_sockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != Some(1) {
+                return;
+            }
+            if super::socket::adopt(fd) {
+                crate::log!(Level::Debug, "fd {fd}: inherited listener adopted");
+                super::socket::listen_managed(fd, libc::SOMAXCONN);
+            }
+        },
+        || (),
+    );
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    adopt_inherited_listener(fd);
+    if table::listener(fd).is_some() {
+        // SAFETY: the program's arguments.
+        return unsafe { sdp_accept(fd, addr, len, 0) };
+    }
+    if !table::is_managed(fd) {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept(fd, addr, len) };
+    }
+    // SAFETY: the program's arguments.
+    unsafe { accept_common(fd, addr, len, 0) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    adopt_inherited_listener(fd);
+    if table::listener(fd).is_some() {
+        // SAFETY: the program's arguments.
+        return unsafe { sdp_accept(fd, addr, len, flags) };
+    }
+    // SAFETY: the program's arguments.
+    unsafe { accept_common(fd, addr, len, flags) }
+}
+
+/// How long a nonblocking `accept` waits for a connection whose setup is
+/// under way (one round trip, the client's RTR, is left once its MPA
+/// Request is answered): the listener was readable for it, and a program
+/// that saw it readable must not get `EAGAIN`, as from TCP's queue. The
+/// bound holds a client that stalls in its setup from stalling the program.
+const SETUP_WAIT: Duration = Duration::from_millis(500);
+
+/// `accept` on a listening fd with a hidden SDP listener beside it: the
+/// first connection from either, SDP or TCP.
+unsafe fn sdp_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    protect(
+        "accept",
+        // SAFETY: the program's arguments.
+        || unsafe { sdp_accept_inner(fd, addr, len, flags) },
+        || fail(libc::ECONNABORTED),
+    )
+}
+
+unsafe fn sdp_accept_inner(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let Some(_g) = Guard::enter() else {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    };
+    let Some(h) = table::listener(fd) else {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    };
+    let dontwait = h.nonblock.load(Ordering::Relaxed);
+    // How long a nonblocking call waits for a connection already in setup.
+    let setup_deadline = Instant::now() + SETUP_WAIT;
+    loop {
+        match h.listener.accept(dontwait) {
+            Ok(acc) => {
+                let new = acc.fd.into_raw_fd();
+                let _errno = SavedErrno::save();
+                // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
+                unsafe {
+                    if flags & libc::SOCK_NONBLOCK != 0 {
+                        let fl = real::fcntl(new, libc::F_GETFL, 0);
+                        real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
+                    }
+                    if flags & libc::SOCK_CLOEXEC != 0 {
+                        real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
+                    }
+                }
+                let l = table::get(fd);
+                let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
+                e.role = SocketRole::Accepted;
+                e.want = l.as_ref().and_then(|l| l.want);
+                e.decided_by = DecidedBy::Listener;
+                e.rule = l.as_ref().map_or(0, |l| l.rule);
+                e.transport = Transport::Sdp;
+                e.reason = TcpReason::None;
+                // Report the listening port P, not the hidden port Q.
+                e.local = match (l.as_ref().and_then(|l| l.local), socket_name(new, false)) {
+                    (Some(p), Some(mut q)) => {
+                        q.set_port(p.port());
+                        Some(q)
+                    }
+                    (p, q) => p.or(q),
+                };
+                e.peer = Some(acc.peer);
+                e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
+                table::insert(new, e);
+                drop(_errno);
+                // SAFETY: the program's (addr, len) pair.
+                unsafe { write_sockaddr(acc.peer, addr, len) };
+                return new;
+            }
+            Err(e) if e == libc::EAGAIN => {}
+            Err(e) => return fail(e),
+        }
+        // Then the kernel listener, without blocking in it; a blocking call
+        // waits for either listener, and for a connection whose setup went
+        // on in the background.
+        let pollfd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut p = [
+            pollfd(fd),
+            pollfd(h.listener.wake_fd()),
+            pollfd(h.listener.queue_fd().unwrap_or(-1)),
+        ];
+        let t = if !dontwait {
+            -1
+        } else if h.listener.setting_up() {
+            let left = setup_deadline.saturating_duration_since(Instant::now());
+            left.as_millis() as c_int
+        } else {
+            0
+        };
+        // SAFETY: three local pollfds.
+        let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
+        if r < 0 {
+            return -1;
+        }
+        if p[0].revents != 0 {
+            // The kernel listener is nonblocking: another process (or
+            // thread) sharing it may have taken the connection.
+            // SAFETY: the program's arguments, passed on.
+            let new = unsafe { real::accept4(fd, addr, len, flags) };
+            if new >= 0 {
+                // SAFETY: the kernel filled (addr, len) for `new`.
+                unsafe { record_accepted(fd, new, addr, len) };
+                return new;
+            }
+            let e = real::errno();
+            if e != libc::EAGAIN || dontwait {
+                return -1;
+            }
+            continue;
+        }
+        if r == 0 {
+            return fail(libc::EAGAIN);
+        }
+    }
+}
