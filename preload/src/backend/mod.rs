@@ -77,7 +77,7 @@ pub(crate) fn pm() -> &'static PmClient {
 /// reads and writes larger than it go by Zcopy; `SDP_ZCOPY_SINK_WAIT_MS`
 /// (how long a writer waits for the reader's next SinkAvail, default 10
 /// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
-/// go straight from the program's buffer; off by default) (docs/preload.md).
+/// go straight from the program's buffer; default 128K) (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
