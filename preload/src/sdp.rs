@@ -383,6 +383,11 @@ pub trait SdpListener: Send + Sync {
     /// the kernel's queue for an `accept` to take it
     /// ([`SdpListener::queue_fd`]).
     fn readiness(&self) -> Readiness;
+    /// [`SdpListener::readiness`] without a look at the queue, for a caller
+    /// that polls [`SdpListener::queue_fd`] itself (a system call saved).
+    fn readiness_beside_queue(&self) -> Readiness {
+        self.readiness()
+    }
     /// `POLLIN` ⇔ an SDP connection is ready to be accepted.
     fn wake_fd(&self) -> WakeFd;
     /// An established SDP connection, or `Err(EAGAIN)`; `nonblocking`: the

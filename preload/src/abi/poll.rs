@@ -41,6 +41,15 @@ impl Side {
         }
     }
 
+    /// [`Side::readiness`], a listener's without its queue (the caller
+    /// polls [`crate::sdp::SdpListener::queue_fd`] itself).
+    fn readiness_beside_queue(&self) -> Readiness {
+        match self {
+            Side::Stream(h) => h.endpoint.readiness(),
+            Side::Listener(h) => h.listener.readiness_beside_queue(),
+        }
+    }
+
     pub(super) fn wake_fd(&self) -> crate::sdp::WakeFd {
         match self {
             Side::Stream(h) => h.endpoint.wake_fd(),
@@ -80,19 +89,31 @@ fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t
 }
 
 fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+    let mut sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
     // Each connection polled is in use while we wait (a fork leaves it to
     // this process).
-    let streams: Vec<Arc<table::StreamHandle>> =
-        fds.iter().filter_map(|p| table::stream(p.fd)).collect();
+    let streams: Vec<Arc<table::StreamHandle>> = sides
+        .iter()
+        .filter_map(|s| match s {
+            Some(Side::Stream(h)) => Some(h.clone()),
+            _ => None,
+        })
+        .collect();
     let _watching: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
+    let mut first = true;
     loop {
-        // Again on every round: a nonblocking connect that fell back to TCP
-        // while we slept is polled as the kernel socket it now is.
-        let sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
+        if !std::mem::take(&mut first) {
+            // Again after a sleep: a nonblocking connect that fell back to
+            // TCP meanwhile is polled as the kernel socket it now is.
+            sides = fds.iter().map(|p| Side::of(p.fd)).collect();
+        }
         let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);
-        // For each program entry: its own kernel entry, if it has one.
+        // For each program entry: its own kernel entry, if it has one; its
+        // listener's queue entry, if it has one; its SDP readiness bits
+        // before the sleep (a listener's without its queue).
         let mut own: Vec<Option<usize>> = Vec::with_capacity(fds.len());
-        let mut sdp_ready = false;
+        let mut queue: Vec<Option<usize>> = Vec::with_capacity(fds.len());
+        let mut before: Vec<i16> = Vec::with_capacity(fds.len());
         for (p, side) in fds.iter().zip(&sides) {
             let listener = matches!(side, Some(Side::Listener(_)));
             if side.is_none() || listener {
@@ -105,31 +126,40 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             } else {
                 own.push(None);
             }
-            if let Some(s) = side {
-                sdp_ready |= s.readiness().poll_bits(p.events) != 0;
-                // POLLIN always: errors and the end of the stream show there.
-                let mut events = libc::POLLIN;
-                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
-                    events |= libc::POLLOUT;
-                }
+            let Some(s) = side else {
+                queue.push(None);
+                before.push(0);
+                continue;
+            };
+            before.push(s.readiness_beside_queue().poll_bits(p.events));
+            // POLLIN always: errors and the end of the stream show there.
+            let mut events = libc::POLLIN;
+            if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+                events |= libc::POLLOUT;
+            }
+            kfds.push(pollfd {
+                fd: s.wake_fd(),
+                events,
+                revents: 0,
+            });
+            // A listener's connections that no process took yet: the
+            // `accept` this leads to takes one.
+            let q = match (s, p.events & libc::POLLIN != 0) {
+                (Side::Listener(h), true) => h.listener.queue_fd(),
+                _ => None,
+            };
+            queue.push(q.map(|fd| {
                 kfds.push(pollfd {
-                    fd: s.wake_fd(),
-                    events,
+                    fd,
+                    events: libc::POLLIN,
                     revents: 0,
                 });
-                // A listener's connections that no process took yet: the
-                // `accept` this leads to takes one.
-                if let (Side::Listener(h), true) = (s, p.events & libc::POLLIN != 0) {
-                    if let Some(q) = h.listener.queue_fd() {
-                        kfds.push(pollfd {
-                            fd: q,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        });
-                    }
-                }
-            }
+                kfds.len() - 1
+            }));
         }
+        // Ready already: the kernel's fds are looked at without a sleep,
+        // and the readiness just taken is reported.
+        let sdp_ready = before.iter().any(|&b| b != 0);
         let zero = timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -149,12 +179,24 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             return -1;
         }
         let mut count = 0;
-        for ((p, side), k) in fds.iter_mut().zip(&sides).zip(&own) {
-            let kernel = k.map_or(0, |k| kfds[k].revents);
-            let sdp = side
-                .as_ref()
-                .map_or(0, |s| s.readiness().poll_bits(p.events));
-            p.revents = kernel | sdp;
+        for (i, (p, side)) in fds.iter_mut().zip(&sides).enumerate() {
+            let kernel = own[i].map_or(0, |k| kfds[k].revents);
+            let queued = queue[i].is_some_and(|k| kfds[k].revents & libc::POLLIN != 0);
+            let sdp = match side {
+                None => 0,
+                Some(_) if sdp_ready => before[i],
+                Some(s) => s.readiness_beside_queue().poll_bits(p.events),
+            };
+            let queued = if queued {
+                Readiness {
+                    readable: true,
+                    ..Readiness::default()
+                }
+                .poll_bits(p.events)
+            } else {
+                0
+            };
+            p.revents = kernel | sdp | queued;
             if p.revents != 0 {
                 count += 1;
             }

@@ -754,6 +754,14 @@ impl SdpListener for Lst {
         }
     }
 
+    fn readiness_beside_queue(&self) -> Readiness {
+        let _g = table::enter_gate();
+        Readiness {
+            readable: !self.sh.lock().ready.is_empty(),
+            ..Readiness::default()
+        }
+    }
+
     fn wake_fd(&self) -> WakeFd {
         let _g = table::enter_gate();
         self.sh.lock().wake.as_raw_fd()
