@@ -528,6 +528,10 @@ impl Conn {
 
     /// The earliest Zcopy deadline.
     pub(crate) fn zcopy_deadline(&self) -> Option<Instant> {
+        if self.z.zsends.is_empty() && self.z.posted.is_empty() {
+            // Bcopy traffic: no buffer lent, nothing to time.
+            return None;
+        }
         let sends = self
             .z
             .zsends
@@ -704,7 +708,7 @@ impl Conn {
         if self.control_pending_wr_compl() {
             return sent;
         }
-        if self.zsend_mode() == FlowControlMode::Buffered {
+        if self.zsend_mode() == FlowControlMode::Buffered || self.z.zsends.is_empty() {
             return u64::MAX;
         }
         if self.zcopy_from(sent) && !self.skip_src_avail(sent) {
@@ -738,6 +742,11 @@ impl Conn {
         let sent = self.tx.sent();
         if self.z.forced_to.is_some_and(|f| sent >= f) {
             self.z.forced_to = None;
+        }
+        if self.z.zsends.is_empty() {
+            // No ULP buffer lent (Bcopy traffic): nothing to write into a
+            // SinkAvail or to advertise (both need `zcopy_from`).
+            return;
         }
         // A queued ModeChange goes first: no RDMA Write may precede a
         // ModeChange to Combined in the stream (§12.4), and no new
