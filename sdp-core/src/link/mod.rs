@@ -598,13 +598,13 @@ impl Link {
     /// iWARP connection: events and completions in, verbs operations out.
     /// Call after every input (bytes received, a socket call, a timer).
     pub fn drive(&mut self, now: Instant, qp: &mut Connection) {
-        self.drive_inner(now, qp, &mut |_, _| {}, None)
+        self.drive_inner(now, qp, None, None)
     }
 
     /// [`Link::drive`] while a waiting reader lends `recv_into`
     /// ([`Link::lend_recv`]).
     pub fn drive_lent(&mut self, now: Instant, qp: &mut Connection, recv_into: Option<&[u8]>) {
-        self.drive_inner(now, qp, &mut |_, _| {}, recv_into)
+        self.drive_inner(now, qp, None, recv_into)
     }
 
     /// [`Link::drive_lent`], calling `check` with the credit state before
@@ -616,14 +616,14 @@ impl Link {
         check: &mut dyn FnMut(&CreditState, &Op),
         recv_into: Option<&[u8]>,
     ) {
-        self.drive_inner(now, qp, check, recv_into)
+        self.drive_inner(now, qp, Some(check), recv_into)
     }
 
     fn drive_inner(
         &mut self,
         now: Instant,
         qp: &mut Connection,
-        check: &mut dyn FnMut(&CreditState, &Op),
+        mut check: Option<&mut dyn FnMut(&CreditState, &Op)>,
         recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
@@ -658,11 +658,14 @@ impl Link {
             }
         }
         loop {
-            let before = self.conn.credit_state();
+            // Only a checking caller pays for the snapshot.
+            let before = check.as_ref().map(|_| self.conn.credit_state());
             match self.conn.poll_work() {
                 None => break,
                 Some(Work::Op(op)) => {
-                    check(&before, &op);
+                    if let (Some(check), Some(before)) = (check.as_mut(), &before) {
+                        check(before, &op);
+                    }
                     self.execute(op, qp);
                 }
                 Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp),
