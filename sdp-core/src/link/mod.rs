@@ -129,6 +129,10 @@ use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, Work, WrId};
 use direct::{CopyStats, SendSpan};
 use staging::Staging;
 
+/// A test's look at each verbs operation with the credit state before it
+/// ([`Link::drive_checked`]).
+type Check<'a> = &'a mut dyn FnMut(&CreditState, &Op);
+
 /// The iWARP connection configuration for an SDP link with `config`: the
 /// MPA startup's IRD and ORD are the SDP ones (§8.1.1 step 1d: LocIRD and
 /// LocORD are at most the local IRD and ORD). Everything else keeps the
@@ -623,7 +627,7 @@ impl Link {
         &mut self,
         now: Instant,
         qp: &mut Connection,
-        mut check: Option<&mut dyn FnMut(&CreditState, &Op)>,
+        mut check: Option<Check<'_>>,
         recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
