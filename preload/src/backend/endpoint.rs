@@ -691,54 +691,49 @@ impl SdpEndpoint for Ep {
     fn stats(&self) -> Option<Stats> {
         use crate::sdp::Messages;
         let _g = table::enter_gate();
-        let stream = match &*self.lock() {
-            // Another process goes on with it: nothing to report, and its
-            // lock may be held for good in this copy (`Ownership::lost`)
-            // — the service thread of a child forked while a parent
-            // thread was inside a call on it waited there for ever.
+        // The stream's figures as of its last unlock: read without its
+        // lock (`SdpStream::counters`). Reading them is not a use: no
+        // claim.
+        let i = match &*self.lock() {
+            // Another process goes on with it: nothing to report.
             State::Connected(_) if self.own.lost() => return None,
-            State::Connected(s) => Some(s.clone()),
-            _ => None,
-        };
-        // Reading the statistics is not a use: no claim.
-        Some(match stream {
-            Some(s) => {
-                let i = s.info();
-                Stats {
-                    tx_mode: mode(i.send_mode),
-                    rx_mode: mode(i.recv_mode),
-                    bytes: Counters {
-                        bcopy_tx: i.zcopy.bcopy_sent,
-                        bcopy_rx: i.zcopy.bcopy_received,
-                        read_zcopy_tx: i.zcopy.read_zcopy_sent,
-                        read_zcopy_rx: i.zcopy.read_zcopy_received,
-                        write_zcopy_tx: i.zcopy.write_zcopy_sent,
-                        write_zcopy_rx: i.zcopy.write_zcopy_received,
-                        bcopy_tx_direct: i.copies.bytes_sent_direct,
-                        bcopy_rx_direct: i.copies.bytes_received_direct,
-                        rx_copied: i.copies.bytes_copied_from_pool,
-                        rx_copied_back: i.copies.bytes_copied_back,
-                    },
-                    messages: Messages {
-                        src_avails: i.zcopy.src_avails,
-                        sink_avails: i.zcopy.sink_avails,
-                        send_sms: i.zcopy.send_sms,
-                        cancels: i.zcopy.cancels,
-                        mode_changes: i.zcopy.mode_changes,
-                    },
-                    // Buffers advertised to the peer: its send credit.
-                    local_credits: clamp_u32(i.credits.remote_credit),
-                    remote_credits: clamp_u32(i.credits.send_credit),
-                }
+            State::Connected(s) => s.counters(),
+            _ => {
+                return Some(Stats {
+                    tx_mode: Mode::Combined,
+                    rx_mode: Mode::Combined,
+                    bytes: Counters::default(),
+                    messages: Messages::default(),
+                    local_credits: 0,
+                    remote_credits: 0,
+                })
             }
-            None => Stats {
-                tx_mode: Mode::Combined,
-                rx_mode: Mode::Combined,
-                bytes: Counters::default(),
-                messages: Messages::default(),
-                local_credits: 0,
-                remote_credits: 0,
+        };
+        Some(Stats {
+            tx_mode: i.send_mode.map_or(Mode::Combined, mode),
+            rx_mode: i.recv_mode.map_or(Mode::Combined, mode),
+            bytes: Counters {
+                bcopy_tx: i.zcopy.bcopy_sent,
+                bcopy_rx: i.zcopy.bcopy_received,
+                read_zcopy_tx: i.zcopy.read_zcopy_sent,
+                read_zcopy_rx: i.zcopy.read_zcopy_received,
+                write_zcopy_tx: i.zcopy.write_zcopy_sent,
+                write_zcopy_rx: i.zcopy.write_zcopy_received,
+                bcopy_tx_direct: i.copies.bytes_sent_direct,
+                bcopy_rx_direct: i.copies.bytes_received_direct,
+                rx_copied: i.copies.bytes_copied_from_pool,
+                rx_copied_back: i.copies.bytes_copied_back,
             },
+            messages: Messages {
+                src_avails: i.zcopy.src_avails,
+                sink_avails: i.zcopy.sink_avails,
+                send_sms: i.zcopy.send_sms,
+                cancels: i.zcopy.cancels,
+                mode_changes: i.zcopy.mode_changes,
+            },
+            // Buffers advertised to the peer: its send credit.
+            local_credits: clamp_u32(i.remote_credit),
+            remote_credits: clamp_u32(i.send_credit),
         })
     }
 

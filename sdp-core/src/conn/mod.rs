@@ -629,6 +629,12 @@ impl Conn {
                 && (!self.z.srcs.is_empty() || self.resize.asked.is_some()))
     }
 
+    /// Our send credit and the peer's, as [`Conn::credit_state`] has them
+    /// (without the rest of it).
+    pub fn credits(&self) -> (i64, i64) {
+        (self.credits.send_credit(), self.credits.remote_credit())
+    }
+
     /// The credit state, see [`CreditState`].
     pub fn credit_state(&self) -> CreditState {
         CreditState {

@@ -71,6 +71,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+pub mod counters;
 pub mod progress;
 pub mod readiness;
 pub mod shared;
@@ -456,6 +457,12 @@ impl SdpStream {
             urgent: g.link.urgent_ready(),
             connected: g.link.is_connected(),
         }
+    }
+
+    /// The figures for observability as of the stream's last unlock,
+    /// without taking its lock ([`counters`]).
+    pub fn counters(&self) -> counters::Snapshot {
+        self.shared().counters()
     }
 
     /// Modes, byte counts and credits, for observability.

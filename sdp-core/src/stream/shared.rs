@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
+use super::counters::{Counters, Snapshot};
 use super::readiness::Readiness;
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
@@ -503,6 +504,20 @@ impl Inner {
 
     /// The nearest deadline: the engine's, the link's, the end of the
     /// drain of a released link, and `extra`.
+    /// The figures [`Counters`] keeps.
+    fn snapshot(&self) -> Snapshot {
+        let conn = self.link.conn();
+        let (send_credit, remote_credit) = conn.credits();
+        Snapshot {
+            send_mode: Some(conn.send_mode()),
+            recv_mode: Some(conn.recv_mode()),
+            zcopy: conn.zcopy_stats(),
+            copies: self.link.copy_stats(),
+            send_credit,
+            remote_credit,
+        }
+    }
+
     fn next_deadline(&self, extra: Option<Instant>) -> Option<Instant> {
         let drain = self.drain_until.filter(|_| self.released && !self.llp_end);
         [
@@ -523,6 +538,8 @@ pub struct Shared {
     inner: Mutex<Inner>,
     cond: Condvar,
     poller: AtomicBool,
+    /// The figures for observability, copied in at each unlock.
+    counters: Counters,
     kick: AtomicBool,
     wake: OwnedFd,
     /// A duplicate of the socket, to poll it without the lock: a stable
@@ -597,6 +614,7 @@ impl Shared {
             inner: Mutex::new(inner),
             cond: Condvar::new(),
             poller: AtomicBool::new(false),
+            counters: Counters::default(),
             kick: AtomicBool::new(false),
             wake,
             sock,
@@ -723,7 +741,13 @@ impl Shared {
             self.wake_waiters(&mut g);
         }
         self.publish_deadline(&g);
+        self.counters.store(g.snapshot());
         g.released && g.finished(now)
+    }
+
+    /// The figures as of the last unlock (no lock taken).
+    pub fn counters(&self) -> Snapshot {
+        self.counters.load()
     }
 
     /// In a child of `fork` (its only thread): threads of the parent that
@@ -841,6 +865,7 @@ impl<'a> Locked<'a> {
             // them, or two waiting threads would wake each other in turn.
             shared.wake_waiters(&mut g);
         }
+        shared.counters.store(g.snapshot());
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
         let zc_elsewhere = g.zcopy_elsewhere();
@@ -922,6 +947,7 @@ impl Drop for Locked<'_> {
         let shared = self.shared;
         if let Some(mut g) = self.guard.take() {
             g.news = false;
+            shared.counters.store(g.snapshot());
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
                 super::progress::wake();
