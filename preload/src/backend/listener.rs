@@ -44,12 +44,10 @@ use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
 use crate::table;
-use iwarp::engine::Event as QpEvent;
-use iwarp::mem::VecMemory;
 use portmapper::control::ControlClient;
-use sdp_core::link::{connection_config, Link};
+use sdp_core::stream::accept::{self, Answer};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::{fit_config, Endpoint, Progress, SdpStream};
+use sdp_core::stream::{Endpoint, SdpStream};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -486,9 +484,10 @@ enum Request {
 }
 
 /// Reads the MPA Request and its Hello from `ep` if they came, and answers
-/// them (the Reply with the HelloAck's parameters, or a reject).
+/// them (the Reply with the HelloAck's parameters, or a reject): sdp-core's
+/// step ([`accept::answer_request`]), within the setup's limit `until`.
 fn answer_request(
-    mut ep: Box<Endpoint>,
+    ep: Box<Endpoint>,
     config: sdp_core::conn::Config,
     now: Instant,
     until: Instant,
@@ -496,38 +495,14 @@ fn answer_request(
     if now >= until {
         return Request::Failed("setup timed out".into());
     }
-    match ep.pump_recv(now, &mut VecMemory::new()) {
-        Ok(Progress::Closed) => return Request::Failed("closed before the MPA Request".into()),
-        Err(e) => return Request::Failed(format!("socket: {e}")),
-        Ok(_) => {}
-    }
-    if ep.poll_timeout().is_some_and(|t| t <= now) {
-        ep.handle_timeout(now);
-    }
-    let mut hello = None;
-    while let Some(ev) = ep.connection_mut().poll_event() {
-        match ev {
-            QpEvent::ConnectRequest { private_data, .. } => hello = Some(private_data),
-            QpEvent::Failed(code) => return Request::Failed(format!("MPA startup failed: {code}")),
-            _ => {}
+    match accept::answer_request(ep, &config, now) {
+        Answer::Answered(s) => Request::Answered(s),
+        Answer::Pending(ep) => {
+            let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
+            let fd = ep.raw_fd();
+            Request::Wait(ep, config, fd, deadline)
         }
-    }
-    let Some(hello) = hello else {
-        let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
-        let fd = ep.raw_fd();
-        return Request::Wait(ep, config, fd, deadline);
-    };
-    let link = match Link::accept(&config, &hello, ep.connection_mut(), now) {
-        Ok(link) => link,
-        Err(e) => {
-            // The reject Reply goes, then the socket closes.
-            let _ = ep.pump_send(now, &VecMemory::new());
-            return Request::Failed(format!("refused: {e}"));
-        }
-    };
-    match SdpStream::from_parts(link, *ep) {
-        Ok(s) => Request::Answered(s),
-        Err(e) => Request::Failed(format!("stream: {e}")),
+        Answer::Failed(e) => Request::Failed(e.to_string()),
     }
 }
 
@@ -561,20 +536,6 @@ pub enum HsStep {
     Done,
 }
 
-fn keepalive(fd: RawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: an int option on our own socket.
-    unsafe {
-        crate::sys::real::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-}
-
 impl Handshake {
     fn new(
         lst: Arc<Shared>,
@@ -582,15 +543,12 @@ impl Handshake {
         peer: SocketAddr,
         now: Instant,
     ) -> io::Result<Handshake> {
-        // SO_KEEPALIVE, as the stream layer sets (draft §14.3).
-        keepalive(tcp.as_raw_fd());
-        let config = fit_config(&tcp, &super::sdp_config());
-        let ep = Endpoint::responder(tcp, connection_config(&config), now)?;
+        let (ep, config) = accept::responder(tcp, &super::sdp_config(), now)?;
         Ok(Handshake {
             lst,
             peer,
             until: now + SETUP_LIMIT,
-            phase: HsPhase::Request(Box::new(ep), config),
+            phase: HsPhase::Request(ep, config),
         })
     }
 

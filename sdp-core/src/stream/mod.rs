@@ -71,6 +71,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+pub mod accept;
 pub mod counters;
 pub mod progress;
 pub mod readiness;
@@ -86,8 +87,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iwarp::engine::Event as QpEvent;
-use iwarp::mem::VecMemory;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 pub use iwarp::driver::{Endpoint, Progress};
@@ -1143,37 +1142,16 @@ impl AsRawFd for SdpListener {
 }
 
 /// The Accepting Peer's setup on an accepted TCP stream: wait for the MPA
-/// Request, accept or refuse its Hello, then wait for the RTR.
+/// Request, accept or refuse its Hello ([`accept::answer_request`]), then
+/// wait for the RTR.
 fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
-    let now = Instant::now();
-    tcp.set_nonblocking(true)?;
-    rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
-    let config = &fit_config(&tcp, config);
-    let mut ep = Endpoint::responder(tcp, connection_config(config), now)?;
-    let hello = loop {
-        let now = Instant::now();
-        if ep.pump_recv(now, &mut VecMemory::new())? == Progress::Closed {
-            return Err(to_io(Error::ConnectionReset));
-        }
-        if ep.poll_timeout().is_some_and(|t| t <= now) {
-            ep.handle_timeout(now);
-        }
-        let mut found = None;
-        while let Some(ev) = ep.connection_mut().poll_event() {
-            match ev {
-                QpEvent::ConnectRequest { private_data, .. } => found = Some(private_data),
-                QpEvent::Failed(code) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("MPA startup failed: {code}"),
-                    ))
-                }
-                _ => {}
-            }
-        }
-        if let Some(h) = found {
-            break h;
-        }
+    let (mut ep, config) = accept::responder(tcp, config, Instant::now())?;
+    let stream = loop {
+        ep = match accept::answer_request(ep, &config, Instant::now()) {
+            accept::Answer::Answered(s) => break s,
+            accept::Answer::Failed(e) => return Err(e),
+            accept::Answer::Pending(ep) => ep,
+        };
         let timeout = ep
             .poll_timeout()
             .map(|t| t.saturating_duration_since(Instant::now()));
@@ -1184,16 +1162,6 @@ fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
         let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
         let _ = poll(&mut fds, ts.as_ref());
     };
-    let now = Instant::now();
-    let link = match Link::accept(config, &hello, ep.connection_mut(), now) {
-        Ok(link) => link,
-        Err(e) => {
-            // The reject Reply goes, then the connection is dropped.
-            let _ = ep.pump_send(now, &VecMemory::new());
-            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, e));
-        }
-    };
-    let stream = SdpStream::from_parts(link, ep)?;
     let deadline = Instant::now() + iwarp::mpa::startup::DEFAULT_TIMEOUT;
     stream.wait_connected(Some(deadline))?;
     Ok(stream)
