@@ -838,6 +838,37 @@ fn a_gather_write_reaches_a_waiting_reader_whole() {
     same_over_sdp("sdp-gather", GATHER_WRITE, 1);
 }
 
+/// A server that closes its listener and listens again on the same port
+/// (as CPython's tests do, one after another): the next client connects at
+/// once, as over TCP. The port mapper's cached answer still names the
+/// first listener's hidden SDP port; that port stopped listening with the
+/// program's listener, so the client is refused there at once and goes on
+/// by TCP — it used to be taken into a queue nobody accepted from and wait
+/// 5 s for an MPA Reply before falling back.
+const LISTEN_AGAIN_ON_THE_SAME_PORT: &str = r#"
+import socket, time
+port = 0
+for round in range(3):
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    port = srv.getsockname()[1]
+    srv.listen(1)
+    start = time.monotonic()
+    c = socket.create_connection(("127.0.0.1", port))
+    s, _ = srv.accept()
+    c.sendall(b"x")
+    got = s.recv(1)
+    took = time.monotonic() - start
+    print(round, got, "at once" if took < 2 else "after %.1f s" % took)
+    c.close(); s.close(); srv.close()
+"#;
+
+#[test]
+fn a_listener_opened_again_on_its_port_is_reached_at_once() {
+    same_over_sdp("sdp-listen-again", LISTEN_AGAIN_ON_THE_SAME_PORT, 1);
+}
+
 /// A program that makes its socket buffers small (SO_SNDBUF, and
 /// SO_RCVBUF on the listener, inherited by the accepted socket) gets flow
 /// control early, as over TCP: a nonblocking sender facing a reader that

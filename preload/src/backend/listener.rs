@@ -812,6 +812,17 @@ impl SdpListener for Lst {
         // Our copy of the control connection: the registration ends when
         // the last process holding it closes it.
         drop(control);
+        if self.sh.listening.load(Ordering::Acquire) {
+            // No child shares Q (no fork since `listen`): it stops
+            // listening now, as the program's TCP listener just did, and
+            // resets the connections in its queue — a client that the
+            // port mapper's cached answer sends here is refused at once
+            // (and goes on by TCP) instead of waiting for an MPA Reply
+            // that would never come. Q itself goes with the last task
+            // holding it (the service thread wakes on the hang-up).
+            // SAFETY: shutdown on our own socket.
+            unsafe { crate::sys::real::shutdown(self.sh.q.as_raw_fd(), libc::SHUT_RD) };
+        }
     }
 
     fn fork_child(&self) {
