@@ -357,10 +357,12 @@ pub trait SdpEndpoint: Send + Sync {
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}
-    /// The hooks recorded the endpoint of [`ConnectOutcome::InProgress`]
-    /// in the fd table: the connect may go on in the background now (and
-    /// fall back to TCP with `table::fall_back_if`).
-    fn recorded(&self) {}
+    /// The hooks recorded the endpoint of [`ConnectOutcome::Started`] in
+    /// the fd table: the setup goes on, to its end on this thread for a
+    /// blocking connect.
+    fn recorded(&self) -> Setup {
+        Setup::InProgress
+    }
     /// The process is exiting (`exit`, not `_exit`) with this connection
     /// open: block until the bytes accepted by `send` have reached the
     /// peer, or until `deadline` (DESIGN §6 "flush at exit").
@@ -419,13 +421,25 @@ pub trait SdpListener: Send + Sync {
 
 /// What `connect` on SDP led to.
 pub enum ConnectOutcome {
-    /// Connected over SDP (blocking connect).
-    Sdp(Arc<dyn SdpEndpoint>),
-    /// Nonblocking connect under way: the endpoint turns writable when it is
-    /// up or failed and `take_error` says which (DESIGN §4). If it falls
-    /// back to TCP it calls `table::fall_back`.
-    InProgress(Arc<dyn SdpEndpoint>),
+    /// The setup started: the hooks record the endpoint in the fd table
+    /// (the program's other threads see a connecting socket, never the
+    /// setup's own bytes), then call [`SdpEndpoint::recorded`].
+    Started(Arc<dyn SdpEndpoint>),
     /// Not SDP: the hooks connect the same fd with TCP.
+    Fallback(TcpReason),
+    /// SDP only and it failed: `connect` fails with this errno.
+    Failed(Errno),
+}
+
+/// Where a started connect stands once its endpoint is recorded.
+pub enum Setup {
+    /// Nonblocking: the setup goes on in the background. The endpoint
+    /// turns writable when it is up or failed and `take_error` says which
+    /// (DESIGN §4); a fallback to TCP calls `table::fall_back_if`.
+    InProgress,
+    /// Blocking: the setup ran on the caller's thread and SDP is up.
+    Sdp,
+    /// Blocking: not SDP; the hooks connect the same fd with TCP.
     Fallback(TcpReason),
     /// SDP only and it failed: `connect` fails with this errno.
     Failed(Errno),

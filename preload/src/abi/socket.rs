@@ -7,7 +7,7 @@ use super::protect;
 use crate::config;
 use crate::log::Level;
 use crate::rules::{Family, Role};
-use crate::sdp::{self, ConnectOutcome, Shutdown};
+use crate::sdp::{self, ConnectOutcome, Setup, Shutdown};
 use crate::sys::addr::{
     int_sockopt, read_sockaddr, socket_name, write_sockaddr, RawAddr, AF_INET_SDP,
 };
@@ -268,45 +268,36 @@ unsafe fn connect_managed(
                 let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
                 flags >= 0 && flags & libc::O_NONBLOCK != 0
             };
-            match backend.connect(fd, dest, nonblocking, family == Family::Sdp) {
-                ConnectOutcome::Sdp(ep) => {
+            let setup = match backend.connect(fd, dest, nonblocking, family == Family::Sdp) {
+                ConnectOutcome::Started(ep) => {
+                    // SDP once the setup is done (the backend records it).
+                    record_connect(
+                        fd,
+                        family,
+                        decided_by,
+                        rule,
+                        Transport::Undecided,
+                        TcpReason::None,
+                        dest,
+                        SdpSide::stream(ep.clone(), nonblocking),
+                    );
+                    ep.recorded()
+                }
+                ConnectOutcome::Fallback(r) => Setup::Fallback(r),
+                ConnectOutcome::Failed(errno) => Setup::Failed(errno),
+            };
+            match setup {
+                Setup::Sdp => {
                     crate::log!(
                         Level::Info,
                         "fd {fd}: connect {dest}: {:?} by {} -> SDP",
                         family,
                         describe(decided_by, rule)
                     );
-                    record_connect(
-                        fd,
-                        family,
-                        decided_by,
-                        rule,
-                        Transport::Sdp,
-                        TcpReason::None,
-                        dest,
-                        SdpSide::stream(ep, nonblocking),
-                    );
-                    let local = socket_name(fd, false);
-                    table::update(fd, |e| e.local = local);
                     return 0;
                 }
-                ConnectOutcome::InProgress(ep) => {
-                    record_connect(
-                        fd,
-                        family,
-                        decided_by,
-                        rule,
-                        Transport::Sdp,
-                        TcpReason::None,
-                        dest,
-                        SdpSide::stream(ep.clone(), nonblocking),
-                    );
-                    // The local address is known once connected (the
-                    // backend records it then); getsockname asks the kernel.
-                    ep.recorded();
-                    return fail(libc::EINPROGRESS);
-                }
-                ConnectOutcome::Failed(errno) => {
+                Setup::InProgress => return fail(libc::EINPROGRESS),
+                Setup::Failed(errno) => {
                     record_connect(
                         fd,
                         family,
@@ -319,7 +310,7 @@ unsafe fn connect_managed(
                     );
                     return fail(errno);
                 }
-                ConnectOutcome::Fallback(r) => reason = r,
+                Setup::Fallback(r) => reason = r,
             }
         } else if family == Family::Sdp {
             warn_no_engine(fd, &describe(decided_by, rule));

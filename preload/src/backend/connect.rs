@@ -19,12 +19,13 @@
 use super::endpoint::{Ep, State};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
-use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint};
+use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint, Setup};
 use crate::sys::addr::{socket_name, RawAddr};
 use crate::sys::real;
 use crate::table::{self, TcpReason};
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
+use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -89,8 +90,9 @@ pub struct Connector {
     /// The address the program bound the socket to before connecting.
     app_local: Option<SocketAddr>,
     phase: Phase,
-    /// The endpoint of a nonblocking connect.
+    /// The endpoint the fd table holds meanwhile.
     ep: Option<Arc<Ep>>,
+    nonblocking: bool,
     /// Why not SDP, when the port mapper's cache decided at once.
     decided: TcpReason,
 }
@@ -224,37 +226,29 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
     if let Phase::Done = c.phase {
         return fail(c.decided);
     }
+    // Blocking: the wake fd is made only if another thread polls the fd
+    // meanwhile (see `Ep::connecting`).
+    let ep = match Ep::connecting(fd, nonblocking) {
+        Ok(ep) => Arc::new(ep),
+        Err(_) => return fail(TcpReason::Internal),
+    };
+    c.ep = Some(ep.clone());
+    c.nonblocking = nonblocking;
+    // Carried on once the hooks recorded the endpoint in the fd table:
+    // a fallback must find it there.
     if nonblocking {
-        let ep = match Ep::connecting(fd) {
-            Ok(ep) => Arc::new(ep),
-            Err(_) => return fail(TcpReason::Internal),
-        };
-        c.ep = Some(ep.clone());
-        // Started by the hooks' `recorded` call, once the fd table holds
-        // the endpoint: a fallback must find it there.
-        ep.park_connector(Box::new(c));
-        return ConnectOutcome::InProgress(ep);
+        ep.park(Box::new(move || {
+            service::submit(Box::new(c));
+            Setup::InProgress
+        }));
+    } else {
+        ep.park(Box::new(move || {
+            let result = c.run_blocking();
+            let _g = table::enter_gate();
+            c.finish(result)
+        }));
     }
-    let result = c.run_blocking();
-    match result {
-        Ok(stream) => match Ep::connected(stream, fd) {
-            Ok(ep) => {
-                service::ensure();
-                ConnectOutcome::Sdp(Arc::new(ep))
-            }
-            Err(e) => {
-                crate::log!(Level::Error, "fd {fd}: SDP endpoint: {e}");
-                c.replace_after_failure(false);
-                fail(TcpReason::Internal)
-            }
-        },
-        Err(f) => {
-            if f.connected {
-                c.replace_after_failure(false);
-            }
-            fail(f.reason)
-        }
-    }
+    ConnectOutcome::Started(ep)
 }
 
 impl Connector {
@@ -301,6 +295,7 @@ impl Connector {
             app_local,
             phase: Phase::Done,
             ep: None,
+            nonblocking: false,
             decided: TcpReason::None,
         };
         match started {
@@ -313,11 +308,6 @@ impl Connector {
             }
         }
         Ok(c)
-    }
-
-    /// The endpoint of a nonblocking connect.
-    pub fn ep(&self) -> Option<&Arc<Ep>> {
-        self.ep.as_ref()
     }
 
     /// The program closed the fd of a nonblocking connect: stop.
@@ -564,30 +554,19 @@ impl Connector {
         Ok(())
     }
 
-    /// A blocking connect that failed after the socket was connected to
-    /// the SDP address: a fresh socket for the TCP connect (or a retry).
-    fn replace_after_failure(&self, nonblock: bool) {
-        if let Err(e) = self.replace_socket(nonblock) {
-            crate::log!(
-                Level::Error,
-                "fd {}: cannot replace the socket for the TCP fallback: errno {e}",
-                self.fd
-            );
-        }
-    }
-
-    /// The end of a nonblocking connect (on the service thread, inside the
-    /// fork gate).
-    pub fn finish(mut self, result: Result<SdpStream, Fail>) {
-        let Some(ep) = self.ep.take() else { return };
+    /// The end of the setup (inside the fork gate; on the service thread
+    /// for a nonblocking connect).
+    pub fn finish(mut self, result: Result<SdpStream, Fail>) -> Setup {
+        let Some(ep) = self.ep.take() else {
+            return Setup::Failed(libc::ECONNABORTED);
+        };
         let mut st = ep.lock();
-        let levels = match &mut *st {
+        let mut levels = match &mut *st {
             State::Connecting { levels } => levels.take(),
             // Closed by the program meanwhile: nothing to report.
-            _ => return,
+            _ => return Setup::Failed(libc::ECONNABORTED),
         };
         let fd = self.fd;
-        let mut levels = levels;
         let fail = match result {
             Ok(stream) => {
                 let adopted = match levels.take() {
@@ -596,6 +575,7 @@ impl Connector {
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
                     ep.set_socket(stream.socket_fd());
+                    *st = State::Connected(stream);
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     table::update(fd, |e| {
@@ -603,15 +583,19 @@ impl Connector {
                             if std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&dyn_ep)))
                         {
                             e.local = local;
+                            e.transport = table::Transport::Sdp;
                         }
                     });
+                    if !self.nonblocking {
+                        service::ensure();
+                        return Setup::Sdp;
+                    }
                     crate::log!(
                         Level::Info,
                         "fd {fd}: connect {} (nonblocking) -> SDP",
                         self.dest
                     );
-                    *st = State::Connected(stream);
-                    return;
+                    return Setup::InProgress;
                 }
                 drop(stream);
                 Fail {
@@ -621,29 +605,28 @@ impl Connector {
             }
             Err(f) => f,
         };
-        // Pollers of the wake fd wake up and look again.
-        if let Some(l) = levels.as_mut() {
-            let _ = l.set(true, true);
-        }
+        // Pollers of the wake fd wake up and look again once the end is
+        // in place.
+        let failed = |st: &mut State, mut levels: Option<Levels>, errno| {
+            if let Some(l) = levels.as_mut() {
+                let _ = l.set(true, true);
+            }
+            *st = State::Failed {
+                errno,
+                reported: false,
+                _levels: levels,
+            };
+            Setup::Failed(errno)
+        };
         let handle = table::stream(fd)
             .filter(|h| std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&ep)));
         let Some(handle) = handle else {
             // The fd number is no longer this connection's: leave it alone.
-            *st = State::Failed {
-                errno: libc::ECONNABORTED,
-                reported: false,
-                _levels: levels,
-            };
-            return;
+            return failed(&mut st, levels, libc::ECONNABORTED);
         };
         if fail.connected {
-            if let Err(e) = self.replace_socket(true) {
-                *st = State::Failed {
-                    errno: e,
-                    reported: false,
-                    _levels: levels,
-                };
-                return;
+            if let Err(e) = self.replace_socket(self.nonblocking) {
+                return failed(&mut st, levels, e);
             }
         }
         if self.sdp_only {
@@ -653,46 +636,48 @@ impl Connector {
                 self.dest,
                 fail.reason.name()
             );
-            *st = State::Failed {
-                errno: libc::ECONNREFUSED,
-                reported: false,
-                _levels: levels,
-            };
-            return;
+            return failed(&mut st, levels, libc::ECONNREFUSED);
         }
-        // The TCP fallback: connect the same fd number to S:P.
-        set_nonblock(fd, true);
-        match connect_raw(fd, self.dest) {
-            Ok(()) | Err(libc::EINPROGRESS) => {
-                crate::log!(
-                    Level::Info,
-                    "fd {fd}: connect {} (nonblocking) -> TCP ({})",
-                    self.dest,
-                    fail.reason.name()
-                );
-                *st = State::FellBack;
-                drop(st);
-                drop(levels);
-                drop(handle);
-                let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
-                // Duplicates the program made meanwhile (dup, F_DUPFD)
-                // are the same socket for it: they get the fresh one too.
-                for other in duplicates(fd, &dyn_ep) {
-                    if fail.connected {
-                        share_socket(fd, other);
-                    }
-                    table::fall_back_if(other, &dyn_ep, fail.reason);
+        // The TCP fallback: the same fd number to S:P. A blocking connect
+        // leaves it to the hooks, on the caller's thread.
+        let setup = if self.nonblocking {
+            set_nonblock(fd, true);
+            match connect_raw(fd, self.dest) {
+                Ok(()) | Err(libc::EINPROGRESS) => {
+                    crate::log!(
+                        Level::Info,
+                        "fd {fd}: connect {} (nonblocking) -> TCP ({})",
+                        self.dest,
+                        fail.reason.name()
+                    );
+                    Setup::InProgress
                 }
-                table::fall_back_if(fd, &dyn_ep, fail.reason);
+                Err(e) => return failed(&mut st, levels, e),
             }
-            Err(e) => {
-                *st = State::Failed {
-                    errno: e,
-                    reported: false,
-                    _levels: levels,
-                };
+        } else {
+            Setup::Fallback(fail.reason)
+        };
+        // Duplicates the program made meanwhile (dup, F_DUPFD) are the
+        // same socket for it: they get the fresh one too, before the
+        // program may see the fallback and close `fd`.
+        let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+        let others = duplicates(fd, &dyn_ep);
+        if fail.connected {
+            for &other in &others {
+                share_socket(fd, other);
             }
         }
+        *st = State::FellBack;
+        drop(st);
+        drop(handle);
+        for other in others {
+            table::fall_back_if(other, &dyn_ep, fail.reason);
+        }
+        table::fall_back_if(fd, &dyn_ep, fail.reason);
+        if let Some(l) = levels.as_mut() {
+            let _ = l.set(true, true);
+        }
+        setup
     }
 }
 

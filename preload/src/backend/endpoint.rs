@@ -21,7 +21,8 @@ use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
-    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats, WakeFd,
+    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup, Shutdown, Stats,
+    WakeFd,
 };
 use crate::sys::real;
 use crate::table;
@@ -37,8 +38,9 @@ use std::time::{Duration, Instant};
 
 /// Where the connection stands.
 pub enum State {
-    /// A nonblocking connect under way (the service thread carries it);
-    /// `levels` is the wake fd's pair, neither readable nor writable.
+    /// A connect under way (the caller's thread carries a blocking one,
+    /// the service thread a nonblocking one); `levels` is the wake fd's
+    /// pair, neither readable nor writable.
     Connecting {
         levels: Option<Levels>,
     },
@@ -67,9 +69,9 @@ pub struct Ep {
     fd: RawFd,
     /// The stream's own socket descriptor, once connected (-1 before).
     sock: AtomicI32,
-    /// A nonblocking connect waiting for the hooks to record the endpoint
-    /// ([`SdpEndpoint::recorded`]) before it goes on in the background.
-    connector: Mutex<Option<Box<dyn Task>>>,
+    /// A connect waiting for the hooks to record the endpoint
+    /// ([`SdpEndpoint::recorded`]) before it goes on.
+    connector: Mutex<Option<Box<dyn FnOnce() -> Setup + Send>>>,
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
@@ -144,9 +146,14 @@ impl Ep {
         Ok(ep)
     }
 
-    /// A nonblocking connect just started: the wake fd is neither readable
-    /// nor writable until it ends.
-    pub fn connecting(fd: RawFd) -> io::Result<Ep> {
+    /// A connect just started: the wake fd is neither readable nor
+    /// writable until it ends. A blocking connect's is made only when
+    /// another thread polls the fd meanwhile ([`SdpEndpoint::wake_fd`]):
+    /// a stream that adopts it keeps its levels up to date ever after.
+    pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
+        if !wake_now {
+            return Ok(Ep::with(State::Connecting { levels: None }, None, fd));
+        }
         let levels = Levels::new()?;
         let wake = levels.user_fd().try_clone_to_owned()?;
         Ok(Ep::with(
@@ -190,10 +197,9 @@ impl Ep {
         self.sock.store(fd, Ordering::Relaxed);
     }
 
-    /// The nonblocking connect (the service thread's task) to start once
-    /// the hooks recorded us.
-    pub fn park_connector(&self, c: Box<dyn Task>) {
-        *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    /// The connect's setup, to carry on once the hooks recorded us.
+    pub fn park(&self, setup: Box<dyn FnOnce() -> Setup + Send>) {
+        *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(setup);
     }
 
     /// The stream to call, after claiming the connection.
@@ -415,19 +421,24 @@ impl SdpEndpoint for Ep {
 
     fn wake_fd(&self) -> WakeFd {
         let _g = table::enter_gate();
-        let st = self.lock();
+        let mut st = self.lock();
         if matches!(*st, State::FellBack) {
             return self.fd;
         }
         if let Some(w) = self.wake.get() {
             return w.as_raw_fd();
         }
-        let made = match &*st {
+        let made = match &mut *st {
             // Another process's connection: its stream is not touched
             // here (`Ownership::lost`); it polls ready at once
             // (`readiness`), and the kernel socket will do to sleep on.
             State::Connected(_) if self.own.lost() => return self.fd,
             State::Connected(s) => s.readiness_fd().and_then(|fd| fd.try_clone_to_owned()),
+            State::Connecting { levels } => Levels::new().and_then(|l| {
+                let w = l.user_fd().try_clone_to_owned()?;
+                *levels = Some(l);
+                Ok(w)
+            }),
             _ => Err(io::Error::other("no stream")),
         };
         match made {
@@ -857,15 +868,13 @@ impl SdpEndpoint for Ep {
         }
     }
 
-    fn recorded(&self) {
-        let pending = self
+    fn recorded(&self) -> Setup {
+        let setup = self
             .connector
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(c) = pending {
-            service::submit(c);
-        }
+        setup.map_or(Setup::InProgress, |run| run())
     }
 }
 
