@@ -439,8 +439,12 @@ pub enum Setup {
     InProgress,
     /// Blocking: the setup ran on the caller's thread and SDP is up.
     Sdp,
-    /// Blocking: not SDP; the hooks connect the same fd with TCP.
+    /// Not SDP, decided before any setup: the hooks connect the same fd
+    /// with TCP.
     Fallback(TcpReason),
+    /// Blocking: the setup failed, and the same fd is now a TCP socket
+    /// that the backend connected (or tried to) to the program's address.
+    FellBack(TcpReason, Result<(), Errno>),
     /// SDP only and it failed: `connect` fails with this errno.
     Failed(Errno),
 }

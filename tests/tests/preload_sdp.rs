@@ -439,6 +439,10 @@ def rejecter():
         a, _ = q.accept()
         req = a.recv(1000)
         assert req.startswith(b"MPA ID Req Frame")
+        if mode == "hold":
+            # Until the test says so (a line on standard input).
+            print("request", flush=True)
+            sys.stdin.readline()
         # MPA Reply: key, R (reject) set, revision 2, no private data.
         a.sendall(b"MPA ID Rep Frame" + bytes([0x20, 2, 0, 0]))
         threading.Thread(target=drain, args=(a,), daemon=True).start()
@@ -521,6 +525,62 @@ fn a_duplicate_made_during_the_fallback_is_the_same_socket() {
         assert_eq!(out, expected);
     }
     stop_plain_server(port);
+    assert!(server.finish().0.success());
+}
+
+/// A blocking connect on one thread; another thread looks at and reads
+/// the same socket meanwhile. `go` lines on standard input pace it.
+const READ_WHILE_CONNECTING: &str = r#"
+import select, socket, sys, threading
+port = int(sys.argv[1])
+c = socket.socket()
+def connector():
+    c.connect(("127.0.0.1", port))
+    c.sendall(b"hello")
+a = threading.Thread(target=connector)
+a.start()
+sys.stdin.readline()
+print("readable while connecting", select.select([c], [], [], 0)[0] == [c], flush=True)
+got = []
+b = threading.Thread(target=lambda: got.append(c.recv(100)))
+b.start()
+print("reading", flush=True)
+a.join()
+b.join()
+print("read", got[0], flush=True)
+"#;
+
+/// The program's other threads see a connecting socket while the SDP
+/// setup runs, never the setup's own bytes: a blocked `recv` gets the
+/// first bytes of the connection the `connect` ends with (here, the TCP
+/// fallback after an MPA reject), as over TCP.
+#[test]
+fn another_thread_reads_what_the_connection_brings_not_its_setup() {
+    use std::io::Write;
+    let stat = TempDir::new("sdp-read-connecting");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(FAKE_SDP_SERVER, Mode::Plain, stat.path());
+    cmd.arg("hold").arg(pm.control()).stdin(Stdio::piped());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    let mut cmd = python_command(READ_WHILE_CONNECTING, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .arg(port.to_string())
+        .stdin(Stdio::piped());
+    let mut c = Background::start(cmd);
+    // The client's MPA Request is in; its Reply is held.
+    server.wait_for_line("request");
+    let mut to_client = c.child.stdin.take().unwrap();
+    writeln!(to_client, "go").unwrap();
+    let line = c.wait_for_line("readable while connecting");
+    assert_eq!(line, "readable while connecting False\n");
+    c.wait_for_line("reading");
+    writeln!(server.child.stdin.as_mut().unwrap(), "go").unwrap();
+    let line = c.wait_for_line("read ");
+    assert_eq!(line, "read b'HELLO'\n");
+    assert!(c.finish().0.success());
+    stop_plain_server(port);
+    drop(server.child.stdin.take());
     assert!(server.finish().0.success());
 }
 

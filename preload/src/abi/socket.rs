@@ -311,6 +311,23 @@ unsafe fn connect_managed(
                     return fail(errno);
                 }
                 Setup::Fallback(r) => reason = r,
+                Setup::FellBack(r, connected) => {
+                    crate::log!(
+                        Level::Info,
+                        "fd {fd}: connect {dest}: {:?} by {} -> TCP ({})",
+                        family,
+                        describe(decided_by, rule),
+                        r.name()
+                    );
+                    if matches!(connected, Ok(()) | Err(libc::EINTR)) {
+                        let local = socket_name(fd, false);
+                        table::update(fd, |e| e.local = local);
+                    }
+                    return match connected {
+                        Ok(()) => 0,
+                        Err(e) => fail(e),
+                    };
+                }
             }
         } else if family == Family::Sdp {
             warn_no_engine(fd, &describe(decided_by, rule));

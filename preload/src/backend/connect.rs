@@ -244,8 +244,20 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
     } else {
         ep.park(Box::new(move || {
             let result = c.run_blocking();
+            let setup = {
+                let _g = table::enter_gate();
+                c.finish(result)
+            };
+            let Setup::Fallback(reason) = setup else {
+                return setup;
+            };
+            // The program's own connect, blocking as it asked, outside
+            // the fork gate; meanwhile the fd stays a connecting socket to
+            // the program's other threads, as a TCP one would.
+            let connected = connect_raw(fd, dest);
             let _g = table::enter_gate();
-            c.finish(result)
+            c.fall_back(reason);
+            Setup::FellBack(reason, connected)
         }));
     }
     ConnectOutcome::Started(ep)
@@ -555,9 +567,11 @@ impl Connector {
     }
 
     /// The end of the setup (inside the fork gate; on the service thread
-    /// for a nonblocking connect).
-    pub fn finish(mut self, result: Result<SdpStream, Fail>) -> Setup {
-        let Some(ep) = self.ep.take() else {
+    /// for a nonblocking connect). A blocking connect that falls back
+    /// gets [`Setup::Fallback`]: its fd, a fresh socket if need be, waits
+    /// for the caller's TCP connect and then [`Connector::fall_back`].
+    pub fn finish(&mut self, result: Result<SdpStream, Fail>) -> Setup {
+        let Some(ep) = self.ep.clone() else {
             return Setup::Failed(libc::ECONNABORTED);
         };
         let mut st = ep.lock();
@@ -618,15 +632,20 @@ impl Connector {
             };
             Setup::Failed(errno)
         };
-        let handle = table::stream(fd)
-            .filter(|h| std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(&ep)));
-        let Some(handle) = handle else {
+        let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+        if table::stream(fd).is_none_or(|h| !Arc::ptr_eq(&h.endpoint, &dyn_ep)) {
             // The fd number is no longer this connection's: leave it alone.
             return failed(&mut st, levels, libc::ECONNABORTED);
-        };
+        }
         if fail.connected {
             if let Err(e) = self.replace_socket(self.nonblocking) {
                 return failed(&mut st, levels, e);
+            }
+            // Duplicates the program made meanwhile (dup, F_DUPFD) are
+            // the same socket for it: they get the fresh one too, before
+            // the program may see the fallback and close `fd`.
+            for other in duplicates(fd, &dyn_ep) {
+                share_socket(fd, other);
             }
         }
         if self.sdp_only {
@@ -638,46 +657,52 @@ impl Connector {
             );
             return failed(&mut st, levels, libc::ECONNREFUSED);
         }
-        // The TCP fallback: the same fd number to S:P. A blocking connect
-        // leaves it to the hooks, on the caller's thread.
-        let setup = if self.nonblocking {
+        if self.nonblocking {
+            // The TCP fallback: the same fd number to S:P.
             set_nonblock(fd, true);
             match connect_raw(fd, self.dest) {
-                Ok(()) | Err(libc::EINPROGRESS) => {
-                    crate::log!(
-                        Level::Info,
-                        "fd {fd}: connect {} (nonblocking) -> TCP ({})",
-                        self.dest,
-                        fail.reason.name()
-                    );
-                    Setup::InProgress
-                }
+                Ok(()) | Err(libc::EINPROGRESS) => {}
                 Err(e) => return failed(&mut st, levels, e),
             }
-        } else {
-            Setup::Fallback(fail.reason)
-        };
-        // Duplicates the program made meanwhile (dup, F_DUPFD) are the
-        // same socket for it: they get the fresh one too, before the
-        // program may see the fallback and close `fd`.
-        let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
-        let others = duplicates(fd, &dyn_ep);
-        if fail.connected {
-            for &other in &others {
-                share_socket(fd, other);
-            }
+            crate::log!(
+                Level::Info,
+                "fd {fd}: connect {} (nonblocking) -> TCP ({})",
+                self.dest,
+                fail.reason.name()
+            );
         }
-        *st = State::FellBack;
+        *st = State::Connecting { levels };
         drop(st);
-        drop(handle);
-        for other in others {
-            table::fall_back_if(other, &dyn_ep, fail.reason);
+        if !self.nonblocking {
+            return Setup::Fallback(fail.reason);
         }
-        table::fall_back_if(fd, &dyn_ep, fail.reason);
-        if let Some(l) = levels.as_mut() {
+        self.fall_back(fail.reason);
+        Setup::InProgress
+    }
+
+    /// The fd, and the duplicates the program made of it meanwhile, are
+    /// TCP sockets again: calls go to the kernel, pollers look again.
+    fn fall_back(&self, reason: TcpReason) {
+        let Some(ep) = &self.ep else { return };
+        let levels = {
+            let mut st = ep.lock();
+            match std::mem::replace(&mut *st, State::FellBack) {
+                State::Connecting { levels } => levels,
+                other => {
+                    // Closed by the program meanwhile.
+                    *st = other;
+                    return;
+                }
+            }
+        };
+        let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+        for other in duplicates(self.fd, &dyn_ep) {
+            table::fall_back_if(other, &dyn_ep, reason);
+        }
+        table::fall_back_if(self.fd, &dyn_ep, reason);
+        if let Some(mut l) = levels {
             let _ = l.set(true, true);
         }
-        setup
     }
 }
 
@@ -705,7 +730,7 @@ impl Task for Connector {
     }
 
     /// No service thread: the connect fails as after an internal error.
-    fn dropped(self: Box<Self>) {
+    fn dropped(mut self: Box<Self>) {
         let _g = table::enter_gate();
         self.finish(Err(Fail {
             reason: TcpReason::Internal,
