@@ -1,8 +1,10 @@
 //! CRC32c as MPA uses it: RFC 5044 §4.4, which takes the polynomial and the
 //! procedure from iSCSI (RFC 3720 §12.1, test vectors in Appendix B.4).
 //!
-//! The computation is the `crc32c` crate (SSE4.2 `crc32` instruction when the
-//! CPU has it). [`Crc`] is incremental so that a receiver can checksum bytes
+//! The computation is the `crc-fast` crate: carry-less multiplication
+//! folding (AVX-512 VPCLMULQDQ, else PCLMULQDQ, chosen at run time), three
+//! to seven times the speed of the SSE4.2 `crc32` instruction loop on
+//! FPDU-sized data. [`Crc`] is incremental so that a receiver can checksum bytes
 //! where they land (header, payload pieces, markers, pad) in stream order,
 //! and a transmitter can checksum a gather list without joining it.
 //!
@@ -27,6 +29,8 @@
 //! assert_eq!(crc::to_wire(c.finish()), [0xaa, 0x36, 0x91, 0x8a]);
 //! ```
 
+use crc_fast::{CrcAlgorithm::Crc32Iscsi, Digest};
+
 /// Length of the CRC field of an FPDU (RFC 5044 §4.1).
 pub const CRC_LEN: usize = 4;
 
@@ -45,9 +49,11 @@ impl Crc {
     /// Appends `data` to the checksummed bytes.
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        // crc32c_append takes and returns the finished value (it undoes and
-        // redoes the final complement itself), so the state is just that value.
-        self.0 = crc32c::crc32c_append(self.0, data);
+        // The state is the finished value: the running register is its
+        // complement (CRC32c's final XOR is all ones).
+        let mut d = Digest::new_with_init_state(Crc32Iscsi, u64::from(!self.0));
+        d.update(data);
+        self.0 = d.finalize() as u32;
     }
 
     /// The CRC32c of everything fed so far. Does not consume the state.
@@ -60,7 +66,7 @@ impl Crc {
 /// The CRC32c of `data` in one go.
 #[inline]
 pub fn checksum(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc_fast::crc32_iscsi(data)
 }
 
 /// The CRC field bytes for `crc`: least significant byte first (see the
