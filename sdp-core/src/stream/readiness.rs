@@ -14,8 +14,8 @@
 //! * readable ⇔ one byte waits in `user`'s receive queue (written through
 //!   `ours`; drained from `user` to clear);
 //! * writable ⇔ `user`'s send buffer is not full. `user` has the smallest
-//!   send buffer the kernel allows; writing from `user` until EAGAIN fills
-//!   it (not writable), reading everything from `ours` empties it again
+//!   send buffer the kernel allows; one write from `user` fills it past
+//!   the quarter below which a Unix socket polls writable (not writable), reading everything from `ours` empties it again
 //!   (writable: the kernel wakes pollers when the space returns).
 //!
 //! Each transition costs one or two system calls, and is only done once a
@@ -118,7 +118,7 @@ fn write_all_once(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
 /// buffer took everything (a stream socket hands over all it has), so no
 /// second read to see `EAGAIN`.
 fn drain(fd: impl AsFd) -> io::Result<()> {
-    // Uninitialised: the bytes are thrown away, and zeroing 4 KiB on each
+    // Uninitialised: the bytes are thrown away, and zeroing the buffer on each
     // transition cost more than the read itself.
     const LEN: usize = 4096;
     let mut buf = [MaybeUninit::<u8>::uninit(); LEN];
@@ -132,14 +132,20 @@ fn drain(fd: impl AsFd) -> io::Result<()> {
     }
 }
 
-/// What `fill` writes (any bytes do).
+/// What `fill` writes (any bytes do): one buffer whose socket buffer
+/// accounting (payload and overhead, about 1.7 KiB) is above a quarter of
+/// the smallest send buffer (4.5 KiB).
 static FILLER: [u8; 1024] = [0; 1024];
 
+/// Makes `fd` not writable in one system call: a Unix stream socket polls
+/// writable only while what its send buffer holds is at most a quarter of
+/// the buffer (`unix_writable`), far below what fills it, so one write
+/// does and no second one is needed to see `EAGAIN`.
 fn fill(fd: impl AsFd) -> io::Result<()> {
     loop {
         match rustix::io::write(&fd, &FILLER) {
-            Ok(_) | Err(Errno::INTR) => continue,
-            Err(Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(Errno::AGAIN) => return Ok(()),
+            Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }
     }
