@@ -12,7 +12,7 @@
 //!
 //! The CRC field is the one MPA field that is *not* in network byte order.
 //! iSCSI defines the digest bit-reflected, so the 32-bit value the reflected
-//! algorithm computes (what `crc32c` returns) goes on the wire least
+//! algorithm computes (what the checksum functions return) goes on the wire least
 //! significant byte first: the wire bytes are `crc.to_le_bytes()`. RFC 3720
 //! B.4 gives 32 zero octets -> `aa 36 91 8a` (value 0x8a9136aa), and RFC 5044
 //! Figure 5 ends in `52 23 99 83` for the value 0x83992352. Read as a
