@@ -506,6 +506,14 @@ impl Client {
         }
     }
 
+    /// The cached mapping for `ap` named an SDP address that refused the
+    /// connection: the listener behind it is gone (the server listened
+    /// again since), so the mapping is dropped, with no denial recorded,
+    /// for the caller to ask again.
+    pub fn forget(&mut self, ap: SocketAddr) {
+        self.positive.remove(&(ap.ip().to_canonical(), ap.port()));
+    }
+
     /// Forget every cached answer.
     pub fn clear_cache(&mut self) {
         self.positive.clear();
@@ -721,6 +729,21 @@ mod tests {
             c.begin(much_later, 2, sa(AP), sa(CP)),
             Lookup::Decided(Decision::Tcp(Fallback::Denied))
         ));
+    }
+
+    #[test]
+    fn a_forgotten_mapping_is_asked_again_not_denied() {
+        let mut c = Client::new(ClientConfig::default());
+        let now = Instant::now();
+        let mut t = start(&mut c, now, 1);
+        t.handle_datagram(now, &reply(&t, MsgType::ACCEPT, 40001, 255));
+        c.finish(now, &t);
+        assert!(matches!(
+            c.begin(now, 2, sa(AP), sa(CP)),
+            Lookup::Decided(Decision::Sdp(_))
+        ));
+        c.forget(sa(AP));
+        assert!(matches!(c.begin(now, 3, sa(AP), sa(CP)), Lookup::Query(_)));
     }
 
     #[test]

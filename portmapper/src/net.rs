@@ -292,6 +292,11 @@ impl PmClient {
         self.lock().sdp_connect_failed(Instant::now(), ap);
     }
 
+    /// The cached mapping for `ap` was refused: drop it ([`Client::forget`]).
+    pub fn forget(&self, ap: SocketAddr) {
+        self.lock().forget(ap);
+    }
+
     /// Forget every cached answer.
     pub fn clear_cache(&self) {
         self.lock().clear_cache();

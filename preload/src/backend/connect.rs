@@ -90,6 +90,8 @@ pub struct Connector {
     /// The address the program bound the socket to before connecting.
     app_local: Option<SocketAddr>,
     phase: Phase,
+    /// `phase` went to `Connect` on the cache's answer.
+    from_cache: bool,
     /// The endpoint the fd table holds meanwhile.
     ep: Option<Arc<Ep>>,
     nonblocking: bool,
@@ -271,13 +273,35 @@ impl Connector {
             == Some(libc::AF_INET6);
         let ap = plain(dest);
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
-        // A cached answer needs no CpPort: no bind before the connect.
+        let mut c = Connector {
+            fd,
+            sock,
+            dest,
+            ap,
+            v6,
+            sdp_only,
+            app_local,
+            phase: Phase::Done,
+            from_cache: false,
+            ep: None,
+            nonblocking: false,
+            decided: TcpReason::None,
+        };
         let cached = {
             let _g = table::enter_gate();
             super::pm().cached(ap)
         };
-        if app_local.is_none() && cached.is_none() {
-            let any = if v6 {
+        c.ask(cached)?;
+        Ok(c)
+    }
+
+    /// Takes the cache's answer, or asks the port mapper: a query binds
+    /// the socket first (CpPort) unless the program did; a cached answer
+    /// needs no CpPort, so no bind before the connect.
+    fn ask(&mut self, cached: Option<Decision>) -> Result<(), TcpReason> {
+        let fd = self.fd;
+        if self.app_local.is_none() && cached.is_none() {
+            let any = if self.v6 {
                 SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
             } else {
                 SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
@@ -294,32 +318,51 @@ impl Connector {
                     .map(plain)
                     .ok_or(TcpReason::Internal)?;
                 let _g = table::enter_gate();
-                super::pm().start(ap, cp)
+                super::pm().start(self.ap, cp)
             }
         };
-        let mut c = Connector {
-            fd,
-            sock,
-            dest,
-            ap,
-            v6,
-            sdp_only,
-            app_local,
-            phase: Phase::Done,
-            ep: None,
-            nonblocking: false,
-            decided: TcpReason::None,
-        };
+        self.from_cache = false;
         match started {
-            Ok(Start::Decided(Decision::Sdp(a))) => c.phase = Phase::Connect(a),
-            Ok(Start::Decided(Decision::Tcp(f))) => c.decided = tcp_reason(f),
-            Ok(Start::Pending(q)) => c.phase = Phase::Query(Box::new(q)),
+            Ok(Start::Decided(Decision::Sdp(a))) => {
+                self.phase = Phase::Connect(a);
+                self.from_cache = true;
+            }
+            Ok(Start::Decided(Decision::Tcp(f))) => self.decided = tcp_reason(f),
+            Ok(Start::Pending(q)) => self.phase = Phase::Query(Box::new(q)),
             Err(e) => {
                 crate::log!(Level::Debug, "fd {fd}: port mapper query: {e}");
-                c.decided = TcpReason::PmUnreachable;
+                self.decided = TcpReason::PmUnreachable;
             }
         }
-        Ok(c)
+        Ok(())
+    }
+
+    /// The SDP address of a cached answer refused the connection: the
+    /// listener behind it is gone (the server listened again since, on a
+    /// new SDP port). The answer is forgotten and the port mapper asked
+    /// again, on a fresh socket; a second refusal is a denial (draft
+    /// §7.5.1).
+    fn ask_again(&mut self) -> Result<(), TcpReason> {
+        crate::log!(
+            Level::Debug,
+            "fd {}: {}: the cached SDP address refused, asking the port mapper again",
+            self.fd,
+            self.dest
+        );
+        {
+            let _g = table::enter_gate();
+            super::pm().forget(self.ap);
+        }
+        self.replace_socket(self.nonblocking)
+            .map_err(|_| TcpReason::Internal)?;
+        self.sock = dup_cloexec(self.fd).ok_or(TcpReason::Internal)?;
+        if let Some(ep) = &self.ep {
+            let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+            for other in duplicates(self.fd, &dyn_ep) {
+                share_socket(self.fd, other);
+            }
+        }
+        self.ask(None)
     }
 
     /// The program closed the fd of a nonblocking connect: stop.
@@ -392,6 +435,11 @@ impl Connector {
                     match connect_raw(self.sock.as_raw_fd(), a) {
                         Ok(()) => self.phase = Phase::StartSetup,
                         Err(libc::EINPROGRESS | libc::EINTR) => self.phase = Phase::Tcp,
+                        Err(libc::ECONNREFUSED) if self.from_cache => {
+                            if let Err(reason) = self.ask_again() {
+                                return self.failed(reason);
+                            }
+                        }
                         Err(e) => {
                             let reason = if e == libc::ECONNREFUSED {
                                 TcpReason::Refused
@@ -421,6 +469,11 @@ impl Connector {
                     match so_error(self.sock.as_raw_fd()) {
                         0 => self.phase = Phase::StartSetup,
                         libc::ETIMEDOUT => return self.failed(TcpReason::Timeout),
+                        libc::ECONNREFUSED if self.from_cache => {
+                            if let Err(reason) = self.ask_again() {
+                                return self.failed(reason);
+                            }
+                        }
                         _ => return self.failed(TcpReason::Refused),
                     }
                 }
