@@ -809,9 +809,22 @@ impl SdpListener for Lst {
         };
         // Connections nobody accepted: closed (graceful, in the background).
         drop(ready);
-        // Our copy of the control connection: the registration ends when
-        // the last process holding it closes it.
-        drop(control);
+        if let (Some(mut c), true) = (control, self.sh.listening.load(Ordering::Acquire)) {
+            // No child shares the registration: it ends before close
+            // returns, as the program's TCP listener did. Left to the
+            // control connection's end, the daemon might see it only after
+            // the program listened on the port again (CPython's tests do),
+            // and answer clients with this dead listener's SDP port.
+            if let Err(e) = c.unregister(self.sh.p.ip(), self.sh.p.port()) {
+                crate::log!(
+                    Level::Debug,
+                    "listen {}: unregistering from the port mapper: {e}",
+                    self.sh.p
+                );
+            }
+        }
+        // (Otherwise our copy of the control connection went: the
+        // registration ends when the last process holding it closes it.)
         if self.sh.listening.load(Ordering::Acquire) {
             // No child shares Q (no fork since `listen`): it stops
             // listening now, as the program's TCP listener just did, and
