@@ -66,12 +66,7 @@ pub struct Fail {
 
 /// What to do next.
 pub enum Step {
-    /// Wait until `fd` polls one of `events`, or `deadline`.
-    Wait {
-        fd: RawFd,
-        events: i16,
-        deadline: Option<Instant>,
-    },
+    Wait(Wait),
     Done(Result<SdpStream, Fail>),
 }
 
@@ -397,11 +392,7 @@ impl Connector {
                 }
                 Phase::Query(mut q) => {
                     if q.drive(now).is_none() {
-                        let step = Step::Wait {
-                            fd: q.as_raw_fd(),
-                            events: libc::POLLIN,
-                            deadline: q.deadline(),
-                        };
+                        let step = Step::Wait((q.as_raw_fd(), libc::POLLIN, q.deadline()));
                         self.phase = Phase::Query(q);
                         return step;
                     }
@@ -460,11 +451,7 @@ impl Connector {
                     unsafe { real::poll(&mut p, 1, 0) };
                     if p.revents == 0 {
                         self.phase = Phase::Tcp;
-                        return Step::Wait {
-                            fd: self.sock.as_raw_fd(),
-                            events: libc::POLLOUT,
-                            deadline: None,
-                        };
+                        return Step::Wait((self.sock.as_raw_fd(), libc::POLLOUT, None));
                     }
                     match so_error(self.sock.as_raw_fd()) {
                         0 => self.phase = Phase::StartSetup,
@@ -533,11 +520,7 @@ impl Connector {
                         drop(stream);
                         return self.failed(reason);
                     }
-                    let step = Step::Wait {
-                        fd: watch.as_raw_fd(),
-                        events: libc::POLLOUT,
-                        deadline: Some(until),
-                    };
+                    let step = Step::Wait((watch.as_raw_fd(), libc::POLLOUT, Some(until)));
                     self.phase = Phase::Setup {
                         stream,
                         watch,
@@ -554,11 +537,7 @@ impl Connector {
         loop {
             match self.step(Instant::now()) {
                 Step::Done(r) => return r,
-                Step::Wait {
-                    fd,
-                    events,
-                    deadline,
-                } => poll_one(fd, events, deadline),
+                Step::Wait((fd, events, deadline)) => poll_one(fd, events, deadline),
             }
         }
     }
@@ -770,11 +749,7 @@ impl Task for Connector {
             return None;
         }
         match self.step(now) {
-            Step::Wait {
-                fd,
-                events,
-                deadline,
-            } => Some((self, (fd, events, deadline))),
+            Step::Wait(wait) => Some((self, wait)),
             Step::Done(r) => {
                 (*self).finish(r);
                 None

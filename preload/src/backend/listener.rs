@@ -526,16 +526,6 @@ enum HsPhase {
     Done,
 }
 
-/// What a handshake waits for next.
-pub enum HsStep {
-    Wait {
-        fd: RawFd,
-        events: i16,
-        deadline: Option<Instant>,
-    },
-    Done,
-}
-
 impl Handshake {
     fn new(
         lst: Arc<Shared>,
@@ -574,24 +564,21 @@ impl Handshake {
         self.lst.is_closed()
     }
 
-    /// One step (service thread, inside the fork gate).
-    pub fn step(&mut self, now: Instant) -> HsStep {
+    /// One step (service thread, inside the fork gate): what to wait for
+    /// next, or `None` once it ended.
+    pub fn step(&mut self, now: Instant) -> Option<Wait> {
         loop {
             match std::mem::replace(&mut self.phase, HsPhase::Done) {
                 HsPhase::Done => {
                     self.lst.done(None);
-                    return HsStep::Done;
+                    return None;
                 }
                 HsPhase::Request(ep, config) => {
                     let stream = match answer_request(ep, config, now, self.until) {
                         Request::Answered(stream) => stream,
                         Request::Wait(ep, config, fd, deadline) => {
                             self.phase = HsPhase::Request(ep, config);
-                            return HsStep::Wait {
-                                fd,
-                                events: libc::POLLIN,
-                                deadline: Some(deadline),
-                            };
+                            return Some((fd, libc::POLLIN, Some(deadline)));
                         }
                         Request::Failed(why) => return self.fail(&why),
                     };
@@ -606,7 +593,7 @@ impl Handshake {
                     if st.connected {
                         let peer = self.peer;
                         self.lst.done(Some(Ready { stream, peer }));
-                        return HsStep::Done;
+                        return None;
                     }
                     if st.writable || now >= self.until {
                         let why = stream
@@ -615,11 +602,7 @@ impl Handshake {
                         drop(stream);
                         return self.fail(&why);
                     }
-                    let step = HsStep::Wait {
-                        fd: watch.as_raw_fd(),
-                        events: libc::POLLOUT,
-                        deadline: Some(self.until),
-                    };
+                    let step = Some((watch.as_raw_fd(), libc::POLLOUT, Some(self.until)));
                     self.phase = HsPhase::Setup { stream, watch };
                     return step;
                 }
@@ -627,7 +610,7 @@ impl Handshake {
         }
     }
 
-    fn fail(&mut self, why: &str) -> HsStep {
+    fn fail(&mut self, why: &str) -> Option<Wait> {
         crate::log!(
             Level::Debug,
             "listener {}: SDP setup with {} failed: {why}",
@@ -635,7 +618,7 @@ impl Handshake {
             self.peer
         );
         self.lst.done(None);
-        HsStep::Done
+        None
     }
 
     /// For an `accept` that took the connection itself: its MPA Request
@@ -692,14 +675,8 @@ impl Task for Handshake {
         if self.abandoned() {
             return None;
         }
-        match self.step(now) {
-            HsStep::Wait {
-                fd,
-                events,
-                deadline,
-            } => Some((self, (fd, events, deadline))),
-            HsStep::Done => None,
-        }
+        let wait = self.step(now)?;
+        Some((self, wait))
     }
 }
 
