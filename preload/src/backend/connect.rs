@@ -8,10 +8,16 @@
 //!
 //! [`Connector`] is the state machine: [`Connector::step`] never blocks
 //! (except for the kernel's own `connect` of a blocking socket) and says
-//! which fd to wait on. A blocking `connect` runs it on the calling thread;
-//! a nonblocking one hands it to the service thread ([`super::service`])
-//! and returns `EINPROGRESS` at once: the fd turns writable when SDP or the
-//! fallback is up or failed, and `SO_ERROR` tells which.
+//! which fd to wait on. Either way the fd table holds the endpoint, as a
+//! connecting socket, before the setup starts: the program's other threads
+//! never reach the setup's own socket. A blocking `connect` runs the
+//! machine on the calling thread; a nonblocking one hands it to the
+//! service thread ([`super::service`]) and returns `EINPROGRESS` at once:
+//! the fd turns writable when SDP or the fallback is up or failed, and
+//! `SO_ERROR` tells which. Both end in [`Connector::finish`].
+//!
+//! A cached port mapper answer whose SDP port refuses is forgotten and
+//! asked again once; a fresh answer refused is a denial (draft §7.5.1).
 //!
 //! `use sdp` rules and `AF_INET_SDP` sockets have no fallback: when SDP
 //! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
