@@ -1,7 +1,7 @@
 //! The interposed C functions (DESIGN §6 "Calls covered").
 //!
 //! Every hook starts on a fast path that costs a relaxed atomic load or two
-//! and no allocation: while no fd is in SDP state ([`table::no_sdp`]) the
+//! and no allocation: while no fd is in SDP state ([`crate::table::no_sdp`]) the
 //! data-path hooks call the C library at once; the lifecycle hooks
 //! (`socket`, `connect`, `listen`, `accept`, `close`, `dup`...) touch the
 //! fd table only for the sockets it manages, found lock-free.

@@ -607,7 +607,7 @@ impl Connector {
     /// The end of the setup (inside the fork gate; on the service thread
     /// for a nonblocking connect). A blocking connect that falls back
     /// gets [`Setup::Fallback`]: its fd, a fresh socket if need be, waits
-    /// for the caller's TCP connect and then [`Connector::fall_back`].
+    /// for the caller's TCP connect and then `Connector::fall_back`.
     pub fn finish(&mut self, result: Result<SdpStream, Fail>) -> Setup {
         let Some(ep) = self.ep.clone() else {
             return Setup::Failed(libc::ECONNABORTED);

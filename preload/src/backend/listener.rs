@@ -11,13 +11,13 @@
 //! waits for a handshake: a connection whose Request has not come yet goes
 //! on in the service thread ([`super::service`]) and is handed out once
 //! set up. The listener is readable while a connection is set up here or
-//! waits in Q ([`Shared::q_pending`]); an epoll set polls Q too.
+//! waits in Q (`Shared::q_pending`); an epoll set polls Q too.
 //!
 //! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
 //! the program's listening socket and the readiness of the connections set
 //! up here), so no connection is taken for them before an `accept`.
 //! Only the process that called `listen`, until it forks, has the service
-//! thread take connections ahead, up to [`MAX_QUEUED`]: a program may
+//! thread take connections ahead, up to `MAX_QUEUED`: a program may
 //! connect to its own listener before it accepts, as with TCP, and its
 //! connect needs the server's half of the setup done without an `accept`.
 //! A connection set up here can be accepted only here, and one left when
