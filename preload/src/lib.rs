@@ -18,7 +18,7 @@
 //! 5. [`sdp`] — the interface the SDP data path plugs into
 //!    ([`sdp::SdpEndpoint`], [`sdp::SdpListener`], [`sdp::SdpBackend`]),
 //!    which the table stores.
-//! 6. [`config`], [`rules`], [`log`] — the `libsdp.conf` rule language and
+//! 6. [`config`], [`rules`], [`log`](mod@log) — the `libsdp.conf` rule language and
 //!    its loading; logging by environment, never to standard output.
 //! 7. [`sys`] — the C library's own functions, `sockaddr`, socket options,
 //!    `errno`, the thread guard and signal mask of the library's threads.
