@@ -259,6 +259,8 @@ unsafe fn connect_managed(
     }
     let (family, decided_by, rule) = decide(&entry, Role::Client, &dest);
     let mut reason = TcpReason::RuleTcp;
+    // The backend's fallback already made the TCP connect (its outcome).
+    let mut connected = None;
     if family != Family::Tcp {
         reason = TcpReason::NoEngine;
         if let Some(backend) = sdp::backend() {
@@ -311,22 +313,9 @@ unsafe fn connect_managed(
                     return fail(errno);
                 }
                 Setup::Fallback(r) => reason = r,
-                Setup::FellBack(r, connected) => {
-                    crate::log!(
-                        Level::Info,
-                        "fd {fd}: connect {dest}: {:?} by {} -> TCP ({})",
-                        family,
-                        describe(decided_by, rule),
-                        r.name()
-                    );
-                    if matches!(connected, Ok(()) | Err(libc::EINTR)) {
-                        let local = socket_name(fd, false);
-                        table::update(fd, |e| e.local = local);
-                    }
-                    return match connected {
-                        Ok(()) => 0,
-                        Err(e) => fail(e),
-                    };
+                Setup::FellBack(r, c) => {
+                    reason = r;
+                    connected = Some(c);
                 }
             }
         } else if family == Family::Sdp {
@@ -350,9 +339,13 @@ unsafe fn connect_managed(
         dest,
         SdpSide::None,
     );
-    // SAFETY: the program's arguments.
-    let r = unsafe { pass_connect(fd, addr, len) };
-    if r == 0 || real::errno() == libc::EINPROGRESS {
+    let r = match connected {
+        Some(Ok(())) => 0,
+        Some(Err(e)) => fail(e),
+        // SAFETY: the program's arguments.
+        None => unsafe { pass_connect(fd, addr, len) },
+    };
+    if r == 0 || matches!(real::errno(), libc::EINPROGRESS | libc::EINTR) {
         let local = socket_name(fd, false);
         table::update(fd, |e| e.local = local);
     }

@@ -357,12 +357,7 @@ impl Connector {
         self.replace_socket(self.nonblocking)
             .map_err(|_| TcpReason::Internal)?;
         self.sock = dup_cloexec(self.fd).ok_or(TcpReason::Internal)?;
-        if let Some(ep) = &self.ep {
-            let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
-            for other in duplicates(self.fd, &dyn_ep) {
-                share_socket(self.fd, other);
-            }
-        }
+        self.share_with_duplicates();
         self.ask(None)
     }
 
@@ -679,12 +674,8 @@ impl Connector {
             if let Err(e) = self.replace_socket(self.nonblocking) {
                 return failed(&mut st, levels, e);
             }
-            // Duplicates the program made meanwhile (dup, F_DUPFD) are
-            // the same socket for it: they get the fresh one too, before
-            // the program may see the fallback and close `fd`.
-            for other in duplicates(fd, &dyn_ep) {
-                share_socket(fd, other);
-            }
+            // Before the program may see the fallback and close `fd`.
+            self.share_with_duplicates();
         }
         if self.sdp_only {
             crate::log!(
@@ -716,6 +707,17 @@ impl Connector {
         }
         self.fall_back(fail.reason);
         Setup::InProgress
+    }
+
+    /// Duplicates the program made of the fd meanwhile (dup, F_DUPFD) are
+    /// the same socket for it: after [`Connector::replace_socket`] they get
+    /// the fresh one too.
+    fn share_with_duplicates(&self) {
+        let Some(ep) = &self.ep else { return };
+        let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
+        for other in duplicates(self.fd, &dyn_ep) {
+            share_socket(self.fd, other);
+        }
     }
 
     /// The fd, and the duplicates the program made of it meanwhile, are
