@@ -38,9 +38,17 @@
 //!   wake fd alone reports the connection then.
 //!
 //! Tokens are `0x5D50 << 48 | id << 2 | which`: a non-canonical address,
-//! never a user pointer. Registrations end with `EPOLL_CTL_DEL`, with the
-//! close of the fd number or of the epoll fd; when an SDP connection falls
-//! back to TCP its registrations become ordinary ones of the fd.
+//! never a user pointer. Registrations end with the close of the fd number
+//! or of the epoll fd; when an SDP connection falls back to TCP its
+//! registrations become ordinary ones of the fd.
+//!
+//! * `EPOLL_CTL_DEL` of a stream leaves its registration *dormant*: the
+//!   kernel registrations stay, asking for nothing (`EPOLLET` alone), and
+//!   an `EPOLL_CTL_ADD` of the same fd wakes them again. Event loops that
+//!   add and delete an fd around every request (redis-benchmark's `ae`
+//!   does) so cost one `epoll_ctl` per kernel registration, not two
+//!   duplicates made and closed each time. An `EPOLL_CTL_MOD` leaves the
+//!   kernel registrations whose events it does not change alone.
 #![allow(clippy::missing_safety_doc)]
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
@@ -83,6 +91,9 @@ struct Registration {
     queue: Option<c_int>,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
+    /// Deleted by the program: nothing asked of the kernel registrations,
+    /// kept for the next `EPOLL_CTL_ADD` of the fd (see the module docs).
+    dormant: bool,
     /// The process that made the kernel registrations. A child of `fork`
     /// shares the epoll instance with it: when the child closes its copy
     /// of the fd (or of the epoll fd), it closes its own duplicates but
@@ -199,8 +210,23 @@ fn wants_write(events: u32) -> bool {
 fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(), c_int> {
     // The table tells us when a registered fd falls back to TCP.
     table::set_on_fall_back(fell_back);
-    if with_registry(|r| r.by_key.contains_key(&(epfd, fd))) {
-        return Err(libc::EEXIST);
+    // (dormant, of this very socket and process)
+    let existing = with_registry(|r| {
+        let reg = r.by_key.get(&(epfd, fd)).and_then(|id| r.by_id.get(id))?;
+        Some((
+            reg.dormant,
+            reg.owner == pid() && same_side(&reg.side, &side),
+        ))
+    });
+    match existing {
+        Some((false, _)) => return Err(libc::EEXIST),
+        Some((true, true)) => return rearm(epfd, fd, events, data, true),
+        // Dormant for another socket that got the fd number, or a
+        // parent's: it ends, and the fd is registered afresh.
+        Some((true, false)) => {
+            remove_where(|r| r.epfd == epfd && r.fd == fd);
+        }
+        None => {}
     }
     let id = with_registry(|r| {
         r.next += 1;
@@ -286,6 +312,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 sock,
                 queue,
                 disarmed: false,
+                dormant: false,
                 owner: pid(),
             },
         );
@@ -293,15 +320,34 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
     Ok(())
 }
 
+/// Whether two sides are the same SDP socket.
+fn same_side(a: &Side, b: &Side) -> bool {
+    match (a, b) {
+        (Side::Stream(a), Side::Stream(b)) => Arc::ptr_eq(a, b),
+        (Side::Listener(a), Side::Listener(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
 fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
-    let Some((id, fds, side, has_sock)) = with_registry(|r| {
+    rearm(epfd, fd, events, data, false)
+}
+
+/// `EPOLL_CTL_MOD` of a live registration, or (`wake`) the `EPOLL_CTL_ADD`
+/// that wakes a dormant one: every kernel registration is set anew then;
+/// otherwise only those whose events change (or that `EPOLLONESHOT`
+/// disarmed).
+fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(), c_int> {
+    let Some((id, fds, side, has_sock, old, disarmed)) = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
-        let reg = r.by_id.get(&id)?;
+        let reg = r.by_id.get(&id).filter(|g| g.dormant == wake)?;
         Some((
             id,
             reg.kernel_fds().collect::<Vec<_>>(),
             reg.side.clone(),
             reg.sock.is_some(),
+            reg.events,
+            reg.disarmed,
         ))
     }) else {
         return Err(libc::ENOENT);
@@ -327,24 +373,63 @@ fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
         }
     }
     for (k, which) in fds {
-        kernel_ctl(
-            epfd,
-            libc::EPOLL_CTL_MOD,
-            k,
-            events_for(which, events),
-            token(id, which),
-        )?;
+        let new = events_for(which, events);
+        if !wake && !disarmed && new == events_for(which, old) {
+            continue;
+        }
+        kernel_ctl(epfd, libc::EPOLL_CTL_MOD, k, new, token(id, which))?;
     }
     with_registry(|r| {
         if let Some(reg) = r.by_id.get_mut(&id) {
             reg.events = events;
             reg.data = data;
             reg.disarmed = false;
+            reg.dormant = false;
             if added.is_some() {
                 reg.sock = added;
             }
         }
     });
+    Ok(())
+}
+
+/// `EPOLL_CTL_DEL`: a stream's registration made in this process goes
+/// dormant (see the module docs); any other ends.
+fn delete(epfd: c_int, fd: c_int) -> Result<(), c_int> {
+    let found = with_registry(|r| {
+        let id = *r.by_key.get(&(epfd, fd))?;
+        let reg = r.by_id.get(&id).filter(|g| !g.dormant)?;
+        let keep = matches!(reg.side, Side::Stream(_)) && reg.owner == pid();
+        Some((id, keep, reg.kernel_fds().collect::<Vec<_>>()))
+    });
+    let Some((id, keep, fds)) = found else {
+        return Err(libc::ENOENT);
+    };
+    if !keep {
+        remove_where(|r| r.epfd == epfd && r.fd == fd);
+        return Ok(());
+    }
+    with_registry(|r| {
+        if let Some(reg) = r.by_id.get_mut(&id) {
+            reg.dormant = true;
+        }
+    });
+    for (k, which) in fds {
+        // Only the errors and hang-ups the kernel always reports, once:
+        // `translate` drops them.
+        if kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            k,
+            libc::EPOLLET as u32,
+            token(id, which),
+        )
+        .is_err()
+        {
+            remove_where(|r| r.epfd == epfd && r.fd == fd);
+            break;
+        }
+    }
     Ok(())
 }
 
@@ -403,7 +488,7 @@ pub fn fell_back(fd: c_int) {
     let moved: Vec<(c_int, u32, u64)> = with_registry(|r| {
         r.by_id
             .values()
-            .filter(|g| g.fd == fd)
+            .filter(|g| g.fd == fd && !g.dormant)
             .map(|g| (g.epfd, g.events, g.data))
             .collect()
     });
@@ -470,7 +555,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
             continue;
         }
         let hit = with_registry(|r| {
-            let reg = r.by_id.get(&id).filter(|g| !g.disarmed)?;
+            let reg = r.by_id.get(&id).filter(|g| !g.disarmed && !g.dormant)?;
             Some(Hit {
                 id,
                 side: reg.side.clone(),
@@ -591,13 +676,7 @@ pub unsafe extern "C" fn epoll_ctl(
             let result = protect(
                 "epoll_ctl",
                 || match (op, ev) {
-                    (libc::EPOLL_CTL_DEL, _) => {
-                        if remove_where(|r| r.epfd == epfd && r.fd == fd) > 0 {
-                            Ok(())
-                        } else {
-                            Err(libc::ENOENT)
-                        }
-                    }
+                    (libc::EPOLL_CTL_DEL, _) => delete(epfd, fd),
                     (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, None) => Err(libc::EFAULT),
                     (libc::EPOLL_CTL_ADD, Some(ev)) => match Side::of(fd) {
                         Some(side) => add(epfd, fd, side, ev.events, ev.u64),
@@ -627,7 +706,7 @@ fn touch_pending(epfd: c_int) {
     let sides: Vec<Side> = with_registry(|r| {
         r.by_id
             .values()
-            .filter(|g| g.epfd == epfd)
+            .filter(|g| g.epfd == epfd && !g.dormant)
             .map(|g| g.side.clone())
             .collect()
     });
@@ -678,6 +757,7 @@ pub(super) fn in_waited_set(h: &table::StreamHandle) -> bool {
     guard.as_ref().is_some_and(|r| {
         r.by_id.values().any(|g| {
             sets.contains(&g.epfd)
+                && !g.dormant
                 && matches!(&g.side, Side::Stream(s) if std::ptr::eq(Arc::as_ptr(s), h))
         })
     })
@@ -902,6 +982,36 @@ mod tests {
         );
         assert_eq!(wait(e, 1000), vec![(OUT, 6)]);
         assert_eq!(wait(e, 0), vec![]);
+        uninstall(app);
+    }
+
+    #[test]
+    fn a_deleted_fd_is_quiet_until_added_again() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        let e = epoll();
+        let errno_of = |r: c_int| (r, if r < 0 { real::errno() } else { 0 });
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 1), 0);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_DEL, app, 0, 0), 0);
+        // Gone for the program, whatever stays in the kernel.
+        let del = ctl(e, libc::EPOLL_CTL_DEL, app, 0, 0);
+        assert_eq!(errno_of(del), (-1, libc::ENOENT));
+        let modify = ctl(e, libc::EPOLL_CTL_MOD, app, libc::EPOLLIN, 1);
+        assert_eq!(errno_of(modify), (-1, libc::ENOENT));
+        ep.deliver(b"x");
+        assert_eq!(wait(e, 0), vec![]);
+        let both = libc::EPOLLIN | libc::EPOLLOUT;
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, app, both, 2), 0);
+        assert_eq!(wait(e, 1000), vec![(IN | OUT, 2)]);
+        let again = ctl(e, libc::EPOLL_CTL_ADD, app, libc::EPOLLIN, 3);
+        assert_eq!(errno_of(again), (-1, libc::EEXIST));
+        // A change the kernel registrations do not see still changes the
+        // program's data; one they see changes the events.
+        assert_eq!(ctl(e, libc::EPOLL_CTL_MOD, app, both, 4), 0);
+        assert_eq!(wait(e, 1000), vec![(IN | OUT, 4)]);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_MOD, app, libc::EPOLLIN, 5), 0);
+        assert_eq!(wait(e, 1000), vec![(IN, 5)]);
         uninstall(app);
     }
 
