@@ -357,6 +357,21 @@ pub trait SdpEndpoint: Send + Sync {
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}
+    /// An epoll set starts (`on`) or stops watching the endpoint's socket
+    /// ([`SdpEndpoint::kernel_fd`]), its waiting thread calling
+    /// [`SdpEndpoint::pump`] when bytes arrive: background reads of that
+    /// socket may stop meanwhile. Returns whether the mark was made (only
+    /// a connected stream takes one); only such a mark is taken back.
+    fn watch_socket(&self, _on: bool) -> bool {
+        false
+    }
+    /// A thread starts (`on`) or stops sleeping on the endpoint's wake fd
+    /// without its socket (`poll`, `select`): background reads are needed
+    /// meanwhile. Returns whether the mark was made, as
+    /// [`SdpEndpoint::watch_socket`].
+    fn await_readiness(&self, _on: bool) -> bool {
+        false
+    }
     /// The hooks recorded the endpoint of [`ConnectOutcome::Started`] in
     /// the fd table: the setup goes on, to its end on this thread for a
     /// blocking connect.

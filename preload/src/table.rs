@@ -789,6 +789,21 @@ fn fell_back(fd: i32) {
     }
 }
 
+/// SDP fds registered in epoll sets (kept by `abi::epoll`).
+static EPOLL_REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many SDP fd registrations epoll sets hold ([`epoll_registrations`]).
+pub fn set_epoll_registrations(n: usize) {
+    EPOLL_REGISTRATIONS.store(n, Ordering::Relaxed);
+}
+
+/// SDP fd registrations in epoll sets: while there are none, the readiness
+/// hooks need not look.
+#[inline]
+pub fn epoll_registrations() -> usize {
+    EPOLL_REGISTRATIONS.load(Ordering::Relaxed)
+}
+
 /// Number of fds in SDP state.
 pub fn sdp_count() -> usize {
     SDP_FDS.load(Ordering::Relaxed)

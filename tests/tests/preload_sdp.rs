@@ -898,6 +898,40 @@ fn a_gather_write_reaches_a_waiting_reader_whole() {
     same_over_sdp("sdp-gather", GATHER_WRITE, 1);
 }
 
+/// A stream that an epoll set holds has that set's waiter read its socket
+/// (the progress thread leaves arrivals to it): a `select` on the stream
+/// still sees each arrival — with the stream deleted from the set, while
+/// the set holds it, and after an `EPOLLONESHOT` report disarmed it.
+const EPOLL_THEN_SELECT: &str = r#"
+import select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+def by_select(data):
+    c.sendall(data)
+    r = select.select([s], [], [], 5)[0]
+    print(data, bool(r), s.recv(16) if r else None)
+c.sendall(b"one")
+print([e for _, e in ep.poll(5)], s.recv(16))
+ep.unregister(s.fileno())
+by_select(b"two")
+ep.register(s.fileno(), select.EPOLLIN)
+by_select(b"three")
+ep.modify(s.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+c.sendall(b"four")
+print([e for _, e in ep.poll(5)], s.recv(16))
+by_select(b"five")
+"#;
+
+#[test]
+fn select_sees_arrivals_on_a_stream_an_epoll_set_holds() {
+    same_over_sdp("sdp-epoll-select", EPOLL_THEN_SELECT, 1);
+}
+
 /// A server that closes its listener and listens again on the same port
 /// (as CPython's tests do, one after another): the next client connects at
 /// once, as over TCP, and over SDP. The port mapper's cached answer still

@@ -59,7 +59,7 @@ use crate::sys::real;
 use crate::table;
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -94,6 +94,9 @@ struct Registration {
     /// Deleted by the program: nothing asked of the kernel registrations,
     /// kept for the next `EPOLL_CTL_ADD` of the fd (see the module docs).
     dormant: bool,
+    /// The endpoint was told this set watches its socket
+    /// ([`crate::sdp::SdpEndpoint::watch_socket`]): armed, with `sock`.
+    watching: bool,
     /// The process that made the kernel registrations. A child of `fork`
     /// shares the epoll instance with it: when the child closes its copy
     /// of the fd (or of the epoll fd), it closes its own duplicates but
@@ -121,17 +124,13 @@ struct Registry {
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
-static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     // Inside the fork gate, so a child never inherits the lock held.
     let _gate = table::enter_gate();
     let mut guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     let r = f(guard.get_or_insert_with(Registry::default));
-    COUNT.store(
-        guard.as_ref().map_or(0, |g| g.by_id.len()),
-        Ordering::Relaxed,
-    );
+    table::set_epoll_registrations(guard.as_ref().map_or(0, |g| g.by_id.len()));
     r
 }
 
@@ -297,6 +296,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         }
         ok
     });
+    let id_added = id;
     with_registry(|r| {
         r.by_key.insert((epfd, fd), id);
         r.by_id.insert(
@@ -313,11 +313,36 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 queue,
                 disarmed: false,
                 dormant: false,
+                watching: false,
                 owner: pid(),
             },
         );
     });
+    watch(id_added);
     Ok(())
+}
+
+/// Tells the endpoint of registration `id` that this set watches its
+/// socket (with the socket registered), if it was not told yet; the mark
+/// is taken back when the registration ends ([`remove_where`]). Dormant
+/// and `EPOLLONESHOT`-disarmed registrations keep it: the bytes wait in
+/// the socket until the program asks again, as over TCP (a `poll` or
+/// `select` meanwhile has them read, see `abi::poll`). Outside the
+/// registry's lock: the endpoint takes the stream's.
+fn watch(id: u64) {
+    let side = with_registry(|r| {
+        let g = r.by_id.get(&id)?;
+        (g.sock.is_some() && !g.watching).then(|| g.side.clone())
+    });
+    if let Some(Side::Stream(h)) = side {
+        if h.endpoint.watch_socket(true) {
+            with_registry(|r| {
+                if let Some(g) = r.by_id.get_mut(&id) {
+                    g.watching = true;
+                }
+            });
+        }
+    }
 }
 
 /// Whether two sides are the same SDP socket.
@@ -390,6 +415,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
             }
         }
     });
+    watch(id);
     Ok(())
 }
 
@@ -451,6 +477,9 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             .collect()
     });
     for reg in &gone {
+        if let (true, Side::Stream(h)) = (reg.watching, &reg.side) {
+            h.endpoint.watch_socket(false);
+        }
         for (k, _) in reg.kernel_fds().filter(|_| reg.owner == pid()) {
             // Before closing our duplicates: a registration lives on while
             // another fd (the program's) refers to the same socket.
@@ -467,13 +496,13 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
 /// True when some SDP fd is registered in an epoll set.
 #[inline]
 pub fn registered() -> bool {
-    COUNT.load(Ordering::Relaxed) != 0
+    table::epoll_registrations() != 0
 }
 
 /// The fd number `fd` is being closed: its registrations (as an SDP fd or
 /// as an epoll fd) end. Cheap when nothing is registered.
 pub fn forget_fd(fd: c_int) {
-    if COUNT.load(Ordering::Relaxed) == 0 {
+    if table::epoll_registrations() == 0 {
         return;
     }
     remove_where(|r| r.fd == fd || r.epfd == fd);
@@ -482,7 +511,7 @@ pub fn forget_fd(fd: c_int) {
 /// `fd` fell back from SDP to TCP: its registrations become ordinary
 /// kernel registrations of the fd itself.
 pub fn fell_back(fd: c_int) {
-    if COUNT.load(Ordering::Relaxed) == 0 {
+    if table::epoll_registrations() == 0 {
         return;
     }
     let moved: Vec<(c_int, u32, u64)> = with_registry(|r| {
@@ -663,7 +692,7 @@ pub unsafe extern "C" fn epoll_ctl(
     event: *mut epoll_event,
 ) -> c_int {
     let ours = !table::no_sdp() && table::is_sdp(fd)
-        || COUNT.load(Ordering::Relaxed) != 0
+        || table::epoll_registrations() != 0
             && with_registry(|r| r.by_key.contains_key(&(epfd, fd)));
     if ours {
         if let Some(_g) = Guard::enter() {
@@ -831,7 +860,7 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
-    if COUNT.load(Ordering::Relaxed) != 0 {
+    if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array of max events.
             return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
@@ -851,7 +880,7 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    if COUNT.load(Ordering::Relaxed) != 0 {
+    if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array and signal mask.
             return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
@@ -871,7 +900,7 @@ pub unsafe extern "C" fn epoll_pwait2(
     timeout: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if COUNT.load(Ordering::Relaxed) != 0 {
+    if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
             return wait_translated(epfd, events, max, ts_deadline(timeout), |t| {
                 let tp = t

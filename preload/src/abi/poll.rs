@@ -58,6 +58,31 @@ impl Side {
     }
 }
 
+/// Streams whose wake fds a `poll` or `select` sleeps on
+/// ([`crate::sdp::SdpEndpoint::await_readiness`]), for the length of the
+/// call: those that took the mark.
+struct Awaiting<'a>(Vec<&'a StreamHandle>);
+
+impl<'a> Awaiting<'a> {
+    fn new(streams: &'a [Arc<StreamHandle>]) -> Awaiting<'a> {
+        Awaiting(
+            streams
+                .iter()
+                .filter(|h| h.endpoint.await_readiness(true))
+                .map(|h| &**h)
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.endpoint.await_readiness(false);
+        }
+    }
+}
+
 /// Does the set hold an SDP fd? (Only asked while some fd is SDP.)
 fn any_sdp(fds: &[pollfd]) -> bool {
     fds.iter().any(|p| table::is_sdp(p.fd))
@@ -100,6 +125,9 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         })
         .collect();
     let _watching: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
+    // A stream an epoll set holds may have left its reads to that set's
+    // waiter; this sleep is on the wake fds, which need them.
+    let _awaiting = (table::epoll_registrations() != 0).then(|| Awaiting::new(&streams));
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {

@@ -861,6 +861,30 @@ impl SdpEndpoint for Ep {
         Some(r.map_err(|e| errno_of(&e)))
     }
 
+    fn watch_socket(&self, on: bool) -> bool {
+        let _g = table::enter_gate();
+        // Not a use of the connection (no claim after a fork): the mark
+        // goes with the stream whoever has it.
+        match &*self.lock() {
+            State::Connected(s) => {
+                s.watch_socket(on);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn await_readiness(&self, on: bool) -> bool {
+        let _g = table::enter_gate();
+        match &*self.lock() {
+            State::Connected(s) => {
+                s.await_readiness(on);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn pump(&self) {
         let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {

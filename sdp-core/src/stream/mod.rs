@@ -428,7 +428,22 @@ impl SdpStream {
     /// Hands the stream (back) to this process's progress thread — in a
     /// child of `fork`, to the child's own.
     pub fn resume_progress(&self) -> io::Result<()> {
+        self.handle.shared.forget_watchers();
         progress::register(self.handle.shared.clone())
+    }
+
+    /// An epoll set of the application starts (`on`) or stops watching the
+    /// stream's socket, its waiting thread pumping the stream when bytes
+    /// arrive; the progress thread leaves arrivals to it meanwhile (see
+    /// [`shared::Shared::watch_socket`]). Calls balance.
+    pub fn watch_socket(&self, on: bool) {
+        self.shared().watch_socket(on);
+    }
+
+    /// An application thread starts (`on`) or stops sleeping on the
+    /// readiness descriptor ([`SdpStream::readiness_fd`]); calls balance.
+    pub fn await_readiness(&self, on: bool) {
+        self.shared().await_readiness(on);
     }
 
     /// Lets go of the stream without touching the connection: no DisConn,

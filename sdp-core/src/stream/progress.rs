@@ -49,6 +49,20 @@ const INTEREST: EventFlags = EventFlags::IN
     .union(EventFlags::RDHUP)
     .union(EventFlags::ET);
 
+/// [`INTEREST`] without arrivals, for a link whose application reads its
+/// socket from an epoll set ([`Shared::watch_socket`]).
+const WATCHED: EventFlags = EventFlags::OUT
+    .union(EventFlags::RDHUP)
+    .union(EventFlags::ET);
+
+fn interest(s: &Shared) -> EventFlags {
+    if s.reads() {
+        INTEREST
+    } else {
+        WATCHED
+    }
+}
+
 /// What runs first on a progress thread ([`set_thread_start`]).
 static THREAD_START: OnceLock<fn()> = OnceLock::new();
 
@@ -226,7 +240,7 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
         &t.epoll,
         &*shared.sock(),
         EventData::new_u64(shared.id),
-        INTEREST,
+        interest(&shared),
     );
     if let Err(e) = r {
         lock(&t.links).remove(&shared.id);
@@ -234,6 +248,20 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
     }
     wake();
     Ok(())
+}
+
+/// Sets whether the thread reads link `id`'s socket (see
+/// [`Shared::watch_socket`]). Asking for reads again reports the socket at
+/// once if bytes wait.
+pub(super) fn set_reads(id: u64, reads: bool) {
+    let Some(t) = running() else {
+        return;
+    };
+    let links = lock(&t.links);
+    if let Some(s) = links.get(&id) {
+        let flags = if reads { INTEREST } else { WATCHED };
+        let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), flags);
+    }
 }
 
 /// Takes a link back (it is finished, or was never set up).
@@ -266,7 +294,11 @@ pub(super) fn swap_socket(
     }
     let r = rustix::io::dup3(new, &mut fd, rustix::io::DupFlags::CLOEXEC);
     if let (Some(t), true) = (t, registered) {
-        epoll::add(&t.epoll, &*fd, EventData::new_u64(id), INTEREST)?;
+        let flags = links
+            .as_ref()
+            .and_then(|l| l.get(&id))
+            .map_or(INTEREST, |s| interest(s));
+        epoll::add(&t.epoll, &*fd, EventData::new_u64(id), flags)?;
     }
     drop(fd);
     drop(links);
@@ -359,7 +391,7 @@ impl Thread {
                 for (_, s) in parked.drain(..back) {
                     if links.contains_key(&s.id) {
                         let data = EventData::new_u64(s.id);
-                        let _ = epoll::modify(&self.epoll, &*s.sock(), data, INTEREST);
+                        let _ = epoll::modify(&self.epoll, &*s.sock(), data, interest(&s));
                     }
                 }
             }

@@ -40,7 +40,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -87,6 +87,15 @@ fn error_kind(e: &io::Error) -> ErrorKind {
         io::ErrorKind::TimedOut => ErrorKind::TimedOut,
         io::ErrorKind::ConnectionRefused => ErrorKind::Refused,
         _ => ErrorKind::Reset,
+    }
+}
+
+/// One more (`on`) or one less in `n`.
+fn count(n: &AtomicUsize, on: bool) {
+    if on {
+        n.fetch_add(1, Ordering::SeqCst);
+    } else {
+        let _ = n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
     }
 }
 
@@ -554,6 +563,14 @@ pub struct Shared {
     released: AtomicBool,
     /// An event reported hang-up, not yet passed to [`Inner`].
     hangup: AtomicBool,
+    /// Epoll sets of the application that watch the socket and have their
+    /// waiting thread read it ([`Shared::watch_socket`]).
+    watchers: AtomicUsize,
+    /// Application threads sleeping on the readiness descriptor
+    /// ([`Shared::await_readiness`]).
+    readiness_waiters: AtomicUsize,
+    /// Whether the progress thread's registration asks for reads.
+    reads: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -622,6 +639,9 @@ impl Shared {
             readiness: user_fd,
             released: AtomicBool::new(false),
             hangup: AtomicBool::new(false),
+            watchers: AtomicUsize::new(0),
+            readiness_waiters: AtomicUsize::new(0),
+            reads: AtomicBool::new(true),
             id,
         })
     }
@@ -692,6 +712,67 @@ impl Shared {
     /// An application thread is polling the socket.
     pub fn polled(&self) -> bool {
         self.poller.load(Ordering::SeqCst)
+    }
+
+    /// An epoll set of the application starts (`on`) or stops watching the
+    /// socket, its waiting thread reading what arrives itself. While one
+    /// does, the progress thread leaves arrivals to it: two threads woken
+    /// per message, and the hand-off between them, would cost a
+    /// request–response exchange more than its own work (redis). It still
+    /// reads while bytes wait for credit the socket may bring, while a
+    /// thread sleeps on the readiness descriptor instead
+    /// ([`Shared::await_readiness`]: `poll` or `select` on a stream an
+    /// epoll set also holds, or no longer wakes for), and once the
+    /// application released the stream ([`Shared::wants_reads`]).
+    pub fn watch_socket(&self, on: bool) {
+        count(&self.watchers, on);
+        let g = self.lock_inner();
+        self.sync_reads(&g);
+    }
+
+    /// An application thread starts (`on`) or stops sleeping on the
+    /// readiness descriptor, which only what reads the socket moves: the
+    /// progress thread reads it meanwhile (see [`Shared::watch_socket`]).
+    pub fn await_readiness(&self, on: bool) {
+        count(&self.readiness_waiters, on);
+        if self.watchers.load(Ordering::SeqCst) > 0 {
+            let g = self.lock_inner();
+            self.sync_reads(&g);
+        }
+    }
+
+    /// Whether the progress thread should read the socket (see
+    /// [`Shared::watch_socket`]).
+    fn wants_reads(&self, g: &Inner) -> bool {
+        self.watchers.load(Ordering::SeqCst) == 0
+            || self.readiness_waiters.load(Ordering::SeqCst) > 0
+            || g.released
+            || g.zc_owner.is_some()
+            || g.link.conn().tx().unsent() > 0
+    }
+
+    /// Brings the progress thread's registration in line with
+    /// [`Shared::wants_reads`] (a system call only when it changes).
+    fn sync_reads(&self, g: &Inner) {
+        let want = self.wants_reads(g);
+        if self.reads.load(Ordering::Relaxed) != want
+            && self.reads.swap(want, Ordering::SeqCst) != want
+        {
+            super::progress::set_reads(self.id, want);
+        }
+    }
+
+    /// Whether the progress thread's registration asks for reads.
+    pub fn reads(&self) -> bool {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// In a child of `fork` taking the stream on: its epoll sets' marks
+    /// are the parent's, and its new progress thread reads.
+    pub fn forget_watchers(&self) {
+        self.watchers.store(0, Ordering::SeqCst);
+        self.readiness_waiters.store(0, Ordering::SeqCst);
+        self.reads.store(true, Ordering::SeqCst);
     }
 
     /// The nearest deadline of the link, as last published.
@@ -948,6 +1029,7 @@ impl Drop for Locked<'_> {
         if let Some(mut g) = self.guard.take() {
             g.news = false;
             shared.counters.store(g.snapshot());
+            shared.sync_reads(&g);
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
                 super::progress::wake();
