@@ -43,12 +43,14 @@
 //! registrations become ordinary ones of the fd.
 //!
 //! * `EPOLL_CTL_DEL` of a stream leaves its registration *dormant*: the
-//!   kernel registrations stay, asking for nothing (`EPOLLET` alone), and
-//!   an `EPOLL_CTL_ADD` of the same fd wakes them again. Event loops that
-//!   add and delete an fd around every request (redis-benchmark's `ae`
-//!   does) so cost one `epoll_ctl` per kernel registration, not two
-//!   duplicates made and closed each time. An `EPOLL_CTL_MOD` leaves the
-//!   kernel registrations whose events it does not change alone.
+//!   kernel registrations stay as they were, their events dropped; one
+//!   that fires is silenced then (`EPOLLET` alone, asking for nothing), and
+//!   an `EPOLL_CTL_ADD` of the same fd sets again only what differs. Event
+//!   loops that add and delete an fd around every request
+//!   (redis-benchmark's `ae` does) so cost at most one `epoll_ctl` per
+//!   kernel registration, not two duplicates made and closed each time.
+//!   An `EPOLL_CTL_MOD` leaves the kernel registrations whose events it
+//!   does not change alone.
 #![allow(clippy::missing_safety_doc)]
 
 use super::poll::{ms_deadline, remaining, ts_deadline, Side};
@@ -91,9 +93,11 @@ struct Registration {
     queue: Option<c_int>,
     /// `EPOLLONESHOT` fired.
     disarmed: bool,
-    /// Deleted by the program: nothing asked of the kernel registrations,
-    /// kept for the next `EPOLL_CTL_ADD` of the fd (see the module docs).
+    /// Deleted by the program, kept for the next `EPOLL_CTL_ADD` of the
+    /// fd (see the module docs); its events are dropped.
     dormant: bool,
+    /// The kernel registrations ask for nothing: a dormant one fired.
+    silenced: bool,
     /// The endpoint was told this set watches its socket
     /// ([`crate::sdp::SdpEndpoint::watch_socket`]): armed, with `sock`.
     watching: bool,
@@ -313,6 +317,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 queue,
                 disarmed: false,
                 dormant: false,
+                silenced: false,
                 watching: false,
                 owner: pid(),
             },
@@ -363,7 +368,7 @@ fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
 /// otherwise only those whose events change (or that `EPOLLONESHOT`
 /// disarmed).
 fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(), c_int> {
-    let Some((id, fds, side, has_sock, old, disarmed)) = with_registry(|r| {
+    let Some((id, fds, side, has_sock, old, stale)) = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
         let reg = r.by_id.get(&id).filter(|g| g.dormant == wake)?;
         Some((
@@ -372,7 +377,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
             reg.side.clone(),
             reg.sock.is_some(),
             reg.events,
-            reg.disarmed,
+            reg.disarmed || reg.silenced,
         ))
     }) else {
         return Err(libc::ENOENT);
@@ -399,7 +404,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
     }
     for (k, which) in fds {
         let new = events_for(which, events);
-        if !wake && !disarmed && new == events_for(which, old) {
+        if !stale && new == events_for(which, old) {
             continue;
         }
         kernel_ctl(epfd, libc::EPOLL_CTL_MOD, k, new, token(id, which))?;
@@ -410,6 +415,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
             reg.data = data;
             reg.disarmed = false;
             reg.dormant = false;
+            reg.silenced = false;
             if added.is_some() {
                 reg.sock = added;
             }
@@ -424,39 +430,23 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
 fn delete(epfd: c_int, fd: c_int) -> Result<(), c_int> {
     let found = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
-        let reg = r.by_id.get(&id).filter(|g| !g.dormant)?;
+        let reg = r.by_id.get_mut(&id).filter(|g| !g.dormant)?;
         let keep = matches!(reg.side, Side::Stream(_)) && reg.owner == pid();
-        Some((id, keep, reg.kernel_fds().collect::<Vec<_>>()))
-    });
-    let Some((id, keep, fds)) = found else {
-        return Err(libc::ENOENT);
-    };
-    if !keep {
-        remove_where(|r| r.epfd == epfd && r.fd == fd);
-        return Ok(());
-    }
-    with_registry(|r| {
-        if let Some(reg) = r.by_id.get_mut(&id) {
+        if keep {
+            // The kernel registrations stay as they are until one fires
+            // (`translate` silences it then) or the fd is added again.
             reg.dormant = true;
         }
+        Some(keep)
     });
-    for (k, which) in fds {
-        // Only the errors and hang-ups the kernel always reports, once:
-        // `translate` drops them.
-        if kernel_ctl(
-            epfd,
-            libc::EPOLL_CTL_MOD,
-            k,
-            libc::EPOLLET as u32,
-            token(id, which),
-        )
-        .is_err()
-        {
+    match found {
+        None => Err(libc::ENOENT),
+        Some(true) => Ok(()),
+        Some(false) => {
             remove_where(|r| r.epfd == epfd && r.fd == fd);
-            break;
+            Ok(())
         }
     }
-    Ok(())
 }
 
 /// Removes the registrations matching `pred` from the kernel and from here.
@@ -568,6 +558,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
     }
     let mut out = 0;
     let mut hits: Vec<(usize, Hit)> = Vec::new();
+    let mut silence = Vec::new();
     for i in 0..events.len() {
         let ev = events[i];
         let data = ev.u64;
@@ -584,7 +575,16 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
             continue;
         }
         let hit = with_registry(|r| {
-            let reg = r.by_id.get(&id).filter(|g| !g.disarmed && !g.dormant)?;
+            let reg = r.by_id.get_mut(&id)?;
+            if reg.dormant && !reg.silenced {
+                // Deleted by the program, and a kernel registration
+                // fired: none asks for anything from now on.
+                reg.silenced = true;
+                silence.push((reg.epfd, id, reg.kernel_fds().collect::<Vec<_>>()));
+            }
+            if reg.disarmed || reg.dormant {
+                return None;
+            }
             Some(Hit {
                 id,
                 side: reg.side.clone(),
@@ -603,6 +603,18 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
             events[out] = epoll_event { events: 0, u64: 0 };
             hits.push((out, hit));
             out += 1;
+        }
+    }
+    for (epfd, id, fds) in silence {
+        for (k, which) in fds {
+            // Only the errors and hang-ups the kernel always reports, once.
+            let _ = kernel_ctl(
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                k,
+                libc::EPOLLET as u32,
+                token(id, which),
+            );
         }
     }
     let mut dropped = Vec::new();
