@@ -32,6 +32,7 @@ MIB = 1024 * 1024
 THROUGHPUT_TARGET = 0.95  # SDP/TCP at 64 KiB+ messages, at least
 LATENCY_TARGET = 1.10  # SDP/TCP at 64-byte ping-pong, at most
 SETUP_TARGET = 2.0  # SDP/TCP connection setup time, warm PM cache, at most
+SERVER_TARGET = 0.95  # SDP/TCP requests per second of real servers, at least
 
 FULL = {
     "reps": 3,
@@ -40,6 +41,7 @@ FULL = {
     "lat_sizes": [64, KIB, 8 * KIB, 32 * KIB],
     "connections": 1000,
     "idle": 1000,
+    "redis_requests": 200000,
 }
 QUICK = {
     "reps": 1,
@@ -48,6 +50,7 @@ QUICK = {
     "lat_sizes": [64],
     "connections": 200,
     "idle": 100,
+    "redis_requests": 20000,
 }
 
 
@@ -56,6 +59,8 @@ class BenchError(Exception):
 
 
 def size_name(n):
+    if n is None:
+        return ""
     for unit, div in (("MiB", MIB), ("KiB", KIB)):
         if n >= div and n % div == 0:
             return f"{n // div} {unit}"
@@ -374,7 +379,7 @@ class Bench:
     def row(self, section, tool, size, metric, better, label, run, extract=None):
         """One table row: `run(sdp, rep)` returns (value, Transport), where
         value is a number or a dict from which `extract` rows are made."""
-        name = f"{tool} {size_name(size)}" if section != "memory" else f"{size} {tool}"
+        name = f"{tool} {size_name(size)}".strip() if section != "memory" else f"{size} {tool}"
         print(f"bench: {section}: {name} ...", file=sys.stderr, flush=True)
         try:
             got = self.pairs(label, run)
@@ -510,6 +515,42 @@ class Bench:
             self.row("latency", "sockperf", size, "µs", "lower", "sockperf", run, extract=[
                 ("latency", "sockperf p50", "µs", "lower", "p50"),
                 ("latency", "sockperf p99", "µs", "lower", "p99"),
+            ])
+        for s in servers.values():
+            s.stop()
+
+    def redis(self):
+        """redis-benchmark SET and GET against redis-server, 50 clients, one
+        request at a time and 16 in a pipeline (-P 16)."""
+        if not shutil.which("redis-server") or not shutil.which("redis-benchmark"):
+            raise BenchError("redis: redis-server or redis-benchmark missing (Debian: apt-get install redis-server)")
+        ports = {False: free_port(), True: free_port()}
+        servers = {
+            sdp: self.server(f"redis-server ({'SDP' if sdp else 'TCP'})",
+                             ["redis-server", "--port", str(ports[sdp]), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--protected-mode", "no"], ports[sdp], sdp)
+            for sdp in (False, True)
+        }
+        n = self.cfg["redis_requests"]
+        for pipeline in (1, 16):
+            def run(sdp, rep, pipeline=pipeline):
+                p, seen = self.run_client(
+                    f"redis-benchmark {'SDP' if sdp else 'TCP'} -P {pipeline}",
+                    ["redis-benchmark", "-p", str(ports[sdp]), "-t", "set,get", "-n", str(n * pipeline),
+                     "-c", "50", "-P", str(pipeline), "-q", "--csv"],
+                    sdp, 120, watch_ports=(ports[sdp],), servers=(servers[sdp],),
+                )
+                got = {}
+                for m in re.finditer(r'^"(SET|GET)","([\d.]+)"', p.output(), re.M):
+                    got[m.group(1)] = float(m.group(2))
+                if set(got) != {"SET", "GET"} or min(got.values()) <= 0:
+                    raise p.failed("no SET and GET requests per second in redis-benchmark's output")
+                return got, seen
+
+            label = "50 clients" if pipeline == 1 else "50 clients, -P 16"
+            self.row("servers", f"redis {label}", None, "requests/s", "higher", "redis", run, extract=[
+                ("servers", f"redis SET, {label}", "requests/s", "higher", "SET"),
+                ("servers", f"redis GET, {label}", "requests/s", "higher", "GET"),
             ])
         for s in servers.values():
             s.stop()
@@ -674,6 +715,9 @@ class Bench:
               [r for r in self.rows if r["section"] == "latency" and r["size"] == 64
                and r["tool"] in ("sockperf p50", "qperf", "sockperf")],
               lambda x: x <= LATENCY_TARGET, ("<=", LATENCY_TARGET))
+        judge("redis-benchmark requests/s",
+              [r for r in self.rows if r["section"] == "servers"],
+              lambda x: x >= SERVER_TARGET, (">=", SERVER_TARGET))
         judge("connection setup, warm PM cache",
               [r for r in self.rows if r["section"] == "connections"
                and (r.get("error") or (r["tool"] == "PM cache warm" and r["metric"] == "setup p50 µs"))],
@@ -690,8 +734,9 @@ class Bench:
             "connections": f"Connection setup ({cfg['connections']} connections one after the other: connect, "
                            "1 byte there and back, close)",
             "memory": f"Memory per idle connection (RSS growth from 1 to {cfg['idle'] + 1} connections)",
+            "servers": "Real servers (redis-server and redis-benchmark, both under the preload for SDP)",
         }
-        for section in ("throughput", "cpu", "latency", "connections", "memory"):
+        for section in ("throughput", "cpu", "latency", "servers", "connections", "memory"):
             rows = [r for r in self.rows if r["section"] == section]
             if not rows:
                 continue
@@ -953,7 +998,7 @@ def main():
     try:
         bench.start_portmappers()
         for step in (bench.iperf3, lambda: bench.qperf("bw"), bench.sockperf, lambda: bench.qperf("lat"),
-                     bench.connbench, bench.memory):
+                     bench.redis, bench.connbench, bench.memory):
             try:
                 step()
             except BenchError as e:

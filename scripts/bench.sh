@@ -17,6 +17,8 @@
 #   * CPU seconds per GB moved: user + system of both iperf3 processes;
 #   * latency by message size: sockperf ping-pong p50/p99, plain against
 #     preloaded; qperf tcp_lat (plain) against sdp_lat (preloaded);
+#   * real servers: redis-benchmark SET and GET requests per second against
+#     redis-server, 50 clients, one request at a time and 16 pipelined;
 #   * connection setup rate (sdp-connbench): kernel TCP, SDP with a warm
 #     port mapper cache, SDP with every connection asking the port mapper;
 #   * RSS per idle connection, client and server (sdp-connbench hold).
@@ -32,11 +34,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for tool in iperf3 qperf sockperf gnuplot python3; do
+for tool in iperf3 qperf sockperf gnuplot python3 redis-server redis-benchmark; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "bench: missing ${missing[*]} (Debian: apt-get install iperf3 qperf sockperf gnuplot-nox python3)" >&2
+    echo "bench: missing ${missing[*]} (Debian: apt-get install iperf3 qperf sockperf gnuplot-nox python3 redis-server)" >&2
     exit 1
 fi
 
