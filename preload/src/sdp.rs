@@ -357,6 +357,16 @@ pub trait SdpEndpoint: Send + Sync {
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
     /// so that [`SdpEndpoint::readiness`] shows what arrived.
     fn pump(&self) {}
+    /// [`SdpEndpoint::pump`] for an `epoll_wait` that reports the
+    /// readiness itself and whose program calls next: the wake fd may
+    /// keep its levels until [`SdpEndpoint::sync_readiness`] or the next
+    /// call. Returns whether it did.
+    fn pump_quietly(&self) -> bool {
+        self.pump();
+        false
+    }
+    /// Sets the wake fd's levels as the endpoint is now.
+    fn sync_readiness(&self) {}
     /// An epoll set starts (`on`) or stops watching the endpoint's socket
     /// ([`SdpEndpoint::kernel_fd`]), its waiting thread calling
     /// [`SdpEndpoint::pump`] when bytes arrive: background reads of that

@@ -932,6 +932,35 @@ fn select_sees_arrivals_on_a_stream_an_epoll_set_holds() {
     same_over_sdp("sdp-epoll-select", EPOLL_THEN_SELECT, 1);
 }
 
+/// Level-triggered epoll reports a stream again while bytes wait unread —
+/// whether the program read none or part of them — and not once it read
+/// them all (the waiter that pumped the socket leaves the wake fd's levels
+/// to the program's next call or its next wait).
+const EPOLL_LEVELS: &str = r#"
+import select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+c.sendall(b"0123456789")
+print([e for _, e in ep.poll(5)])
+print([e for _, e in ep.poll(5)])
+print(s.recv(4))
+print([e for _, e in ep.poll(5)])
+print(s.recv(16))
+print([e for _, e in ep.poll(0.2)])
+c.sendall(b"x")
+print([e for _, e in ep.poll(5)], s.recv(4))
+"#;
+
+#[test]
+fn level_triggered_epoll_reports_unread_bytes_again() {
+    same_over_sdp("sdp-epoll-levels", EPOLL_LEVELS, 1);
+}
+
 /// A server that closes its listener and listens again on the same port
 /// (as CPython's tests do, one after another): the next client connects at
 /// once, as over TCP, and over SDP. The port mapper's cached answer still

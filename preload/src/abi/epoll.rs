@@ -621,7 +621,15 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
     let mut deferred = false;
     for (slot, hit) in &hits {
         if let (true, Side::Stream(h)) = (hit.pump, &hit.side) {
-            h.endpoint.pump();
+            // Level-triggered: the report below comes from the stream's
+            // state, and the program calls on it next; the wake fd's levels
+            // catch up then, or at this thread's next wait.
+            let level = hit.interest & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 == 0;
+            if level && h.endpoint.pump_quietly() {
+                UNSETTLED.with(|u| u.borrow_mut().push(h.clone()));
+            } else {
+                h.endpoint.pump();
+            }
         }
         // Edge-triggered, the socket alone fired: what it brought is a new
         // edge of the wake fd (the pump renewed it), reported from there —
@@ -804,6 +812,23 @@ pub(super) fn in_waited_set(h: &table::StreamHandle) -> bool {
     })
 }
 
+thread_local! {
+    /// Streams whose wake fd levels this thread's last `translate` left
+    /// behind ([`crate::sdp::SdpEndpoint::pump_quietly`]).
+    static UNSETTLED: std::cell::RefCell<Vec<Arc<table::StreamHandle>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Before this thread waits again: the wake fds its last `translate` left
+/// behind get their levels (a level-triggered fd the program did not read
+/// empty is reported again, from its wake fd).
+fn settle_levels() {
+    let left = UNSETTLED.with(|u| std::mem::take(&mut *u.borrow_mut()));
+    for h in left {
+        h.endpoint.sync_readiness();
+    }
+}
+
 /// Waits with `wait(timeout)` until a translated event remains or the
 /// deadline passes. A count leaves `errno` as the program had it (see
 /// [`keep_errno_on_success`]: our own calls on the way must not
@@ -826,6 +851,7 @@ fn wait_translated_inner(
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
     protect("epoll_wait", || touch_pending(epfd), || ());
+    protect("epoll_wait", settle_levels, || ());
     let _waiting = Waiting::begin(epfd);
     let mut look_again = true;
     loop {

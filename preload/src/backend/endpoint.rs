@@ -885,6 +885,21 @@ impl SdpEndpoint for Ep {
         }
     }
 
+    fn pump_quietly(&self) -> bool {
+        let _g = table::enter_gate();
+        match self.access() {
+            Access::Stream(s) => s.pump_quietly(),
+            _ => false,
+        }
+    }
+
+    fn sync_readiness(&self) {
+        let _g = table::enter_gate();
+        if let State::Connected(s) = &*self.lock() {
+            s.sync_readiness();
+        }
+    }
+
     fn pump(&self) {
         let _g = table::enter_gate();
         if let Access::Stream(s) = self.access() {

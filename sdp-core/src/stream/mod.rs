@@ -440,6 +440,31 @@ impl SdpStream {
         self.shared().watch_socket(on);
     }
 
+    /// [`SdpStream::pump`] for an `epoll` waiter that the socket woke and
+    /// that reports the readiness itself: the readiness descriptor keeps
+    /// its levels until [`SdpStream::sync_readiness`] or the next call on
+    /// the stream. Only while no other thread could be sleeping on the
+    /// descriptor (no `poll` or `select` on it, at most one epoll set
+    /// holding the socket); returns whether the levels were left, else it
+    /// pumped as [`SdpStream::pump`].
+    pub fn pump_quietly(&self) -> bool {
+        let shared = self.shared();
+        let mut g = shared.lock();
+        let quiet = shared.alone_on_readiness();
+        if quiet {
+            g.pump_quietly(Instant::now());
+        } else {
+            g.pump(Instant::now());
+        }
+        quiet
+    }
+
+    /// Sets the readiness descriptor's levels as the stream is now (after
+    /// [`SdpStream::pump_quietly`]).
+    pub fn sync_readiness(&self) {
+        self.shared().lock().update_readiness();
+    }
+
     /// An application thread starts (`on`) or stops sleeping on the
     /// readiness descriptor ([`SdpStream::readiness_fd`]); calls balance.
     pub fn await_readiness(&self, on: bool) {

@@ -147,6 +147,9 @@ pub struct Inner {
     /// A Zcopy write waits for an idle Zcopy read to give the socket up:
     /// reads do not post again meanwhile.
     pub zc_writer_waiting: bool,
+    /// The readiness descriptor's levels are left as they are
+    /// ([`Inner::pump_quietly`]).
+    quiet_levels: bool,
 }
 
 /// Caller memory lent to one pump.
@@ -317,6 +320,19 @@ impl Inner {
         any
     }
 
+    /// [`Inner::pump`] for a thread that reports the stream's readiness
+    /// itself, from its state, and whose program will call on the stream
+    /// next (an `epoll_wait` that the socket woke): the readiness
+    /// descriptor's levels are left as they are, since the program's next
+    /// call sets them as they are then — for a request read whole, not
+    /// readable, as before — saving a write to the descriptor and the read
+    /// that empties it again. [`Inner::update_readiness`] catches up.
+    pub fn pump_quietly(&mut self, now: Instant) {
+        self.quiet_levels = true;
+        self.pump(now);
+        self.quiet_levels = false;
+    }
+
     /// Drives the link and writes until nothing moves (no socket read).
     pub fn pump_out(&mut self, now: Instant) -> bool {
         self.pump_out_from(now, None, None)
@@ -485,6 +501,9 @@ impl Inner {
 
     /// Sets the readiness descriptor from the link's state.
     pub fn update_readiness(&mut self) {
+        if self.quiet_levels {
+            return;
+        }
         if let Some(r) = &mut self.readiness {
             // Data that arrived since the last update is a new edge for an
             // edge-triggered poller even if the stream was readable, as
@@ -620,6 +639,7 @@ impl Shared {
             id,
             zc_owner: None,
             zc_writer_waiting: false,
+            quiet_levels: false,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -760,6 +780,14 @@ impl Shared {
         {
             super::progress::set_reads(self.id, want);
         }
+    }
+
+    /// No thread sleeps on the readiness descriptor in `poll` or `select`,
+    /// and at most one epoll set holds the socket (see
+    /// [`super::SdpStream::pump_quietly`]).
+    pub fn alone_on_readiness(&self) -> bool {
+        self.readiness_waiters.load(Ordering::SeqCst) == 0
+            && self.watchers.load(Ordering::SeqCst) <= 1
     }
 
     /// Whether the progress thread's registration asks for reads.
