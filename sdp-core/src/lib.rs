@@ -22,6 +22,7 @@
 
 pub mod conn;
 pub mod errno;
+pub mod fds;
 pub mod link;
 pub mod log;
 pub mod recycle;

@@ -135,6 +135,8 @@ fn for_socket(a: SocketAddr, v6: bool) -> Option<SocketAddr> {
     }
 }
 
+/// The engine's own descriptor of the socket `fd`, high in the table
+/// ([`sdp_core::fds`]).
 fn dup_cloexec(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC takes the lowest acceptable number.
     let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
@@ -149,7 +151,7 @@ fn dup_cloexec(fd: RawFd) -> Option<OwnedFd> {
         return None;
     }
     // SAFETY: a fresh descriptor of ours.
-    Some(unsafe { OwnedFd::from_raw_fd(d) })
+    Some(sdp_core::fds::high(unsafe { OwnedFd::from_raw_fd(d) }))
 }
 
 fn connect_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {

@@ -155,7 +155,7 @@ impl Ep {
             return Ok(Ep::with(State::Connecting { levels: None }, None, fd));
         }
         let levels = Levels::new()?;
-        let wake = levels.user_fd().try_clone_to_owned()?;
+        let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
         Ok(Ep::with(
             State::Connecting {
                 levels: Some(levels),
@@ -433,9 +433,12 @@ impl SdpEndpoint for Ep {
             // here (`Ownership::lost`); it polls ready at once
             // (`readiness`), and the kernel socket will do to sleep on.
             State::Connected(_) if self.own.lost() => return self.fd,
-            State::Connected(s) => s.readiness_fd().and_then(|fd| fd.try_clone_to_owned()),
+            State::Connected(s) => s
+                .readiness_fd()
+                .and_then(|fd| fd.try_clone_to_owned())
+                .map(sdp_core::fds::high),
             State::Connecting { levels } => Levels::new().and_then(|l| {
-                let w = l.user_fd().try_clone_to_owned()?;
+                let w = sdp_core::fds::high(l.user_fd().try_clone_to_owned()?);
                 *levels = Some(l);
                 Ok(w)
             }),

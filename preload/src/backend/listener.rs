@@ -171,7 +171,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     let q = bind_q(fd, local, backlog)?;
     let q_port = q.local_addr()?.port();
     let levels = Levels::new()?;
-    let wake = levels.user_fd().try_clone_to_owned()?;
+    let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
     let control = match ControlClient::connect_default()
         .and_then(|mut c| c.register(local.ip(), local.port(), q_port).map(|()| c))
     {
@@ -395,7 +395,12 @@ impl Shared {
         self.lock().setting_up += 1;
         loop {
             match self.q.accept() {
-                Ok(c) => return Some(c),
+                // The stream's own descriptor goes high: the program's,
+                // duplicated from it, takes the number a TCP accept would.
+                Ok((c, a)) => {
+                    let c = std::net::TcpStream::from(sdp_core::fds::high(OwnedFd::from(c)));
+                    return Some((c, a));
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // ECONNABORTED, EMFILE...: tried again on the next event.
@@ -550,7 +555,7 @@ impl Handshake {
         peer: SocketAddr,
         now: Instant,
     ) -> io::Result<Handshake> {
-        let watch = stream.readiness_fd()?.try_clone_to_owned()?;
+        let watch = sdp_core::fds::high(stream.readiness_fd()?.try_clone_to_owned()?);
         Ok(Handshake {
             lst,
             peer,
@@ -582,7 +587,11 @@ impl Handshake {
                         }
                         Request::Failed(why) => return self.fail(&why),
                     };
-                    let watch = match stream.readiness_fd().and_then(|f| f.try_clone_to_owned()) {
+                    let watch = match stream
+                        .readiness_fd()
+                        .and_then(|f| f.try_clone_to_owned())
+                        .map(sdp_core::fds::high)
+                    {
                         Ok(w) => w,
                         Err(e) => return self.fail(&format!("readiness: {e}")),
                     };
@@ -827,7 +836,11 @@ impl SdpListener for Lst {
             // The levels are a socket pair shared with the parent: this
             // process gets its own.
             if let Ok(levels) = Levels::new() {
-                if let Ok(wake) = levels.user_fd().try_clone_to_owned() {
+                if let Ok(wake) = levels
+                    .user_fd()
+                    .try_clone_to_owned()
+                    .map(sdp_core::fds::high)
+                {
                     q.levels = levels;
                     q.wake = wake;
                 }

@@ -109,8 +109,8 @@ fn thread() -> io::Result<&'static Thread> {
         return Err(io::Error::other("too many fork generations"));
     };
     slot.get_or_init(|| {
-        let epoll = epoll::create(CreateFlags::CLOEXEC)?;
-        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let epoll = crate::fds::high(epoll::create(CreateFlags::CLOEXEC)?);
+        let wake = crate::fds::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         epoll::add(
             &epoll,
             &wake,

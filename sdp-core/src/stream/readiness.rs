@@ -47,6 +47,7 @@ impl Readiness {
             SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
             None,
         )?;
+        let (user, ours) = (crate::fds::high(user), crate::fds::high(ours));
         // The kernel rounds up to its minimum (a few KiB).
         rustix::net::sockopt::set_socket_send_buffer_size(&user, 1)?;
         let mut r = Readiness {

@@ -524,7 +524,7 @@ impl Inner {
     /// descriptor to poll.
     fn arm_readiness(&mut self) -> io::Result<OwnedFd> {
         let r = Readiness::new()?;
-        let user = r.user_fd().try_clone_to_owned()?;
+        let user = crate::fds::high(r.user_fd().try_clone_to_owned()?);
         self.readiness = Some(r);
         self.update_readiness();
         Ok(user)
@@ -610,10 +610,12 @@ impl Shared {
         id: u64,
         readiness: Option<Readiness>,
     ) -> io::Result<Shared> {
-        let sock = Arc::new(RwLock::new(ep.stream().as_fd().try_clone_to_owned()?));
-        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let sock = Arc::new(RwLock::new(crate::fds::high(
+            ep.stream().as_fd().try_clone_to_owned()?,
+        )));
+        let wake = crate::fds::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let user = match &readiness {
-            Some(r) => Some(r.user_fd().try_clone_to_owned()?),
+            Some(r) => Some(crate::fds::high(r.user_fd().try_clone_to_owned()?)),
             None => None,
         };
         let mut inner = Inner {
@@ -682,7 +684,7 @@ impl Shared {
     /// [`Shared::readiness`]'s). One asked for before keeps its last
     /// state and no longer follows the stream.
     pub fn adopt_readiness(&self, r: Readiness) -> io::Result<()> {
-        let user = r.user_fd().try_clone_to_owned()?;
+        let user = crate::fds::high(r.user_fd().try_clone_to_owned()?);
         let mut g = self.lock();
         g.readiness = Some(r);
         g.update_readiness();

@@ -1,0 +1,68 @@
+//! Where the library's own descriptors go: high in the descriptor table,
+//! out of the program's way.
+//!
+//! Each SDP connection holds descriptors a TCP socket does not (a stable
+//! duplicate of its socket, a wake-up eventfd, the readiness socket pair).
+//! Taking the lowest free numbers, as `socket`, `dup` and `eventfd` do,
+//! they would push every descriptor the program opens next up the table:
+//! a program that sizes a table by its connection count (an `ae` event
+//! loop, `select`'s `FD_SETSIZE`) would see numbers it never sees over
+//! TCP. [`high`] moves one to the upper half of the soft `RLIMIT_NOFILE`
+//! (while there is room there; otherwise it stays where it is).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use rustix::io::{fcntl_dupfd_cloexec, Errno};
+use rustix::process::{getrlimit, Resource};
+
+/// The lowest number [`high`] places at; 0 until first computed.
+static FLOOR: AtomicI32 = AtomicI32::new(0);
+
+fn floor() -> i32 {
+    let f = FLOOR.load(Ordering::Relaxed);
+    if f > 0 {
+        return f;
+    }
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(1 << 20);
+    let f = i32::try_from(soft / 2).unwrap_or(i32::MAX / 2).max(3);
+    FLOOR.store(f, Ordering::Relaxed);
+    f
+}
+
+/// `fd` renumbered at or above the floor, close-on-exec; `fd` itself when
+/// that fails (the upper half is full, or the program lowered its limit).
+pub fn high(fd: OwnedFd) -> OwnedFd {
+    let f = floor();
+    if rustix::fd::AsRawFd::as_raw_fd(&fd) >= f {
+        return fd;
+    }
+    match fcntl_dupfd_cloexec(fd.as_fd(), f) {
+        Ok(moved) => moved,
+        Err(Errno::INVAL) => {
+            // Below the floor now: computed again next time.
+            FLOOR.store(0, Ordering::Relaxed);
+            fd
+        }
+        Err(_) => fd,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_descriptor_moves_to_the_upper_half_of_the_limit() {
+        let fd = rustix::io::dup(std::io::stdin().as_fd()).unwrap();
+        let moved = high(fd);
+        let soft = getrlimit(Resource::Nofile).current.unwrap_or(1 << 20);
+        assert!(
+            moved.as_raw_fd() >= floor(),
+            "{} with a limit of {soft}",
+            moved.as_raw_fd()
+        );
+        assert!(u64::try_from(moved.as_raw_fd()).unwrap() < soft);
+    }
+}
