@@ -961,6 +961,39 @@ fn level_triggered_epoll_reports_unread_bytes_again() {
     same_over_sdp("sdp-epoll-levels", EPOLL_LEVELS, 1);
 }
 
+/// The program's descriptor numbers are those TCP gives it: the library's
+/// own descriptors (a stream's socket duplicate, eventfd, readiness pair)
+/// sit high in the table, so 20 connection pairs take about 40 numbers, as
+/// over TCP (an event loop sized by its connection count, such as wrk's,
+/// lost connects to numbers past its table when each pair took 15).
+const FD_NUMBERS: &str = r#"
+import select, socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(64)
+fds = []
+for i in range(20):
+    c = socket.socket()
+    c.setblocking(False)
+    try:
+        c.connect(srv.getsockname())
+    except BlockingIOError:
+        pass
+    select.select([], [c], [], 5)
+    s, _ = srv.accept()
+    s.sendall(b"x")
+    c.setblocking(True)
+    assert c.recv(1) == b"x"
+    fds += [c, s]
+numbers = [f.fileno() for f in fds]
+print(len(numbers), max(numbers) - min(numbers) < 2 * len(numbers))
+"#;
+
+#[test]
+fn descriptor_numbers_are_those_of_tcp() {
+    same_over_sdp("sdp-fd-numbers", FD_NUMBERS, 20);
+}
+
 /// A server that closes its listener and listens again on the same port
 /// (as CPython's tests do, one after another): the next client connects at
 /// once, as over TCP, and over SDP. The port mapper's cached answer still
