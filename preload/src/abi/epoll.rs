@@ -300,7 +300,6 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         }
         ok
     });
-    let id_added = id;
     with_registry(|r| {
         r.by_key.insert((epfd, fd), id);
         r.by_id.insert(
@@ -323,7 +322,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             },
         );
     });
-    watch(id_added);
+    watch(id);
     Ok(())
 }
 
@@ -335,18 +334,23 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
 /// `select` meanwhile has them read, see `abi::poll`). Outside the
 /// registry's lock: the endpoint takes the stream's.
 fn watch(id: u64) {
+    // Claimed first, so that two threads never both tell the endpoint.
     let side = with_registry(|r| {
-        let g = r.by_id.get(&id)?;
-        (g.sock.is_some() && !g.watching).then(|| g.side.clone())
-    });
-    if let Some(Side::Stream(h)) = side {
-        if h.endpoint.watch_socket(true) {
-            with_registry(|r| {
-                if let Some(g) = r.by_id.get_mut(&id) {
-                    g.watching = true;
-                }
-            });
+        let g = r.by_id.get_mut(&id)?;
+        if g.sock.is_none() || g.watching {
+            return None;
         }
+        g.watching = true;
+        Some(g.side.clone())
+    });
+    let Some(side) = side else { return };
+    let told = matches!(&side, Side::Stream(h) if h.endpoint.watch_socket(true));
+    if !told {
+        with_registry(|r| {
+            if let Some(g) = r.by_id.get_mut(&id) {
+                g.watching = false;
+            }
+        });
     }
 }
 
