@@ -150,6 +150,9 @@ pub struct Inner {
     /// The readiness descriptor's levels are left as they are
     /// ([`Inner::pump_quietly`]).
     quiet_levels: bool,
+    /// The connection moved to a new socket (SuspComm): epoll sets that
+    /// watched the old one no longer see it ([`Shared::watch_socket`]).
+    pub(super) socket_moved: bool,
 }
 
 /// Caller memory lent to one pump.
@@ -642,6 +645,7 @@ impl Shared {
             zc_owner: None,
             zc_writer_waiting: false,
             quiet_levels: false,
+            socket_moved: false,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -748,8 +752,8 @@ impl Shared {
     /// application released the stream ([`Shared::wants_reads`]).
     pub fn watch_socket(&self, on: bool) {
         count(&self.watchers, on);
-        let g = self.lock_inner();
-        self.sync_reads(&g);
+        let mut g = self.lock_inner();
+        self.sync_reads(&mut g);
     }
 
     /// An application thread starts (`on`) or stops sleeping on the
@@ -758,8 +762,8 @@ impl Shared {
     pub fn await_readiness(&self, on: bool) {
         count(&self.readiness_waiters, on);
         if self.watchers.load(Ordering::SeqCst) > 0 {
-            let g = self.lock_inner();
-            self.sync_reads(&g);
+            let mut g = self.lock_inner();
+            self.sync_reads(&mut g);
         }
     }
 
@@ -775,7 +779,12 @@ impl Shared {
 
     /// Brings the progress thread's registration in line with
     /// [`Shared::wants_reads`] (a system call only when it changes).
-    fn sync_reads(&self, g: &Inner) {
+    fn sync_reads(&self, g: &mut Inner) {
+        if std::mem::take(&mut g.socket_moved) {
+            // Their duplicates refer to the old socket: the progress
+            // thread reads the new one from now on.
+            self.watchers.store(0, Ordering::SeqCst);
+        }
         let want = self.wants_reads(g);
         if self.reads.load(Ordering::Relaxed) != want
             && self.reads.swap(want, Ordering::SeqCst) != want
@@ -853,6 +862,7 @@ impl Shared {
         }
         self.publish_deadline(&g);
         self.counters.store(g.snapshot());
+        self.sync_reads(&mut g);
         g.released && g.finished(now)
     }
 
@@ -1059,7 +1069,7 @@ impl Drop for Locked<'_> {
         if let Some(mut g) = self.guard.take() {
             g.news = false;
             shared.counters.store(g.snapshot());
-            shared.sync_reads(&g);
+            shared.sync_reads(&mut g);
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
                 super::progress::wake();
@@ -1074,6 +1084,7 @@ impl Drop for Locked<'_> {
             shared.take_hangup(&mut g);
             let now = Instant::now();
             g.pump(now);
+            shared.sync_reads(&mut g);
             if std::mem::take(&mut g.news) {
                 shared.wake_waiters(&mut g);
             }

@@ -80,6 +80,7 @@ impl Inner {
             }
         };
         let swapped = super::super::progress::swap_socket(self.id, &self.sock, ep.stream().as_fd());
+        self.socket_moved = true;
         let old = std::mem::replace(&mut self.ep, ep);
         drop(old);
         self.llp_end = false;
