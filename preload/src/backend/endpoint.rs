@@ -182,6 +182,20 @@ impl Ep {
         }
     }
 
+    /// `f` on the connected stream, if there is one; whether there was.
+    /// Not a use of the connection (no claim after a fork): marks such as
+    /// [`SdpEndpoint::watch_socket`] go with the stream whoever has it.
+    fn mark(&self, f: impl FnOnce(&SdpStream)) -> bool {
+        let _g = table::enter_gate();
+        match &*self.lock() {
+            State::Connected(s) => {
+                f(s);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The state, locked (never across a blocking call).
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -865,27 +879,11 @@ impl SdpEndpoint for Ep {
     }
 
     fn watch_socket(&self, on: bool) -> bool {
-        let _g = table::enter_gate();
-        // Not a use of the connection (no claim after a fork): the mark
-        // goes with the stream whoever has it.
-        match &*self.lock() {
-            State::Connected(s) => {
-                s.watch_socket(on);
-                true
-            }
-            _ => false,
-        }
+        self.mark(|s| s.watch_socket(on))
     }
 
     fn await_readiness(&self, on: bool) -> bool {
-        let _g = table::enter_gate();
-        match &*self.lock() {
-            State::Connected(s) => {
-                s.await_readiness(on);
-                true
-            }
-            _ => false,
-        }
+        self.mark(|s| s.await_readiness(on))
     }
 
     fn pump_quietly(&self) -> bool {
@@ -897,10 +895,7 @@ impl SdpEndpoint for Ep {
     }
 
     fn sync_readiness(&self) {
-        let _g = table::enter_gate();
-        if let State::Connected(s) = &*self.lock() {
-            s.sync_readiness();
-        }
+        self.mark(SdpStream::sync_readiness);
     }
 
     fn pump(&self) {
