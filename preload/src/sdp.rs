@@ -31,6 +31,8 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+pub use sdp_core::stream::Pumped;
+
 /// An `errno` value.
 pub type Errno = c_int;
 
@@ -355,15 +357,20 @@ pub trait SdpEndpoint: Send + Sync {
         false
     }
     /// [`SdpEndpoint::kernel_fd`] had input: read it now (nonblocking),
-    /// so that [`SdpEndpoint::readiness`] shows what arrived.
-    fn pump(&self) {}
-    /// [`SdpEndpoint::pump`] for an `epoll_wait` that reports the
-    /// readiness itself and whose program calls next: the wake fd may
-    /// keep its levels until [`SdpEndpoint::sync_readiness`] or the next
-    /// call. Returns whether it did.
-    fn pump_quietly(&self) -> bool {
-        self.pump();
+    /// so that [`SdpEndpoint::readiness`] shows what arrived. True if
+    /// anything moved (bytes read or written, a state change).
+    fn pump(&self) -> bool {
         false
+    }
+    /// [`SdpEndpoint::pump`] for a waiter (`epoll_wait`, `poll`) that
+    /// reports the readiness itself and whose program calls next: the wake
+    /// fd may keep its levels until [`SdpEndpoint::sync_readiness`] or the
+    /// next call ([`Pumped::quiet`] says whether it did).
+    fn pump_quietly(&self) -> Pumped {
+        Pumped {
+            moved: self.pump(),
+            quiet: false,
+        }
     }
     /// Sets the wake fd's levels as the endpoint is now.
     fn sync_readiness(&self) {}
@@ -373,6 +380,15 @@ pub trait SdpEndpoint: Send + Sync {
     /// socket may stop meanwhile. Returns whether the mark was made (only
     /// a connected stream takes one); only such a mark is taken back.
     fn watch_socket(&self, _on: bool) -> bool {
+        false
+    }
+    /// A `poll` or `select` polls the endpoint's socket
+    /// ([`SdpEndpoint::kernel_fd`]) beside its wake fd, and calls
+    /// [`SdpEndpoint::pump`] when bytes arrive; background reads of that
+    /// socket may stop from now on, as the program's later calls read it
+    /// too. Returns whether the mark was made (only a connected stream
+    /// takes one).
+    fn poll_socket(&self) -> bool {
         false
     }
     /// A thread starts (`on`) or stops sleeping on the endpoint's wake fd

@@ -932,6 +932,38 @@ fn select_sees_arrivals_on_a_stream_an_epoll_set_holds() {
     same_over_sdp("sdp-epoll-select", EPOLL_THEN_SELECT, 1);
 }
 
+/// A `select` that slept on a stream polls its socket itself, and the
+/// progress thread leaves that socket to the program from then on; so a
+/// later `select` that finds another fd ready at once, and does not sleep,
+/// must still look at the socket: here the client is always writable, and
+/// each byte sent to the server's stream shows as readable within the
+/// program's loop (it never did when such calls skipped the socket).
+const SELECT_WITH_ANOTHER_FD_READY: &str = r#"
+import select, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+print(select.select([s], [], [], 0.2)[0])
+seen = 0
+for b in (b"a", b"b", b"c"):
+    c.sendall(b)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        r, w, _ = select.select([s], [c], [], 5)
+        if r:
+            seen += 1
+            break
+    print(w == [c], s.recv(16))
+print(seen)
+"#;
+
+#[test]
+fn select_sees_arrivals_while_another_fd_is_ready() {
+    same_over_sdp("sdp-select-ready", SELECT_WITH_ANOTHER_FD_READY, 1);
+}
+
 /// Level-triggered epoll reports a stream again while bytes wait unread —
 /// whether the program read none or part of them — and not once it read
 /// them all (the waiter that pumped the socket leaves the wake fd's levels

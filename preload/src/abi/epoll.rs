@@ -629,7 +629,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
             // state, and the program calls on it next; the wake fd's levels
             // catch up then, or at this thread's next wait.
             let level = hit.interest & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 == 0;
-            if level && h.endpoint.pump_quietly() {
+            if level && h.endpoint.pump_quietly().quiet {
                 UNSETTLED.with(|u| u.borrow_mut().push(h.clone()));
             } else {
                 h.endpoint.pump();

@@ -58,26 +58,82 @@ impl Side {
     }
 }
 
-/// Streams whose wake fds a `poll` or `select` sleeps on
-/// ([`crate::sdp::SdpEndpoint::await_readiness`]), for the length of the
-/// call: those that took the mark.
-struct Awaiting<'a>(Vec<&'a StreamHandle>);
+/// How a `poll` or `select` hears of its streams' arrivals.
+///
+/// It polls a connected stream's socket itself, and pumps the stream when
+/// the socket has input ([`crate::sdp::SdpEndpoint::poll_socket`]): the
+/// progress thread leaves arrivals to the program, so an arrival wakes
+/// one thread, the one that reports it, not the progress thread and then
+/// this one. A call that finds something ready polls those sockets too
+/// (it makes one `ppoll` in any case): the stream may have nothing else
+/// reading them. For another stream, a call that sleeps takes
+/// [`crate::sdp::SdpEndpoint::await_readiness`]: it sleeps on the wake fd
+/// alone, and the progress thread reads meanwhile.
+struct Marks<'a> {
+    /// Streams whose sockets the call polls, with the socket.
+    socks: Vec<(&'a StreamHandle, c_int)>,
+    /// Streams with [`crate::sdp::SdpEndpoint::await_readiness`] taken.
+    awaiting: Vec<&'a StreamHandle>,
+    /// Whether the call is going to sleep (the await marks are taken).
+    sleeps: bool,
+}
 
-impl<'a> Awaiting<'a> {
-    fn new(streams: &'a [Arc<StreamHandle>]) -> Awaiting<'a> {
-        Awaiting(
-            streams
-                .iter()
-                .filter(|h| h.endpoint.await_readiness(true))
-                .map(|h| &**h)
-                .collect(),
-        )
+impl<'a> Marks<'a> {
+    fn new(streams: &'a [Arc<StreamHandle>]) -> Marks<'a> {
+        let socks = streams
+            .iter()
+            .filter_map(|h| {
+                if h.endpoint.zcopy_elsewhere() {
+                    return None;
+                }
+                let fd = h.endpoint.kernel_fd()?;
+                h.endpoint.poll_socket().then_some((&**h, fd))
+            })
+            .collect();
+        Marks {
+            socks,
+            awaiting: Vec::new(),
+            sleeps: false,
+        }
+    }
+
+    /// Before the call's first sleep.
+    fn sleep(&mut self, streams: &'a [Arc<StreamHandle>]) {
+        if std::mem::replace(&mut self.sleeps, true) {
+            return;
+        }
+        for h in streams {
+            if !self.polls_socket(h) {
+                self.awaits(h);
+            }
+        }
+    }
+
+    fn polls_socket(&self, h: &StreamHandle) -> bool {
+        self.socks.iter().any(|(s, _)| std::ptr::eq(*s, h))
+    }
+
+    fn awaits(&mut self, h: &'a StreamHandle) {
+        if h.endpoint.await_readiness(true) {
+            self.awaiting.push(h);
+        }
+    }
+
+    /// The stream's socket had input and a pump moved nothing: the stream
+    /// takes no input now (or another thread read it first), its socket
+    /// may stay readable and polling it would spin. The call leaves it to
+    /// the wake fd from now on.
+    fn stuck(&mut self, h: &'a StreamHandle) {
+        self.socks.retain(|(s, _)| !std::ptr::eq(*s, h));
+        if self.sleeps {
+            self.awaits(h);
+        }
     }
 }
 
-impl Drop for Awaiting<'_> {
+impl Drop for Marks<'_> {
     fn drop(&mut self) {
-        for h in &self.0 {
+        for h in &self.awaiting {
             h.endpoint.await_readiness(false);
         }
     }
@@ -124,10 +180,8 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             _ => None,
         })
         .collect();
-    let _watching: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
-    // A stream an epoll set holds may have left its reads to that set's
-    // waiter; this sleep is on the wake fds, which need them.
-    let _awaiting = (table::epoll_registrations() != 0).then(|| Awaiting::new(&streams));
+    let _in_use: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
+    let mut marks = Marks::new(&streams);
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {
@@ -197,6 +251,15 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         } else {
             remaining(deadline)
         };
+        if wait.is_none_or(|t| t.tv_sec != 0 || t.tv_nsec != 0) {
+            marks.sleep(&streams);
+        }
+        let socks_from = kfds.len();
+        kfds.extend(marks.socks.iter().map(|&(_, fd)| pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
         let tp = wait
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const timespec);
@@ -206,13 +269,39 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         if r < 0 {
             return -1;
         }
+        // Input on a polled socket: read it here, so the readiness below
+        // shows what came.
+        let mut pumped: Vec<&StreamHandle> = Vec::new();
+        let polled: Vec<(&StreamHandle, i16)> = marks
+            .socks
+            .iter()
+            .zip(&kfds[socks_from..])
+            .map(|(&(h, _), k)| (h, k.revents))
+            .collect();
+        for (h, revents) in polled {
+            if revents == 0 {
+                continue;
+            }
+            // The program calls on the stream next, which sets the wake
+            // fd's levels then, or polls again, which reports from the
+            // stream's state.
+            if h.endpoint.pump_quietly().moved {
+                pumped.push(h);
+            } else {
+                marks.stuck(h);
+            }
+        }
         let mut count = 0;
         for (i, (p, side)) in fds.iter_mut().zip(&sides).enumerate() {
             let kernel = own[i].map_or(0, |k| kfds[k].revents);
             let queued = queue[i].is_some_and(|k| kfds[k].revents & libc::POLLIN != 0);
+            let fresh = match side {
+                Some(Side::Stream(h)) => pumped.iter().any(|&x| std::ptr::eq(x, &**h)),
+                _ => false,
+            };
             let sdp = match side {
                 None => 0,
-                Some(_) if sdp_ready => before[i],
+                Some(_) if sdp_ready && !fresh => before[i],
                 Some(s) => s.readiness_beside_queue().poll_bits(p.events),
             };
             let queued = if queued {

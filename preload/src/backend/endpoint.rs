@@ -21,8 +21,8 @@ use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
-    Counters, Errno, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup, Shutdown, Stats,
-    WakeFd,
+    Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup, Shutdown,
+    Stats, WakeFd,
 };
 use crate::sys::real;
 use crate::table;
@@ -882,15 +882,19 @@ impl SdpEndpoint for Ep {
         self.mark(|s| s.watch_socket(on))
     }
 
+    fn poll_socket(&self) -> bool {
+        self.mark(SdpStream::poll_socket)
+    }
+
     fn await_readiness(&self, on: bool) -> bool {
         self.mark(|s| s.await_readiness(on))
     }
 
-    fn pump_quietly(&self) -> bool {
+    fn pump_quietly(&self) -> Pumped {
         let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => s.pump_quietly(),
-            _ => false,
+            _ => Pumped::default(),
         }
     }
 
@@ -898,10 +902,11 @@ impl SdpEndpoint for Ep {
         self.mark(SdpStream::sync_readiness);
     }
 
-    fn pump(&self) {
+    fn pump(&self) -> bool {
         let _g = table::enter_gate();
-        if let Access::Stream(s) = self.access() {
-            s.pump();
+        match self.access() {
+            Access::Stream(s) => s.pump(),
+            _ => false,
         }
     }
 

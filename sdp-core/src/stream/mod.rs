@@ -298,6 +298,15 @@ pub enum Waited {
     Busy,
 }
 
+/// What [`SdpStream::pump_quietly`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pumped {
+    /// Anything moved: bytes read or written, a state change.
+    pub moved: bool,
+    /// The readiness descriptor's levels were left as they were.
+    pub quiet: bool,
+}
+
 /// An SDP connection; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct SdpStream {
@@ -411,9 +420,10 @@ impl SdpStream {
 
     /// Reads what the socket has, drives the connection and writes what is
     /// queued, now, without blocking: for a caller that learned from its
-    /// own poll of [`SdpStream::socket_fd`] that bytes arrived.
-    pub fn pump(&self) {
-        self.shared().lock().pump(Instant::now());
+    /// own poll of [`SdpStream::socket_fd`] that bytes arrived. True if
+    /// anything moved.
+    pub fn pump(&self) -> bool {
+        self.shared().lock().pump(Instant::now())
     }
 
     /// Takes the stream away from this process's progress thread: nothing
@@ -440,23 +450,31 @@ impl SdpStream {
         self.shared().watch_socket(on);
     }
 
-    /// [`SdpStream::pump`] for an `epoll` waiter that the socket woke and
-    /// that reports the readiness itself: the readiness descriptor keeps
-    /// its levels until [`SdpStream::sync_readiness`] or the next call on
-    /// the stream. Only while no other thread could be sleeping on the
-    /// descriptor (no `poll` or `select` on it, at most one epoll set
-    /// holding the socket); returns whether the levels were left, else it
-    /// pumped as [`SdpStream::pump`].
-    pub fn pump_quietly(&self) -> bool {
+    /// A `poll` or `select` of the application polls the stream's socket
+    /// itself, and pumps the stream when bytes arrive; the progress thread
+    /// leaves arrivals to the application from now on (see
+    /// [`shared::Shared::poll_socket`]).
+    pub fn poll_socket(&self) {
+        self.shared().poll_socket();
+    }
+
+    /// [`SdpStream::pump`] for a waiter (`epoll_wait`, `poll`) that the
+    /// socket woke and that reports the readiness itself: the readiness
+    /// descriptor keeps its levels until [`SdpStream::sync_readiness`] or
+    /// the next call on the stream. Only while no other thread could be
+    /// sleeping on the descriptor alone and one waiter at most reads the
+    /// socket ([`shared::Shared::alone_on_readiness`]); else it pumps as
+    /// [`SdpStream::pump`].
+    pub fn pump_quietly(&self) -> Pumped {
         let shared = self.shared();
         let mut g = shared.lock();
         let quiet = shared.alone_on_readiness();
-        if quiet {
-            g.pump_quietly(Instant::now());
+        let moved = if quiet {
+            g.pump_quietly(Instant::now())
         } else {
-            g.pump(Instant::now());
-        }
-        quiet
+            g.pump(Instant::now())
+        };
+        Pumped { moved, quiet }
     }
 
     /// Sets the readiness descriptor's levels as the stream is now (after

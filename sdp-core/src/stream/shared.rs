@@ -330,10 +330,11 @@ impl Inner {
     /// call sets them as they are then — for a request read whole, not
     /// readable, as before — saving a write to the descriptor and the read
     /// that empties it again. [`Inner::update_readiness`] catches up.
-    pub fn pump_quietly(&mut self, now: Instant) {
+    pub fn pump_quietly(&mut self, now: Instant) -> bool {
         self.quiet_levels = true;
-        self.pump(now);
+        let moved = self.pump(now);
         self.quiet_levels = false;
+        moved
     }
 
     /// Drives the link and writes until nothing moves (no socket read).
@@ -588,6 +589,9 @@ pub struct Shared {
     /// Epoll sets of the application that watch the socket and have their
     /// waiting thread read it ([`Shared::watch_socket`]).
     watchers: AtomicUsize,
+    /// A `poll` or `select` of the application has polled the socket
+    /// itself ([`Shared::poll_socket`]).
+    socket_polled: AtomicBool,
     /// Application threads sleeping on the readiness descriptor
     /// ([`Shared::await_readiness`]).
     readiness_waiters: AtomicUsize,
@@ -666,6 +670,7 @@ impl Shared {
             released: AtomicBool::new(false),
             hangup: AtomicBool::new(false),
             watchers: AtomicUsize::new(0),
+            socket_polled: AtomicBool::new(false),
             readiness_waiters: AtomicUsize::new(0),
             reads: AtomicBool::new(true),
             id,
@@ -756,12 +761,30 @@ impl Shared {
         self.sync_reads(&mut g);
     }
 
+    /// A `poll` or `select` of the application polls the socket beside
+    /// the readiness descriptor and reads what arrives itself, as an epoll
+    /// set that watches it does ([`Shared::watch_socket`]), and so, it is
+    /// taken, will its next ones: the progress thread leaves arrivals to
+    /// the application from now on, as TCP leaves them in the socket until
+    /// the program looks — between two `select`s a program reads, and a
+    /// read reads the socket too. (Taking the mark for the length of each
+    /// call instead costs two system calls a call, and the progress
+    /// thread is woken by what comes between the calls.)
+    pub fn poll_socket(&self) {
+        if !self.socket_polled.load(Ordering::Relaxed)
+            && !self.socket_polled.swap(true, Ordering::SeqCst)
+        {
+            let mut g = self.lock_inner();
+            self.sync_reads(&mut g);
+        }
+    }
+
     /// An application thread starts (`on`) or stops sleeping on the
     /// readiness descriptor, which only what reads the socket moves: the
     /// progress thread reads it meanwhile (see [`Shared::watch_socket`]).
     pub fn await_readiness(&self, on: bool) {
         count(&self.readiness_waiters, on);
-        if self.watchers.load(Ordering::SeqCst) > 0 {
+        if self.watched() {
             let mut g = self.lock_inner();
             self.sync_reads(&mut g);
         }
@@ -770,11 +793,17 @@ impl Shared {
     /// Whether the progress thread should read the socket (see
     /// [`Shared::watch_socket`]).
     fn wants_reads(&self, g: &Inner) -> bool {
-        self.watchers.load(Ordering::SeqCst) == 0
+        !self.watched()
             || self.readiness_waiters.load(Ordering::SeqCst) > 0
             || g.released
             || g.zc_owner.is_some()
             || g.link.conn().tx().unsent() > 0
+    }
+
+    /// Whether the application reads the socket itself (an epoll set
+    /// watches it, or a `poll` or `select` polled it).
+    fn watched(&self) -> bool {
+        self.watchers.load(Ordering::SeqCst) > 0 || self.socket_polled.load(Ordering::SeqCst)
     }
 
     /// Brings the progress thread's registration in line with
@@ -784,6 +813,7 @@ impl Shared {
             // Their duplicates refer to the old socket: the progress
             // thread reads the new one from now on.
             self.watchers.store(0, Ordering::SeqCst);
+            self.socket_polled.store(false, Ordering::SeqCst);
         }
         let want = self.wants_reads(g);
         if self.reads.load(Ordering::Relaxed) != want
@@ -793,12 +823,14 @@ impl Shared {
         }
     }
 
-    /// No thread sleeps on the readiness descriptor in `poll` or `select`,
-    /// and at most one epoll set holds the socket (see
-    /// [`super::SdpStream::pump_quietly`]).
+    /// No thread sleeps on the readiness descriptor alone, and one waiter
+    /// at most reads the socket: one epoll set, or `poll` and `select`
+    /// (see [`super::SdpStream::pump_quietly`]).
     pub fn alone_on_readiness(&self) -> bool {
         self.readiness_waiters.load(Ordering::SeqCst) == 0
-            && self.watchers.load(Ordering::SeqCst) <= 1
+            && self.watchers.load(Ordering::SeqCst)
+                + usize::from(self.socket_polled.load(Ordering::SeqCst))
+                <= 1
     }
 
     /// Whether the progress thread's registration asks for reads.
@@ -810,6 +842,7 @@ impl Shared {
     /// are the parent's, and its new progress thread reads.
     pub fn forget_watchers(&self) {
         self.watchers.store(0, Ordering::SeqCst);
+        self.socket_polled.store(false, Ordering::SeqCst);
         self.readiness_waiters.store(0, Ordering::SeqCst);
         self.reads.store(true, Ordering::SeqCst);
     }
