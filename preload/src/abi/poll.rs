@@ -189,41 +189,65 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             // TCP meanwhile is polled as the kernel socket it now is.
             sides = fds.iter().map(|p| Side::of(p.fd)).collect();
         }
+        // Each program entry's SDP readiness bits before the sleep (a
+        // listener's without its queue).
+        let before: Vec<i16> = fds
+            .iter()
+            .zip(&sides)
+            .map(|(p, side)| {
+                side.as_ref()
+                    .map_or(0, |s| s.readiness_beside_queue().poll_bits(p.events))
+            })
+            .collect();
+        // Ready already: the kernel's fds are looked at without a sleep,
+        // and the readiness just taken is reported; the wake fds are not
+        // needed, nor the sockets of streams ready already.
+        let sdp_ready = before.iter().any(|&b| b != 0);
+        let zero = timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let wait = if sdp_ready {
+            Some(zero)
+        } else {
+            remaining(deadline)
+        };
+        let sleeps = wait.is_none_or(|t| t.tv_sec != 0 || t.tv_nsec != 0);
+        if sleeps {
+            marks.sleep(&streams);
+        }
         let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);
         // For each program entry: its own kernel entry, if it has one; its
-        // listener's queue entry, if it has one; its SDP readiness bits
-        // before the sleep (a listener's without its queue).
+        // listener's queue entry, if it has one.
         let mut own: Vec<Option<usize>> = Vec::with_capacity(fds.len());
         let mut queue: Vec<Option<usize>> = Vec::with_capacity(fds.len());
-        let mut before: Vec<i16> = Vec::with_capacity(fds.len());
         for (p, side) in fds.iter().zip(&sides) {
             let listener = matches!(side, Some(Side::Listener(_)));
-            if side.is_none() || listener {
-                own.push(Some(kfds.len()));
+            own.push((side.is_none() || listener).then(|| {
                 kfds.push(pollfd {
                     fd: p.fd,
                     events: p.events,
                     revents: 0,
                 });
-            } else {
-                own.push(None);
-            }
+                kfds.len() - 1
+            }));
             let Some(s) = side else {
                 queue.push(None);
-                before.push(0);
                 continue;
             };
-            before.push(s.readiness_beside_queue().poll_bits(p.events));
-            // POLLIN always: errors and the end of the stream show there.
-            let mut events = libc::POLLIN;
-            if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
-                events |= libc::POLLOUT;
+            if !sdp_ready {
+                // POLLIN always: errors and the end of the stream show
+                // there.
+                let mut events = libc::POLLIN;
+                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+                    events |= libc::POLLOUT;
+                }
+                kfds.push(pollfd {
+                    fd: s.wake_fd(),
+                    events,
+                    revents: 0,
+                });
             }
-            kfds.push(pollfd {
-                fd: s.wake_fd(),
-                events,
-                revents: 0,
-            });
             // A listener's connections that no process took yet: the
             // `accept` this leads to takes one.
             let q = match (s, p.events & libc::POLLIN != 0) {
@@ -239,47 +263,44 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                 kfds.len() - 1
             }));
         }
-        // Ready already: the kernel's fds are looked at without a sleep,
-        // and the readiness just taken is reported.
-        let sdp_ready = before.iter().any(|&b| b != 0);
-        let zero = timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
+        // The sockets this call polls: (stream, index).
+        let ready = |h: &StreamHandle| {
+            fds.iter().zip(&sides).zip(&before).any(|((_, side), &b)| {
+                b != 0 && matches!(side, Some(Side::Stream(x)) if std::ptr::eq(&**x, h))
+            })
         };
-        let wait = if sdp_ready {
-            Some(zero)
+        let socks: Vec<(&StreamHandle, usize)> = marks
+            .socks
+            .iter()
+            .filter(|&&(h, _)| !sdp_ready || !ready(h))
+            .map(|&(h, fd)| {
+                kfds.push(pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                (h, kfds.len() - 1)
+            })
+            .collect();
+        let r = if kfds.is_empty() {
+            // Only streams, one of them ready: nothing to ask the kernel.
+            0
         } else {
-            remaining(deadline)
+            let tp = wait
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const timespec);
+            // SAFETY: our own pollfd vector, a local timespec or null, and
+            // the program's signal mask or null.
+            unsafe { real::ppoll(kfds.as_mut_ptr(), kfds.len() as nfds_t, tp, mask) }
         };
-        if wait.is_none_or(|t| t.tv_sec != 0 || t.tv_nsec != 0) {
-            marks.sleep(&streams);
-        }
-        let socks_from = kfds.len();
-        kfds.extend(marks.socks.iter().map(|&(_, fd)| pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        }));
-        let tp = wait
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const timespec);
-        // SAFETY: our own pollfd vector, a local timespec or null, and the
-        // program's signal mask or null.
-        let r = unsafe { real::ppoll(kfds.as_mut_ptr(), kfds.len() as nfds_t, tp, mask) };
         if r < 0 {
             return -1;
         }
         // Input on a polled socket: read it here, so the readiness below
         // shows what came.
         let mut pumped: Vec<&StreamHandle> = Vec::new();
-        let polled: Vec<(&StreamHandle, i16)> = marks
-            .socks
-            .iter()
-            .zip(&kfds[socks_from..])
-            .map(|(&(h, _), k)| (h, k.revents))
-            .collect();
-        for (h, revents) in polled {
-            if revents == 0 {
+        for &(h, k) in &socks {
+            if kfds[k].revents == 0 {
                 continue;
             }
             // The program calls on the stream next, which sets the wake
@@ -318,8 +339,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                 count += 1;
             }
         }
-        let expired = wait.is_some_and(|t| t.tv_sec == 0 && t.tv_nsec == 0);
-        if count > 0 || expired {
+        if count > 0 || !sleeps {
             return count;
         }
     }
