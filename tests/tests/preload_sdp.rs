@@ -937,7 +937,8 @@ fn select_sees_arrivals_on_a_stream_an_epoll_set_holds() {
 /// later `select` that finds another fd ready at once, and does not sleep,
 /// must still look at the socket: here the client is always writable, and
 /// each byte sent to the server's stream shows as readable within the
-/// program's loop (it never did when such calls skipped the socket).
+/// program's loop (it never did when such calls skipped the socket), also
+/// when the stream itself is ready for another thing asked (writable).
 const SELECT_WITH_ANOTHER_FD_READY: &str = r#"
 import select, socket, time
 srv = socket.socket()
@@ -957,6 +958,15 @@ for b in (b"a", b"b", b"c"):
             break
     print(w == [c], s.recv(16))
 print(seen)
+# A stream writable at once, asked for input too: the bytes that come
+# show, though the call finds the stream ready without them.
+c.sendall(b"d")
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    r, w, _ = select.select([s], [s], [], 5)
+    if r:
+        break
+print(r == [s], w == [s], s.recv(16))
 "#;
 
 #[test]

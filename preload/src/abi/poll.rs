@@ -201,7 +201,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
             .collect();
         // Ready already: the kernel's fds are looked at without a sleep,
         // and the readiness just taken is reported; the wake fds are not
-        // needed, nor the sockets of streams ready already.
+        // needed, nor the sockets of streams ready for all that is asked.
         let sdp_ready = before.iter().any(|&b| b != 0);
         let zero = timespec {
             tv_sec: 0,
@@ -263,16 +263,22 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                 kfds.len() - 1
             }));
         }
-        // The sockets this call polls: (stream, index).
-        let ready = |h: &StreamHandle| {
-            fds.iter().zip(&sides).zip(&before).any(|((_, side), &b)| {
-                b != 0 && matches!(side, Some(Side::Stream(x)) if std::ptr::eq(&**x, h))
+        // The sockets this call polls: (stream, index). Without a sleep,
+        // those of streams with something asked for and not ready yet:
+        // what came in the socket may be it (input, or the credits a
+        // send waits for).
+        let wanting = |h: &StreamHandle| {
+            fds.iter().zip(&sides).zip(&before).any(|((p, side), &b)| {
+                matches!(side, Some(Side::Stream(x)) if std::ptr::eq(&**x, h))
+                    && [libc::POLLIN, libc::POLLOUT]
+                        .iter()
+                        .any(|&e| p.events & e != 0 && b & e == 0)
             })
         };
         let socks: Vec<(&StreamHandle, usize)> = marks
             .socks
             .iter()
-            .filter(|&&(h, _)| !sdp_ready || !ready(h))
+            .filter(|&&(h, _)| !sdp_ready || wanting(h))
             .map(|&(h, fd)| {
                 kfds.push(pollfd {
                     fd,
