@@ -555,6 +555,53 @@ class Bench:
         for s in servers.values():
             s.stop()
 
+    def nginx(self):
+        """wrk against nginx, keep-alive: 10 connections fetching a 64 KiB and
+        a 1 MiB file (one worker process, no sendfile)."""
+        if not shutil.which("nginx") or not shutil.which("wrk"):
+            raise BenchError("nginx: nginx or wrk missing (Debian: apt-get install nginx-light wrk)")
+        sec = self.cfg["seconds"]
+        ports = {False: free_port(), True: free_port()}
+        root = os.path.join(self.work, "nginx")
+        os.makedirs(os.path.join(root, "www"), exist_ok=True)
+        sizes = (64 * KIB, MIB)
+        for size in sizes:
+            with open(os.path.join(root, "www", size_name(size).replace(" ", "")), "wb") as f:
+                f.write(os.urandom(size))
+        servers = {}
+        for sdp in (False, True):
+            d = os.path.join(root, "tcp" if not sdp else "sdp")
+            os.makedirs(d, exist_ok=True)
+            temps = " ".join(f"{t}_temp_path {d};" for t in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+            conf = os.path.join(d, "nginx.conf")
+            with open(conf, "w") as f:
+                f.write(f"daemon off; master_process off; worker_processes 1;\n"
+                        f"error_log {d}/error.log; pid {d}/nginx.pid;\n"
+                        f"events {{ worker_connections 1024; }}\n"
+                        f"http {{ access_log off; {temps}\n"
+                        f"  server {{ listen 127.0.0.1:{ports[sdp]}; root {root}/www; }} }}\n")
+            servers[sdp] = self.server(f"nginx ({'SDP' if sdp else 'TCP'})",
+                                       ["nginx", "-c", conf, "-p", d], ports[sdp], sdp)
+        for size in sizes:
+            def run(sdp, rep, size=size):
+                url = f"http://127.0.0.1:{ports[sdp]}/{size_name(size).replace(' ', '')}"
+                p, seen = self.run_client(
+                    f"wrk {'SDP' if sdp else 'TCP'} {size_name(size)}",
+                    ["wrk", "-t", "1", "-c", "10", "-d", f"{sec}s", url],
+                    sdp, sec + 30, watch_ports=(ports[sdp],), servers=(servers[sdp],),
+                )
+                out = p.output()
+                if re.search(r"Socket errors|Non-2xx", out):
+                    raise p.failed("wrk counted errors")
+                m = re.search(r"^Requests/sec:\s+([\d.]+)", out, re.M)
+                if not m or float(m.group(1)) <= 0:
+                    raise p.failed("no requests per second in wrk's output")
+                return float(m.group(1)), seen
+
+            self.row("servers", "nginx keep-alive", size, "requests/s", "higher", "nginx", run)
+        for s in servers.values():
+            s.stop()
+
     def connbench(self):
         """Connection setup: plain TCP, SDP with a warm PM cache, SDP with
         every connection asking the port mapper."""
@@ -715,7 +762,7 @@ class Bench:
               [r for r in self.rows if r["section"] == "latency" and r["size"] == 64
                and r["tool"] in ("sockperf p50", "qperf", "sockperf")],
               lambda x: x <= LATENCY_TARGET, ("<=", LATENCY_TARGET))
-        judge("redis-benchmark requests/s",
+        judge("real servers' requests/s",
               [r for r in self.rows if r["section"] == "servers"],
               lambda x: x >= SERVER_TARGET, (">=", SERVER_TARGET))
         judge("connection setup, warm PM cache",
@@ -734,7 +781,7 @@ class Bench:
             "connections": f"Connection setup ({cfg['connections']} connections one after the other: connect, "
                            "1 byte there and back, close)",
             "memory": f"Memory per idle connection (RSS growth from 1 to {cfg['idle'] + 1} connections)",
-            "servers": "Real servers (redis-server and redis-benchmark, both under the preload for SDP)",
+            "servers": "Real servers (redis-server and redis-benchmark; nginx and wrk; both under the preload for SDP)",
         }
         for section in ("throughput", "cpu", "latency", "servers", "connections", "memory"):
             rows = [r for r in self.rows if r["section"] == section]
@@ -998,7 +1045,7 @@ def main():
     try:
         bench.start_portmappers()
         for step in (bench.iperf3, lambda: bench.qperf("bw"), bench.sockperf, lambda: bench.qperf("lat"),
-                     bench.redis, bench.connbench, bench.memory):
+                     bench.redis, bench.nginx, bench.connbench, bench.memory):
             try:
                 step()
             except BenchError as e:

@@ -19,6 +19,7 @@
 #     preloaded; qperf tcp_lat (plain) against sdp_lat (preloaded);
 #   * real servers: redis-benchmark SET and GET requests per second against
 #     redis-server, 50 clients, one request at a time and 16 pipelined;
+#     wrk against nginx, 10 keep-alive connections, 64 KiB and 1 MiB files;
 #   * connection setup rate (sdp-connbench): kernel TCP, SDP with a warm
 #     port mapper cache, SDP with every connection asking the port mapper;
 #   * RSS per idle connection, client and server (sdp-connbench hold).
@@ -34,11 +35,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for tool in iperf3 qperf sockperf gnuplot python3 redis-server redis-benchmark; do
+for tool in iperf3 qperf sockperf gnuplot python3 redis-server redis-benchmark nginx wrk; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "bench: missing ${missing[*]} (Debian: apt-get install iperf3 qperf sockperf gnuplot-nox python3 redis-server)" >&2
+    echo "bench: missing ${missing[*]} (Debian: apt-get install iperf3 qperf sockperf gnuplot-nox python3 redis-server nginx-light wrk)" >&2
     exit 1
 fi
 

@@ -24,7 +24,8 @@ as_root() {
 # preload tests run iperf3, curl, wget, python3 and a C program (built
 # with cc, its imports checked with nm) under the library; the end-to-end
 # suite (tests/tests/e2e_*.rs) adds redis, qperf, sockperf and socat;
-# scripts/bench.sh draws its charts with gnuplot.
+# scripts/bench.sh also runs nginx under wrk and draws its charts with
+# gnuplot.
 need_pkgs=()
 command -v tshark >/dev/null || need_pkgs+=(tshark)
 command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
@@ -33,6 +34,8 @@ command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v qperf >/dev/null || need_pkgs+=(qperf)
 command -v sockperf >/dev/null || need_pkgs+=(sockperf)
 command -v socat >/dev/null || need_pkgs+=(socat)
+command -v nginx >/dev/null || need_pkgs+=(nginx-light)
+command -v wrk >/dev/null || need_pkgs+=(wrk)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v wget >/dev/null || need_pkgs+=(wget)
 command -v python3 >/dev/null || need_pkgs+=(python3)
@@ -50,7 +53,17 @@ if [ $((${#need_pkgs[@]} + ${#bare_pkgs[@]})) -gt 0 ]; then
     as_root apt-get update -q
 fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
+    # A package's service (nginx's) is not started here: the benchmark
+    # runs its own on a free port.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+        as_root chmod +x "$policy"
+        made_policy=1
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
+    if [ "$made_policy" = 1 ]; then as_root rm -f "$policy"; fi
 fi
 if [ ${#bare_pkgs[@]} -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${bare_pkgs[@]}"
