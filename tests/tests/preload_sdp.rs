@@ -974,6 +974,39 @@ fn select_sees_arrivals_while_another_fd_is_ready() {
     same_over_sdp("sdp-select-ready", SELECT_WITH_ANOTHER_FD_READY, 1);
 }
 
+/// A `poll` that asks for nothing of a stream holding unread bytes (only
+/// errors and hang-ups are reported then) sleeps to its timeout, as over
+/// TCP. It used to ask the wake fd for its readable level whatever the
+/// call asked for, and the unread bytes woke it again and again: a
+/// `select` for writing on a stream with unread input burnt a core the
+/// same way. The calling thread's CPU time is measured.
+const POLL_ASKING_NOTHING_OF_A_READABLE_STREAM: &str = r#"
+import resource, select, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"unread")
+print(select.select([s], [], [], 5)[0] == [s])
+p = select.poll()
+p.register(s, 0)
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_THREAD)[:2])
+before, start = cpu(), time.monotonic()
+got = p.poll(1000)
+slept, used = time.monotonic() - start, cpu() - before
+print(got, slept > 0.9, used < 0.5, s.recv(16))
+"#;
+
+#[test]
+fn a_poll_asking_nothing_sleeps_beside_unread_bytes() {
+    same_over_sdp(
+        "sdp-poll-nothing",
+        POLL_ASKING_NOTHING_OF_A_READABLE_STREAM,
+        1,
+    );
+}
+
 /// Level-triggered epoll reports a stream again while bytes wait unread —
 /// whether the program read none or part of them — and not once it read
 /// them all (the waiter that pumped the socket leaves the wake fd's levels

@@ -236,10 +236,20 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                 continue;
             };
             if !sdp_ready {
-                // POLLIN always: errors and the end of the stream show
-                // there.
-                let mut events = libc::POLLIN;
-                if p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+                // The wake fd's levels asked for: readable for input (the
+                // end of the stream and errors show there too), writable
+                // for output (a closed or failed connection too). Not a
+                // level the call did not ask for: bytes the program leaves
+                // unread, or room it does not want, would wake it again
+                // and again. (A call that asks for neither hears of errors
+                // and hang-ups from the stream's socket.)
+                let asks_in = p.events & (libc::POLLIN | libc::POLLRDNORM | libc::POLLPRI) != 0;
+                let asks_out = p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0;
+                let mut events = 0;
+                if asks_in || matches!(s, Side::Listener(_)) {
+                    events |= libc::POLLIN;
+                }
+                if asks_out {
                     events |= libc::POLLOUT;
                 }
                 kfds.push(pollfd {
