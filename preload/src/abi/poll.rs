@@ -64,9 +64,9 @@ impl Side {
 /// the socket has input ([`crate::sdp::SdpEndpoint::poll_socket`]): the
 /// progress thread leaves arrivals to the program, so an arrival wakes
 /// one thread, the one that reports it, not the progress thread and then
-/// this one. A call that finds something ready polls those sockets too
-/// (it makes one `ppoll` in any case): the stream may have nothing else
-/// reading them. For another stream, a call that sleeps takes
+/// this one. A call that finds something ready still polls the sockets of
+/// streams not ready for all it asks of them: the stream may have nothing
+/// else reading them. For another stream, a call that sleeps takes
 /// [`crate::sdp::SdpEndpoint::await_readiness`]: it sleeps on the wake fd
 /// alone, and the progress thread reads meanwhile.
 struct Marks<'a> {
@@ -137,6 +137,19 @@ impl Drop for Marks<'_> {
             h.endpoint.await_readiness(false);
         }
     }
+}
+
+/// The directions `bits` ask for or report: `POLLIN` for input (with
+/// `POLLRDNORM` and `POLLPRI`), `POLLOUT` for output (with `POLLWRNORM`).
+fn directions(bits: i16) -> i16 {
+    let mut d = 0;
+    if bits & (libc::POLLIN | libc::POLLRDNORM | libc::POLLPRI) != 0 {
+        d |= libc::POLLIN;
+    }
+    if bits & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+        d |= libc::POLLOUT;
+    }
+    d
 }
 
 /// Does the set hold an SDP fd? (Only asked while some fd is SDP.)
@@ -243,14 +256,9 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                 // unread, or room it does not want, would wake it again
                 // and again. (A call that asks for neither hears of errors
                 // and hang-ups from the stream's socket.)
-                let asks_in = p.events & (libc::POLLIN | libc::POLLRDNORM | libc::POLLPRI) != 0;
-                let asks_out = p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0;
-                let mut events = 0;
-                if asks_in || matches!(s, Side::Listener(_)) {
+                let mut events = directions(p.events);
+                if let Side::Listener(_) = s {
                     events |= libc::POLLIN;
-                }
-                if asks_out {
-                    events |= libc::POLLOUT;
                 }
                 kfds.push(pollfd {
                     fd: s.wake_fd(),
@@ -280,9 +288,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         let wanting = |h: &StreamHandle| {
             fds.iter().zip(&sides).zip(&before).any(|((p, side), &b)| {
                 matches!(side, Some(Side::Stream(x)) if std::ptr::eq(&**x, h))
-                    && [libc::POLLIN, libc::POLLOUT]
-                        .iter()
-                        .any(|&e| p.events & e != 0 && b & e == 0)
+                    && directions(p.events) & !directions(b) != 0
             })
         };
         let socks: Vec<(&StreamHandle, usize)> = marks
