@@ -247,6 +247,11 @@ pub trait SdpEndpoint: Send + Sync {
     /// `Err(EAGAIN)` when it can take none; `Err(EPIPE)` after shutdown
     /// (the hooks raise `SIGPIPE` unless `MSG_NOSIGNAL`).
     fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno>;
+    /// The program's `O_NONBLOCK`, from the start and whenever it
+    /// changes: a program that waits for `POLLOUT` itself gets sends that
+    /// take only what the connection can send now (see
+    /// `SdpStream::set_credit_bound`).
+    fn set_nonblocking(&self, _on: bool) {}
     /// `shutdown(2)`: for writing, a graceful SDP close of our direction
     /// after the queued data.
     fn shutdown(&self, how: Shutdown) -> Result<(), Errno>;

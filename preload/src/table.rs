@@ -160,6 +160,7 @@ impl SdpSide {
     /// A stream endpoint for a newly managed fd; `nonblock` is the
     /// program's `O_NONBLOCK`.
     pub fn stream(endpoint: Arc<dyn SdpEndpoint>, nonblock: bool) -> SdpSide {
+        endpoint.set_nonblocking(nonblock);
         SdpSide::Stream(Arc::new(StreamHandle {
             fds: AtomicUsize::new(0),
             nonblock: AtomicBool::new(nonblock),

@@ -624,3 +624,66 @@ fn both_write_then_read(c: SdpStream, s: SdpStream) {
     }
     drop((c, s));
 }
+
+#[test]
+fn a_credit_bound_writer_takes_only_what_credit_carries() {
+    let (a, b) = pair();
+    a.set_nonblocking(true).unwrap();
+    a.set_credit_bound(true);
+    let data = scrambled(8 << 20, 11);
+    let chunk = 256 << 10;
+    // The peer does not read yet: the writer stops once the peer's
+    // buffers are spoken for, every byte it took already in a message
+    // (none waits in the send buffer for credit).
+    let mut at = 0;
+    loop {
+        match (&a).write(&data[at..at + chunk]) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let info = a.info();
+    assert!(at > 0);
+    assert_eq!(info.bytes_sent, at as u64, "{info:?}");
+    assert!(info.credits.send_credit < 3, "{info:?}");
+    assert_eq!(
+        readiness(&a, PollFlags::IN | PollFlags::OUT, 0),
+        (false, false)
+    );
+    // A small write still goes in, to travel with the next credit.
+    assert_eq!((&a).write(&data[at..at + 100]).unwrap(), 100);
+    at += 100;
+    assert_eq!(a.info().bytes_sent, at as u64 - 100);
+    // The peer reads; the writer waits for POLLOUT between its writes.
+    let len = data.len();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::with_capacity(len);
+        let mut buf = vec![0; 100_003];
+        loop {
+            match (&b).read(&mut buf).unwrap() {
+                0 => break got,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    let t = Instant::now();
+    while at < len {
+        let end = (at + chunk).min(len);
+        match (&a).write(&data[at..end]) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "stuck at {at}: {:?}",
+                    a.info()
+                );
+                readiness(&a, PollFlags::OUT, 1000);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    a.shutdown(Shutdown::Write).unwrap();
+    let got = reader.join().unwrap();
+    assert!(got == data, "{} of {len} bytes, or not the same", got.len());
+}

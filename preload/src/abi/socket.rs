@@ -601,11 +601,20 @@ fn fell_back_meanwhile(fd: c_int, h: &std::sync::Arc<dyn AsNonblock>) -> bool {
 /// A handle carrying the program's `O_NONBLOCK`.
 pub(crate) trait AsNonblock {
     fn flag(&self) -> &std::sync::atomic::AtomicBool;
+    /// The program sets `O_NONBLOCK` (`on`) or clears it.
+    fn set(&self, on: bool) {
+        self.flag().store(on, Ordering::Release);
+    }
 }
 
 impl AsNonblock for table::StreamHandle {
     fn flag(&self) -> &std::sync::atomic::AtomicBool {
         &self.nonblock
+    }
+
+    fn set(&self, on: bool) {
+        self.nonblock.store(on, Ordering::Release);
+        self.endpoint.set_nonblocking(on);
     }
 }
 
@@ -632,7 +641,7 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             // SAFETY: F_SETFL with the program's flags, O_NONBLOCK kept on.
             let r = unsafe { real::fcntl(fd, cmd, (want | libc::O_NONBLOCK) as c_ulong) };
             if r == 0 {
-                view.store(want & libc::O_NONBLOCK != 0, Ordering::Release);
+                h.set(want & libc::O_NONBLOCK != 0);
                 if fell_back_meanwhile(fd, &h) {
                     // SAFETY: F_SETFL with the program's own flags.
                     return unsafe { real::fcntl(fd, cmd, arg) };
@@ -682,7 +691,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
             }
             // SAFETY: FIONBIO takes an int* the program passed.
             let on = unsafe { p.read_unaligned() } != 0;
-            h.flag().store(on, Ordering::Release);
+            h.set(on);
             if fell_back_meanwhile(fd, &h) {
                 // SAFETY: the program's arguments, passed on.
                 return unsafe { real::ioctl(fd, request, arg) };

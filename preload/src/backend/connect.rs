@@ -623,6 +623,7 @@ impl Connector {
                     None => Ok(()),
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
+                    stream.set_credit_bound(ep.nonblocking());
                     ep.set_socket(stream.socket_fd());
                     *st = State::Connected(stream);
                     let local = socket_name(fd, false);

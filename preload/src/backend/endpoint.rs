@@ -75,6 +75,9 @@ pub struct Ep {
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
+    /// The program's O_NONBLOCK ([`SdpEndpoint::set_nonblocking`]), for a
+    /// stream connected later.
+    nonblocking: AtomicBool,
 }
 
 fn errno_of(e: &io::Error) -> Errno {
@@ -179,7 +182,13 @@ impl Ep {
             sock: AtomicI32::new(-1),
             warned: AtomicBool::new(false),
             user_timeout: AtomicBool::new(false),
+            nonblocking: AtomicBool::new(false),
         }
+    }
+
+    /// The program's O_NONBLOCK as last told.
+    pub(crate) fn nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Relaxed)
     }
 
     /// `f` on the connected stream, if there is one; whether there was.
@@ -829,6 +838,11 @@ impl SdpEndpoint for Ep {
             let _ = stream.resume_progress();
         }
         drop(stream);
+    }
+
+    fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Ordering::Relaxed);
+        self.mark(|s| s.set_credit_bound(on));
     }
 
     fn kernel_fd(&self) -> Option<RawFd> {

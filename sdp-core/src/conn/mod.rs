@@ -373,6 +373,15 @@ pub struct Conn {
     control: VecDeque<Control>,
     /// A credit request (a no-payload message at credit 2) is out.
     asked: bool,
+    /// Sends take only what credits carry ([`Conn::set_credit_bound`]).
+    credit_bound: bool,
+    /// The last credit-bound send was refused bytes for lack of credit: a
+    /// credit request may go as if bytes waited.
+    credit_wanted: bool,
+    /// The last send offered at least a message's worth of bytes: the
+    /// credit bound applies to it and to writability (see
+    /// [`Conn::send_room`]).
+    large_writes: bool,
     rx: RxStream,
     /// Stream offsets at which OOB_PEND notices arrived, oldest first.
     oob_pend: VecDeque<u64>,
@@ -438,6 +447,9 @@ impl Conn {
             sends: VecDeque::new(),
             control: VecDeque::new(),
             asked: false,
+            credit_bound: false,
+            credit_wanted: false,
+            large_writes: false,
             rx: RxStream::default(),
             oob_pend: VecDeque::new(),
             urgent_notice: false,
@@ -896,7 +908,10 @@ impl Conn {
         // not told us about but cannot see that we are stuck. One empty
         // Data Message (allowed with two credits) lowers our credit as the
         // peer sees it and so triggers its update.
-        if credit == CONTROL_MIN_CREDIT && !self.asked && self.tx.unsent() > 0 {
+        if credit == CONTROL_MIN_CREDIT
+            && !self.asked
+            && (self.tx.unsent() > 0 || self.credit_wanted)
+        {
             self.asked = true;
             return Some(Work::Op(self.emit(
                 Body::Data { payload: &[] },
@@ -1575,13 +1590,41 @@ impl Conn {
         if self.zsend_pending() {
             return Err(Error::WouldBlock);
         }
-        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
+        self.large_writes = len as u64 >= self.max_payload();
+        let room = self.send_room();
+        self.credit_wanted = self.credit_bound && room < len as u64;
         if room == 0 {
             return Err(Error::WouldBlock);
         }
         let n = (len as u64).min(room);
         self.tx.accept(n, flags.contains(SendFlags::OOB));
         Ok(n as usize)
+    }
+
+    /// How many bytes a send takes now: what the send buffer has room
+    /// for, and for a credit-bound conn ([`Conn::set_credit_bound`])
+    /// writing a message's worth or more at a time, no more than the
+    /// peer's credits carry beyond the bytes already waiting for them.
+    /// Smaller writes still wait for credit in the send buffer, where they
+    /// gather into full messages (one message each would spend a credit, a
+    /// whole Private Buffer of the peer, on a few bytes). Writability
+    /// follows the same rule for the same kind of write as the last, so a
+    /// program that polls before each write never finds POLLOUT and then
+    /// EAGAIN twice in a row.
+    fn send_room(&self) -> u64 {
+        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
+        if !self.credit_bound || !self.large_writes {
+            return room;
+        }
+        room.min(self.credited_room())
+    }
+
+    /// Payload bytes the send credit lets go now (§10.5: a Data Message
+    /// with payload needs three credits) beyond the bytes waiting for it.
+    fn credited_room(&self) -> u64 {
+        let messages = self.credits.send_credit() - (PAYLOAD_MIN_CREDIT - 1);
+        let carried = u64::try_from(messages).unwrap_or(0) * self.max_payload();
+        carried.saturating_sub(self.tx.unsent())
     }
 
     /// The checks every send call makes.
@@ -1809,6 +1852,19 @@ impl Conn {
         self.config.oob_inline = inline;
     }
 
+    /// Whether sends take only what the peer's credits carry now, for a
+    /// program that waits for POLLOUT itself (O_NONBLOCK) instead of in
+    /// the call: a write that finds no credit is refused (EAGAIN), its
+    /// bytes stay in the program's buffer, and POLLOUT comes with the
+    /// credit, when they go from that buffer to the socket without the
+    /// copy into the send buffer that would otherwise hold them meanwhile
+    /// (DESIGN §7 "Copies"). Small writes still gather into one message
+    /// behind missing credit ([`Conn::send`]). Off: sends fill the send
+    /// buffer whatever the credit, for calls that wait.
+    pub fn set_credit_bound(&mut self, on: bool) {
+        self.credit_bound = on;
+    }
+
     /// SO_SNDBUF: how many accepted bytes may wait for their Sends to
     /// complete from now on (bytes already accepted stay).
     pub fn set_send_buffer(&mut self, bytes: u64) {
@@ -1840,7 +1896,7 @@ impl Conn {
                 self.error.is_some()
                     || self.send_closed
                     || self.abort_conn != AbortConn::None
-                    || self.tx.buffered() < self.config.send_buffer
+                    || self.send_room() > 0
             }
         }
     }

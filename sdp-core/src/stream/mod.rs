@@ -920,6 +920,16 @@ impl SdpStream {
         g.update_readiness();
     }
 
+    /// The program waits for POLLOUT itself (O_NONBLOCK) rather than in
+    /// its writes: sends take only what the peer's credits carry, and
+    /// writability follows the credit (see
+    /// [`Conn::set_credit_bound`](crate::conn::Conn::set_credit_bound)).
+    pub fn set_credit_bound(&self, on: bool) {
+        let mut g = self.shared().lock();
+        g.link.conn_mut().set_credit_bound(on);
+        g.update_readiness();
+    }
+
     /// A read would make progress (data, end of stream, or an error).
     pub fn readable(&self) -> bool {
         self.shared().lock().link.readable()
