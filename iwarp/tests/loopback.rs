@@ -492,6 +492,29 @@ fn emss_from_tcp_maxseg() {
     assert_eq!(server.join().unwrap(), mulpdu);
 }
 
+/// RFC 5044 §4.5: the MULPDU follows TCP's EMSS as it changes. Linux
+/// starts a loopback connection with half the peer's first window as its
+/// MSS and grows it once data flows; the FPDUs grow with it.
+#[test]
+fn emss_follows_tcp_as_it_grows() {
+    let mut link = Link::new(true, false, 60);
+    let before = link.ep.connection().datapath().mulpdu();
+    // TCP's MSS grows in steps; the MULPDU is looked at again every MiB
+    // sent, so it catches up within one.
+    let mut seen = Vec::new();
+    for _ in 0..32 {
+        link.run(Op::Send, 1 << 20);
+        let mss = socket2::SockRef::from(link.ep.stream()).tcp_mss().unwrap() as usize;
+        let mulpdu = link.ep.connection().datapath().mulpdu();
+        seen.push((mss, mulpdu));
+        if mulpdu > before && mulpdu == fpdu::mulpdu(mss, false) {
+            link.finish();
+            return;
+        }
+    }
+    panic!("MULPDU {before} never followed TCP's MSS: (MSS, MULPDU) {seen:?}");
+}
+
 /// An MPA reject reaches `connect` as ECONNREFUSED with the responder's
 /// Private Data; the TCP connection stays open and nothing past the Reply
 /// was read (RFC 5044 §7.1.2 rules 2 and 3).

@@ -687,3 +687,41 @@ fn a_credit_bound_writer_takes_only_what_credit_carries() {
     let got = reader.join().unwrap();
     assert!(got == data, "{} of {len} bytes, or not the same", got.len());
 }
+
+#[test]
+fn private_buffers_fit_one_fpdu_at_the_mss_tcp_settles_on() {
+    use iwarp::wire::{ddp::UNTAGGED_HEADER_LEN, fpdu};
+    use std::net::TcpStream;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (s, _) = listener.accept().unwrap();
+    let fit = sdp_core::stream::fit_config(&s, &sdp_core::conn::Config::default());
+    // Data flows until the sender's MSS has grown (the window with it).
+    let mss = |t: &TcpStream| socket2::SockRef::from(t).tcp_mss().unwrap() as usize;
+    let first = mss(&c);
+    let drain = std::thread::spawn(move || {
+        let mut buf = vec![0; 1 << 20];
+        while (&s).read(&mut buf).unwrap() > 0 {}
+    });
+    // It grows in steps (Linux: half the largest window seen): settled
+    // once 16 MiB more changed nothing.
+    let chunk = vec![7u8; 1 << 20];
+    let t = Instant::now();
+    let mut settled = first;
+    let mut same = 0;
+    while same < 16 && t.elapsed() < Duration::from_secs(10) {
+        (&c).write_all(&chunk).unwrap();
+        let now = mss(&c);
+        same = if now == settled { same + 1 } else { 0 };
+        settled = now;
+    }
+    c.shutdown(Shutdown::Write).unwrap();
+    drain.join().unwrap();
+    // A full message (the whole Private Buffer) is one FPDU then, and
+    // nearly a full one: not one sized for the MSS TCP started with.
+    assert!(settled > first, "TCP's MSS stayed at {first}");
+    let message = fit.buf_size as usize + UNTAGGED_HEADER_LEN;
+    let most = fpdu::mulpdu(settled, false);
+    assert!(message <= most, "{fit:?} {first} {settled}");
+    assert!(message + 1024 > most, "{fit:?} {first} {settled}");
+}

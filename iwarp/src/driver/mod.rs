@@ -117,6 +117,8 @@ pub use setup::{
 /// full-size FPDUs per `sendmsg`, little enough to stay in cache between
 /// the CRC pass and the kernel's copy.
 pub const TX_BUDGET: usize = 256 * 1024;
+/// Octets sent between two looks at TCP's MSS ([`Endpoint::follow_emss`]).
+const EMSS_CHECK: u64 = 1 << 20;
 /// Octets one [`Endpoint::pump_recv`] call reads at most, so that a busy
 /// receive direction does not starve the send direction.
 const RX_BUDGET: usize = 4 << 20;
@@ -213,6 +215,10 @@ pub struct Endpoint {
     rx_drained: bool,
     /// The last `pump_send` found the send buffer full.
     tx_blocked: bool,
+    /// Octets the socket took in all.
+    tx_total: u64,
+    /// [`Endpoint::tx_total`] at which to look at TCP's MSS again.
+    emss_check_at: u64,
     aligned: bool,
     pub(crate) established: Option<Established>,
 }
@@ -278,6 +284,8 @@ impl Endpoint {
             tx_closed: false,
             timed_out: false,
             rx_drained: false,
+            tx_total: 0,
+            emss_check_at: EMSS_CHECK,
             tx_blocked: false,
             aligned: false,
             established: None,
@@ -708,6 +716,10 @@ impl Endpoint {
                 Ok((n, offered)) => {
                     self.conn.tx_advance(now, n);
                     progressed = true;
+                    self.tx_total += n as u64;
+                    if self.tx_total >= self.emss_check_at {
+                        self.follow_emss();
+                    }
                     if n < offered {
                         // The send buffer is full: the next call would
                         // only say EAGAIN.
@@ -742,6 +754,21 @@ impl Endpoint {
         } else {
             Progress::Idle
         })
+    }
+
+    /// RFC 5044 §4.5: "If the TCP implementation needs to adjust EMSS
+    /// ... the MULPDU value is changed accordingly." The MSS TCP reports
+    /// at setup is often not the one it settles on: Linux bounds it by
+    /// half the largest window the peer offered, which grows once data
+    /// flows (32 KiB at the start of a loopback connection, 64 KiB soon
+    /// after). Looked at again every [`EMSS_CHECK`] octets sent.
+    fn follow_emss(&mut self) {
+        self.emss_check_at = self.tx_total + EMSS_CHECK;
+        if let Ok(mss) = SockRef::from(&self.stream).tcp_mss() {
+            if mss > 0 && mss as usize != self.conn.emss() {
+                self.conn.set_emss(mss as usize);
+            }
+        }
     }
 
     /// Blocking convenience: pumps both directions — waiting in poll(2) on

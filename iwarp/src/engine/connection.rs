@@ -520,6 +520,11 @@ impl Connection {
         self.dp.poll_completion()
     }
 
+    /// The EMSS FPDUs are sized for.
+    pub fn emss(&self) -> usize {
+        self.emss
+    }
+
     /// Changes the EMSS (see [`DataPath::set_emss`]).
     pub fn set_emss(&mut self, emss: usize) {
         self.emss = emss;

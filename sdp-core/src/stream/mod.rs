@@ -1042,16 +1042,17 @@ pub struct StreamInfo {
 /// full message is one FPDU on this socket — when that still leaves at
 /// least 32 KiB (a loopback or jumbo-frame path). A 64 KiB buffer on
 /// loopback (MULPDU 65,474) would otherwise make every full message two
-/// FPDUs, the second one of a few dozen bytes. [`SdpStream::start_connect`]
-/// and [`SdpListener::accept`] apply it; a caller that sets a link up
-/// itself ([`SdpStream::from_parts`]) does too.
+/// FPDUs, the second one of a few dozen bytes. The FPDU is the one the
+/// peer's EMSS settles on ([`settled_mss`]), not the one it starts with.
+/// [`SdpStream::start_connect`] and [`SdpListener::accept`] apply it; a
+/// caller that sets a link up itself ([`SdpStream::from_parts`]) does too.
 pub fn fit_config(tcp: &TcpStream, config: &Config) -> Config {
     let sock = socket2::SockRef::from(tcp);
     let mut c = config.with_socket_buffers(
         program_set(&sock, Buffer::Recv),
         program_set(&sock, Buffer::Send),
     );
-    let Ok(mss) = sock.tcp_mss() else {
+    let Some(mss) = settled_mss(tcp) else {
         return c;
     };
     let one_fpdu = iwarp::wire::fpdu::mulpdu(mss as usize, false)
@@ -1060,6 +1061,23 @@ pub fn fit_config(tcp: &TcpStream, config: &Config) -> Config {
         c.buf_size = one_fpdu;
     }
     c
+}
+
+/// The MSS TCP settles on for this connection, as far as it can be known
+/// at the start: its MSS now, or what the path MTU leaves for TCP's
+/// segments, less the largest TCP options, if that is more. Linux starts
+/// with half the peer's first window (32 KiB on loopback) and grows to
+/// the path's once the window has; the driver follows it (RFC 5044 §4.5).
+fn settled_mss(tcp: &TcpStream) -> Option<u32> {
+    const TCP_HEADER_AND_OPTIONS: u32 = 20 + 40;
+    let now = socket2::SockRef::from(tcp).tcp_mss().ok();
+    let path = match tcp.local_addr() {
+        Ok(SocketAddr::V4(_)) => rustix::net::sockopt::ip_mtu(tcp).ok().map(|m| (m, 20)),
+        Ok(SocketAddr::V6(_)) => rustix::net::sockopt::ipv6_mtu(tcp).ok().map(|m| (m, 40)),
+        Err(_) => None,
+    };
+    let path = path.map(|(mtu, ip)| mtu.saturating_sub(ip + TCP_HEADER_AND_OPTIONS));
+    now.max(path).filter(|&m| m > 0)
 }
 
 #[derive(Clone, Copy)]
