@@ -1007,6 +1007,47 @@ fn a_poll_asking_nothing_sleeps_beside_unread_bytes() {
     );
 }
 
+/// A level-triggered epoll registration for writing only, on a stream that
+/// cannot take a byte and holds bytes the program has not read: it sleeps
+/// until its timeout, as over TCP. The wake fd was registered for its
+/// readable level whatever the program asked, and that level, set by the
+/// unread bytes, woke the set again and again with nothing to report.
+const EPOLL_FOR_WRITING_BESIDE_UNREAD_BYTES: &str = r#"
+import resource, select, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.setblocking(False)
+chunk = b"x" * (1 << 20)
+def fill():
+    while True:
+        try:
+            c.send(chunk)
+        except BlockingIOError:
+            return
+ep = select.epoll()
+ep.register(c.fileno(), select.EPOLLIN | select.EPOLLOUT)
+fill()
+s.sendall(b"unread")
+print([e for _, e in ep.poll(5)])
+# Full, and for a while (TCP may find room once more).
+while select.select([], [c], [], 0.2)[1]:
+    fill()
+ep.modify(c.fileno(), select.EPOLLOUT)
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_THREAD)[:2])
+before, start = cpu(), time.monotonic()
+got = ep.poll(1)
+slept, used = time.monotonic() - start, cpu() - before
+print(got, slept > 0.9, used < 0.5, c.recv(16))
+"#;
+
+#[test]
+fn epoll_for_writing_sleeps_beside_unread_bytes() {
+    same_over_sdp("sdp-epoll-out", EPOLL_FOR_WRITING_BESIDE_UNREAD_BYTES, 1);
+}
+
 /// Level-triggered epoll reports a stream again while bytes wait unread —
 /// whether the program read none or part of them — and not once it read
 /// them all (the waiter that pumped the socket leaves the wake fd's levels

@@ -180,15 +180,21 @@ fn kernel_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Resu
     }
 }
 
-/// The kernel registration of a wake fd for the program's `events`
-/// (`EPOLLIN` always: errors and the end of the stream show there).
+/// The kernel registration of a wake fd for the program's `events`: the
+/// levels asked for and no other. A level the program did not ask for —
+/// bytes it leaves unread while it waits to write — would fire again and
+/// again, level-triggered, with nothing to report. Errors and a closed
+/// connection show as writable too; a registration that asks for neither
+/// hears of them from the stream's socket, registered beside it.
 fn wake_events(events: u32) -> u32 {
-    let out = if wants_write(events) {
-        libc::EPOLLOUT as u32
-    } else {
-        0
-    };
-    libc::EPOLLIN as u32 | out | (events & MODE_FLAGS)
+    let mut kernel = events & MODE_FLAGS;
+    if wants_read(events) {
+        kernel |= libc::EPOLLIN as u32;
+    }
+    if wants_write(events) {
+        kernel |= libc::EPOLLOUT as u32;
+    }
+    kernel
 }
 
 /// The kernel registration of a listener's own socket.
@@ -204,6 +210,11 @@ fn events_for(which: u64, events: u32) -> u32 {
         SOCKET => (libc::EPOLLIN | libc::EPOLLET) as u32 | (events & libc::EPOLLONESHOT as u32),
         _ => wake_events(events),
     }
+}
+
+fn wants_read(events: u32) -> bool {
+    let input = libc::EPOLLIN | libc::EPOLLRDNORM | libc::EPOLLPRI | libc::EPOLLRDHUP;
+    events & input as u32 != 0
 }
 
 fn wants_write(events: u32) -> bool {
