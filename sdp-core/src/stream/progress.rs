@@ -44,23 +44,20 @@ use super::shared::Shared;
 /// of the epoll set (see Parking above).
 pub const PARK: Duration = Duration::from_millis(1);
 
-const INTEREST: EventFlags = EventFlags::IN
-    .union(EventFlags::OUT)
-    .union(EventFlags::RDHUP)
-    .union(EventFlags::ET);
-
-/// [`INTEREST`] without arrivals, for a link whose application reads its
-/// socket from an epoll set ([`Shared::watch_socket`]).
-const WATCHED: EventFlags = EventFlags::OUT
-    .union(EventFlags::RDHUP)
-    .union(EventFlags::ET);
-
+/// What the thread waits for on a link's socket: arrivals unless the
+/// application reads them itself ([`Shared::watch_socket`]), room only
+/// while FPDUs wait for it ([`Shared::waits_for_room`]: TCP reports room
+/// again and again while a bulk sender keeps its socket nearly full, and
+/// each report would wake the thread for nothing), a hang-up always.
 fn interest(s: &Shared) -> EventFlags {
+    let mut flags = EventFlags::RDHUP | EventFlags::ET;
     if s.reads() {
-        INTEREST
-    } else {
-        WATCHED
+        flags |= EventFlags::IN;
     }
+    if s.waits_for_room() {
+        flags |= EventFlags::OUT;
+    }
+    flags
 }
 
 /// What runs first on a progress thread ([`set_thread_start`]).
@@ -250,17 +247,16 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets whether the thread reads link `id`'s socket (see
-/// [`Shared::watch_socket`]). Asking for reads again reports the socket at
-/// once if bytes wait.
-pub(super) fn set_reads(id: u64, reads: bool) {
+/// Brings the thread's registration of link `id`'s socket in line with
+/// [`interest`]. Asking for reads or room again reports the socket at
+/// once if bytes or room are there.
+pub(super) fn set_interest(id: u64) {
     let Some(t) = running() else {
         return;
     };
     let links = lock(&t.links);
     if let Some(s) = links.get(&id) {
-        let flags = if reads { INTEREST } else { WATCHED };
-        let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), flags);
+        let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), interest(s));
     }
 }
 
@@ -294,10 +290,10 @@ pub(super) fn swap_socket(
     }
     let r = rustix::io::dup3(new, &mut fd, rustix::io::DupFlags::CLOEXEC);
     if let (Some(t), true) = (t, registered) {
-        let flags = links
-            .as_ref()
-            .and_then(|l| l.get(&id))
-            .map_or(INTEREST, |s| interest(s));
+        let flags = links.as_ref().and_then(|l| l.get(&id)).map_or(
+            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
+            |s| interest(s),
+        );
         epoll::add(&t.epoll, &*fd, EventData::new_u64(id), flags)?;
     }
     drop(fd);

@@ -597,6 +597,9 @@ pub struct Shared {
     readiness_waiters: AtomicUsize,
     /// Whether the progress thread's registration asks for reads.
     reads: AtomicBool,
+    /// Whether the progress thread's registration asks for room in the
+    /// socket (FPDUs wait for it).
+    room: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -673,6 +676,7 @@ impl Shared {
             socket_polled: AtomicBool::new(false),
             readiness_waiters: AtomicUsize::new(0),
             reads: AtomicBool::new(true),
+            room: AtomicBool::new(true),
             id,
         })
     }
@@ -807,7 +811,8 @@ impl Shared {
     }
 
     /// Brings the progress thread's registration in line with
-    /// [`Shared::wants_reads`] (a system call only when it changes).
+    /// [`Shared::wants_reads`] and with whether FPDUs wait for room in the
+    /// socket (a system call only when either changes).
     fn sync_reads(&self, g: &mut Inner) {
         if std::mem::take(&mut g.socket_moved) {
             // Their duplicates refer to the old socket: the progress
@@ -815,11 +820,14 @@ impl Shared {
             self.watchers.store(0, Ordering::SeqCst);
             self.socket_polled.store(false, Ordering::SeqCst);
         }
-        let want = self.wants_reads(g);
-        if self.reads.load(Ordering::Relaxed) != want
-            && self.reads.swap(want, Ordering::SeqCst) != want
-        {
-            super::progress::set_reads(self.id, want);
+        let changed = |flag: &AtomicBool, want: bool| {
+            flag.load(Ordering::Relaxed) != want && flag.swap(want, Ordering::SeqCst) != want
+        };
+        let reads = changed(&self.reads, self.wants_reads(g));
+        let qp = g.ep.connection();
+        let room = changed(&self.room, !qp.txq().is_empty() || qp.has_pending_tx());
+        if reads || room {
+            super::progress::set_interest(self.id);
         }
     }
 
@@ -838,6 +846,12 @@ impl Shared {
         self.reads.load(Ordering::SeqCst)
     }
 
+    /// Whether the progress thread's registration asks for room in the
+    /// socket: FPDUs were queued that the socket did not take.
+    pub fn waits_for_room(&self) -> bool {
+        self.room.load(Ordering::SeqCst)
+    }
+
     /// In a child of `fork` taking the stream on: its epoll sets' marks
     /// are the parent's, and its new progress thread reads.
     pub fn forget_watchers(&self) {
@@ -845,6 +859,7 @@ impl Shared {
         self.socket_polled.store(false, Ordering::SeqCst);
         self.readiness_waiters.store(0, Ordering::SeqCst);
         self.reads.store(true, Ordering::SeqCst);
+        self.room.store(true, Ordering::SeqCst);
     }
 
     /// The nearest deadline of the link, as last published.
