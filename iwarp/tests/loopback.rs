@@ -499,8 +499,9 @@ fn emss_from_tcp_maxseg() {
 fn emss_follows_tcp_as_it_grows() {
     let mut link = Link::new(true, false, 60);
     let before = link.ep.connection().datapath().mulpdu();
-    // TCP's MSS grows in steps; the MULPDU is looked at again every MiB
-    // sent, so it catches up within one.
+    // TCP's MSS grows in steps, early in the connection; the driver looks
+    // at it again after 1 MiB sent, then after 2, 4, ... while it stays,
+    // so the MULPDU catches up within the 32 MiB sent here.
     let mut seen = Vec::new();
     for _ in 0..32 {
         link.run(Op::Send, 1 << 20);

@@ -117,8 +117,11 @@ pub use setup::{
 /// full-size FPDUs per `sendmsg`, little enough to stay in cache between
 /// the CRC pass and the kernel's copy.
 pub const TX_BUDGET: usize = 256 * 1024;
-/// Octets sent between two looks at TCP's MSS ([`Endpoint::follow_emss`]).
+/// Octets sent before the first look at TCP's MSS again, and between two
+/// looks after it changed ([`Endpoint::follow_emss`]); the gap doubles
+/// each time it did not, up to [`EMSS_CHECK_MAX`].
 const EMSS_CHECK: u64 = 1 << 20;
+const EMSS_CHECK_MAX: u64 = 64 << 20;
 /// Octets one [`Endpoint::pump_recv`] call reads at most, so that a busy
 /// receive direction does not starve the send direction.
 const RX_BUDGET: usize = 4 << 20;
@@ -217,8 +220,10 @@ pub struct Endpoint {
     tx_blocked: bool,
     /// Octets the socket took in all.
     tx_total: u64,
-    /// [`Endpoint::tx_total`] at which to look at TCP's MSS again.
+    /// [`Endpoint::tx_total`] at which to look at TCP's MSS again, and the
+    /// gap before the look after.
     emss_check_at: u64,
+    emss_check_gap: u64,
     aligned: bool,
     pub(crate) established: Option<Established>,
 }
@@ -286,6 +291,7 @@ impl Endpoint {
             rx_drained: false,
             tx_total: 0,
             emss_check_at: EMSS_CHECK,
+            emss_check_gap: EMSS_CHECK,
             tx_blocked: false,
             aligned: false,
             established: None,
@@ -761,14 +767,21 @@ impl Endpoint {
     /// at setup is often not the one it settles on: Linux bounds it by
     /// half the largest window the peer offered, which grows once data
     /// flows (32 KiB at the start of a loopback connection, 64 KiB soon
-    /// after). Looked at again every [`EMSS_CHECK`] octets sent.
+    /// after). Looked at again after [`EMSS_CHECK`] octets sent, and then
+    /// less often while it stays.
     fn follow_emss(&mut self) {
-        self.emss_check_at = self.tx_total + EMSS_CHECK;
-        if let Ok(mss) = SockRef::from(&self.stream).tcp_mss() {
-            if mss > 0 && mss as usize != self.conn.emss() {
+        let changed = match SockRef::from(&self.stream).tcp_mss() {
+            Ok(mss) if mss > 0 && mss as usize != self.conn.emss() => {
                 self.conn.set_emss(mss as usize);
+                true
             }
-        }
+            _ => false,
+        };
+        self.emss_check_gap = match changed {
+            true => EMSS_CHECK,
+            false => (self.emss_check_gap * 2).min(EMSS_CHECK_MAX),
+        };
+        self.emss_check_at = self.tx_total + self.emss_check_gap;
     }
 
     /// Blocking convenience: pumps both directions — waiting in poll(2) on
