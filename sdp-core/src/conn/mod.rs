@@ -1858,9 +1858,10 @@ impl Conn {
     /// bytes stay in the program's buffer, and POLLOUT comes with the
     /// credit, when they go from that buffer to the socket without the
     /// copy into the send buffer that would otherwise hold them meanwhile
-    /// (DESIGN §7 "Copies"). Small writes still gather into one message
-    /// behind missing credit ([`Conn::send`]). Off: sends fill the send
-    /// buffer whatever the credit, for calls that wait.
+    /// (DESIGN §7 "Copies"). Writes smaller than a message still gather
+    /// in the send buffer behind missing credit (see `Conn::send_room`).
+    /// Off: sends fill the send buffer whatever the credit, for calls that
+    /// wait.
     pub fn set_credit_bound(&mut self, on: bool) {
         self.credit_bound = on;
     }

@@ -44,6 +44,13 @@ use super::shared::Shared;
 /// of the epoll set (see Parking above).
 pub const PARK: Duration = Duration::from_millis(1);
 
+/// What a link starts with: arrivals, room and a hang-up (its marks start
+/// set; see [`interest`]).
+const EVERYTHING: EventFlags = EventFlags::IN
+    .union(EventFlags::OUT)
+    .union(EventFlags::RDHUP)
+    .union(EventFlags::ET);
+
 /// What the thread waits for on a link's socket: arrivals unless the
 /// application reads them itself ([`Shared::watch_socket`]), room only
 /// while FPDUs wait for it ([`Shared::waits_for_room`]: TCP reports room
@@ -290,10 +297,10 @@ pub(super) fn swap_socket(
     }
     let r = rustix::io::dup3(new, &mut fd, rustix::io::DupFlags::CLOEXEC);
     if let (Some(t), true) = (t, registered) {
-        let flags = links.as_ref().and_then(|l| l.get(&id)).map_or(
-            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
-            |s| interest(s),
-        );
+        let flags = links
+            .as_ref()
+            .and_then(|l| l.get(&id))
+            .map_or(EVERYTHING, |s| interest(s));
         epoll::add(&t.epoll, &*fd, EventData::new_u64(id), flags)?;
     }
     drop(fd);

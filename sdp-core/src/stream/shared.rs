@@ -762,7 +762,7 @@ impl Shared {
     pub fn watch_socket(&self, on: bool) {
         count(&self.watchers, on);
         let mut g = self.lock_inner();
-        self.sync_reads(&mut g);
+        self.sync_interest(&mut g);
     }
 
     /// A `poll` or `select` of the application polls the socket beside
@@ -779,7 +779,7 @@ impl Shared {
             && !self.socket_polled.swap(true, Ordering::SeqCst)
         {
             let mut g = self.lock_inner();
-            self.sync_reads(&mut g);
+            self.sync_interest(&mut g);
         }
     }
 
@@ -790,7 +790,7 @@ impl Shared {
         count(&self.readiness_waiters, on);
         if self.watched() {
             let mut g = self.lock_inner();
-            self.sync_reads(&mut g);
+            self.sync_interest(&mut g);
         }
     }
 
@@ -813,7 +813,7 @@ impl Shared {
     /// Brings the progress thread's registration in line with
     /// [`Shared::wants_reads`] and with whether FPDUs wait for room in the
     /// socket (a system call only when either changes).
-    fn sync_reads(&self, g: &mut Inner) {
+    fn sync_interest(&self, g: &mut Inner) {
         if std::mem::take(&mut g.socket_moved) {
             // Their duplicates refer to the old socket: the progress
             // thread reads the new one from now on.
@@ -910,7 +910,7 @@ impl Shared {
         }
         self.publish_deadline(&g);
         self.counters.store(g.snapshot());
-        self.sync_reads(&mut g);
+        self.sync_interest(&mut g);
         g.released && g.finished(now)
     }
 
@@ -1117,7 +1117,7 @@ impl Drop for Locked<'_> {
         if let Some(mut g) = self.guard.take() {
             g.news = false;
             shared.counters.store(g.snapshot());
-            shared.sync_reads(&mut g);
+            shared.sync_interest(&mut g);
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
                 super::progress::wake();
@@ -1132,7 +1132,7 @@ impl Drop for Locked<'_> {
             shared.take_hangup(&mut g);
             let now = Instant::now();
             g.pump(now);
-            shared.sync_reads(&mut g);
+            shared.sync_interest(&mut g);
             if std::mem::take(&mut g.news) {
                 shared.wake_waiters(&mut g);
             }
