@@ -725,3 +725,115 @@ fn private_buffers_fit_one_fpdu_at_the_mss_tcp_settles_on() {
     assert!(message <= most, "{fit:?} {first} {settled}");
     assert!(message + 1024 > most, "{fit:?} {first} {settled}");
 }
+
+/// A pair whose writers hold a short tail back for `wait` (DESIGN §7
+/// "Small messages").
+fn coalescing_pair(wait: Duration) -> (SdpStream, SdpStream) {
+    pair_with(&sdp_core::conn::Config {
+        coalesce: wait,
+        ..Default::default()
+    })
+}
+
+/// Writes `writes` buffers of 65 536 bytes (a message's payload and a
+/// little more), each once the reader has all but the last write's
+/// worth (so credit never runs short and gathers writes in the send
+/// buffer), and closes; returns the messages the writer sent, after
+/// checking that the reader got the stream whole.
+fn stream_of_64k_writes(a: SdpStream, b: SdpStream, writes: usize) -> u32 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let data = scrambled((writes * 65_536) as u32, 9);
+    let len = data.len();
+    let read = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let read = read.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::with_capacity(len);
+            let mut buf = vec![0; 1 << 20];
+            loop {
+                match (&b).read(&mut buf).unwrap() {
+                    0 => break got,
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+                read.store(got.len(), Ordering::SeqCst);
+            }
+        })
+    };
+    let before = a.info().credits.lsseq;
+    let t = Instant::now();
+    for (i, w) in data.chunks(65_536).enumerate() {
+        while read.load(Ordering::SeqCst) + 65_536 < i * 65_536 {
+            assert!(t.elapsed() < Duration::from_secs(20), "{:?}", a.info());
+            std::thread::yield_now();
+        }
+        (&a).write_all(w).unwrap();
+    }
+    a.shutdown(Shutdown::Write).unwrap();
+    let got = reader.join().unwrap();
+    assert!(got == data, "{} of {len} bytes, or not the same", got.len());
+    a.info().credits.lsseq.wrapping_sub(before)
+}
+
+#[test]
+fn a_stream_of_writes_fills_its_messages_unless_nodelay() {
+    let writes = 64;
+    // A wait no write of the test comes near, so no tail goes alone.
+    let (a, b) = coalescing_pair(Duration::from_secs(5));
+    let coalesced = stream_of_64k_writes(a, b, writes);
+    let (a, b) = coalescing_pair(Duration::from_secs(5));
+    a.set_nodelay(true).unwrap();
+    assert!(a.nodelay().unwrap());
+    let nodelay = stream_of_64k_writes(a, b, writes);
+    // A message carries a little less than 64 KiB: each write is a full
+    // message and a short one, unless the short one waits for the next
+    // write (plus the odd credit update either way).
+    assert!(
+        nodelay >= 2 * writes as u32,
+        "{nodelay} messages with TCP_NODELAY"
+    );
+    assert!(
+        coalesced <= writes as u32 + writes as u32 / 8,
+        "{coalesced} messages for {writes} writes"
+    );
+}
+
+#[test]
+fn a_held_tail_goes_when_its_writer_waits_to_read() {
+    // The wait is far longer than the test's limit: only the read can
+    // send the tail.
+    let (a, b) = coalescing_pair(Duration::from_secs(30));
+    let data = scrambled(300_000, 7);
+    let len = data.len();
+    let server = std::thread::spawn(move || {
+        let mut got = vec![0; len];
+        (&b).read_exact(&mut got).unwrap();
+        (&b).write_all(b"!").unwrap();
+        got
+    });
+    let t = Instant::now();
+    for w in data.chunks(100_000) {
+        (&a).write_all(w).unwrap();
+    }
+    let mut answer = [0u8; 1];
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&a).read_exact(&mut answer).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", a.info());
+    assert!(server.join().unwrap() == data);
+}
+
+#[test]
+fn a_held_tail_goes_on_its_own_when_nothing_follows() {
+    let (a, b) = coalescing_pair(Duration::from_millis(20));
+    let data = scrambled(300_000, 5);
+    for w in data.chunks(100_000) {
+        (&a).write_all(w).unwrap();
+    }
+    // The writer leaves the stream alone: the progress thread sends the
+    // tail once its wait is over.
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = vec![0; data.len()];
+    (&b).read_exact(&mut got).unwrap();
+    assert!(got == data);
+    drop(a);
+}

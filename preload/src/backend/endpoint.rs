@@ -78,6 +78,8 @@ pub struct Ep {
     /// The program's O_NONBLOCK ([`SdpEndpoint::set_nonblocking`]), for a
     /// stream connected later.
     nonblocking: AtomicBool,
+    /// The program's TCP_NODELAY, for a stream connected later.
+    nodelay: AtomicBool,
 }
 
 fn errno_of(e: &io::Error) -> Errno {
@@ -183,12 +185,18 @@ impl Ep {
             warned: AtomicBool::new(false),
             user_timeout: AtomicBool::new(false),
             nonblocking: AtomicBool::new(false),
+            nodelay: AtomicBool::new(false),
         }
     }
 
     /// The program's O_NONBLOCK as last told.
     pub(crate) fn nonblocking(&self) -> bool {
         self.nonblocking.load(Ordering::Relaxed)
+    }
+
+    /// The program's TCP_NODELAY as last set.
+    pub(crate) fn nodelay(&self) -> bool {
+        self.nodelay.load(Ordering::Relaxed)
     }
 
     /// `f` on the connected stream, if there is one; whether there was.
@@ -673,6 +681,13 @@ impl SdpEndpoint for Ep {
             {
                 s.set_send_buffer(v.max(1) as u64);
             }
+        }
+        if (level, name) == (libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+            let on = value.iter().any(|&b| b != 0);
+            self.nodelay.store(on, Ordering::Relaxed);
+            self.mark(|s| {
+                let _ = s.set_nodelay(on);
+            });
         }
         if (level, name) == (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) {
             self.user_timeout.store(true, Ordering::Relaxed);

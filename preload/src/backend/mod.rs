@@ -71,13 +71,21 @@ pub(crate) fn pm() -> &'static PmClient {
     })
 }
 
+/// How long the short tail of a large write may wait for the next write
+/// (`Config::coalesce`), unless the program set TCP_NODELAY: about what a
+/// 64 KiB write takes on loopback, so a streaming writer's next write
+/// comes well within it.
+const COALESCE_US: u64 = 5000;
+
 /// The SDP connection parameters: the defaults, with the Zcopy policy
 /// from `SDP_ZCOPY` (off, read, write, both; default off) and
 /// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
 /// reads and writes larger than it go by Zcopy; `SDP_ZCOPY_SINK_WAIT_MS`
 /// (how long a writer waits for the reader's next SinkAvail, default 10
 /// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
-/// go straight from the program's buffer; default 128K) (docs/preload.md).
+/// go straight from the program's buffer; default 128K); `SDP_COALESCE_US`
+/// (how long a large write's short tail may wait for the next write,
+/// default 200) (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
@@ -108,6 +116,16 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                         config.lend_above
                     ),
                 },
+            }
+            config.coalesce = std::time::Duration::from_micros(COALESCE_US);
+            if let Some(v) = env("SDP_COALESCE_US") {
+                match v.parse::<u64>() {
+                    Ok(us) => config.coalesce = std::time::Duration::from_micros(us),
+                    Err(_) => crate::log!(
+                        crate::log::Level::Warn,
+                        "SDP_COALESCE_US: {v:?} is not a number of microseconds; {COALESCE_US}"
+                    ),
+                }
             }
             if let Some(v) = env("SDP_ZCOPY_SINK_WAIT_MS") {
                 match v.parse::<u64>() {

@@ -76,7 +76,7 @@ pub use zcopy::{Completion, ZcopyState, ZcopyStats};
 
 use credit::{Credits, CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
 use recv::RxStream;
-use send::{Chunk, TxStream, OOB_PEND_REACH};
+use send::{Chunk, Hold, TxStream, OOB_PEND_REACH};
 use setup::PeerParams;
 use suspend::{LocalSuspend, Suspend};
 
@@ -382,6 +382,11 @@ pub struct Conn {
     /// credit bound applies to it and to writability (see
     /// [`Conn::send_room`]).
     large_writes: bool,
+    /// TCP_NODELAY: no tail waits for the next write
+    /// ([`Conn::set_nodelay`]).
+    nodelay: bool,
+    /// Whether the short tail of the last write waits for the next one.
+    hold: Hold,
     rx: RxStream,
     /// Stream offsets at which OOB_PEND notices arrived, oldest first.
     oob_pend: VecDeque<u64>,
@@ -450,6 +455,8 @@ impl Conn {
             credit_bound: false,
             credit_wanted: false,
             large_writes: false,
+            nodelay: false,
+            hold: Hold::default(),
             rx: RxStream::default(),
             oob_pend: VecDeque::new(),
             urgent_notice: false,
@@ -682,8 +689,22 @@ impl Conn {
     }
 
     /// The next verbs operation or RDMA operation, or `None` when there is
-    /// nothing to do until the next input.
+    /// nothing to do until the next input. Without the time nothing waits
+    /// for a later write ([`Conn::poll_work_at`]).
     pub fn poll_work(&mut self) -> Option<Work> {
+        self.work(None)
+    }
+
+    /// [`Conn::poll_work`] at `now`: the short tail of a large write may
+    /// wait for the next write ([`Config::coalesce`]).
+    pub fn poll_work_at(&mut self, now: Instant) -> Option<Work> {
+        self.work(Some(now))
+    }
+
+    fn work(&mut self, now: Option<Instant>) -> Option<Work> {
+        if let Some(now) = now {
+            self.hold.tick(now, self.config.coalesce);
+        }
         if self.torn_down {
             return None;
         }
@@ -714,19 +735,19 @@ impl Conn {
                 return Some(Work::Rdma(op));
             }
         }
-        self.next_message()
+        self.next_message(now)
     }
 
     /// When [`Conn::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.deadline, self.zcopy_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.deadline, self.zcopy_deadline(), self.hold.deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The next SDP Message to send, if §10.5 allows one.
-    fn next_message(&mut self) -> Option<Work> {
+    fn next_message(&mut self, now: Option<Instant>) -> Option<Work> {
         let credit = self.credits.send_credit();
         let gain = self.credits.gain();
         // §10.5: "If one credit is available, an implementation MUST only
@@ -745,7 +766,7 @@ impl Conn {
             AbortConn::Pending => {
                 // No credit for the AbortConn: the LLP reset says the same.
                 self.finish(Teardown::Abortive);
-                return self.poll_work();
+                return self.work(now);
             }
             AbortConn::Sent => return None,
             AbortConn::None => {}
@@ -864,7 +885,9 @@ impl Conn {
         if credit >= PAYLOAD_MIN_CREDIT {
             let limit = self.bcopy_limit();
             if let Some(chunk) = self.tx.next_chunk_until(self.max_payload(), limit) {
-                return Some(Work::Op(self.emit_data(chunk)));
+                if !self.holds(&chunk, now) {
+                    return Some(Work::Op(self.emit_data(chunk)));
+                }
             }
         }
         // §8.2.1 steps 1–2: DisConn after all data posted before the close.
@@ -920,6 +943,34 @@ impl Conn {
             )));
         }
         None
+    }
+
+    /// Whether `chunk` waits for the next write to fill its message
+    /// ([`Hold`]): the short tail of a stream of large writes, while no
+    /// reader of ours waits for the peer, no urgent byte, close, lent
+    /// buffer or socket duplication needs it in a Send, and the program
+    /// did not set TCP_NODELAY.
+    fn holds(&mut self, chunk: &Chunk, now: Option<Instant>) -> bool {
+        let Some(now) = now else {
+            return false;
+        };
+        let short = chunk.range.end - chunk.range.start < self.max_payload();
+        let tail = chunk.range.end == self.tx.accepted() && chunk.flags.is_empty();
+        short
+            && tail
+            && !self.nodelay
+            && !self.send_closed
+            && !self.config.coalesce.is_zero()
+            && !self.zsend_pending()
+            && self.local_suspend == LocalSuspend::None
+            && self.hold.holds(now, self.config.coalesce)
+    }
+
+    /// Bytes wait to be sent that only credit holds back (not a short tail
+    /// waiting for the next write, [`Conn::holds`]).
+    pub fn waits_for_credit(&self) -> bool {
+        let unsent = self.tx.unsent();
+        unsent > 0 && !(self.hold.holding() && unsent < self.max_payload())
     }
 
     /// The largest Data Message payload: the peer's receive Private Buffer
@@ -1038,6 +1089,7 @@ impl Conn {
 
     /// Acts on an expired timer.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.hold.tick(now, self.config.coalesce);
         if self.state == State::Connected {
             self.zcopy_timeout(now);
         }
@@ -1597,7 +1649,9 @@ impl Conn {
             return Err(Error::WouldBlock);
         }
         let n = (len as u64).min(room);
-        self.tx.accept(n, flags.contains(SendFlags::OOB));
+        let oob = flags.contains(SendFlags::OOB);
+        self.tx.accept(n, oob);
+        self.hold.wrote(self.large_writes, oob);
         Ok(n as usize)
     }
 
@@ -1761,6 +1815,8 @@ impl Conn {
             return Ok(0);
         }
         if self.state == State::Connected && self.rx.queued() == 0 {
+            // The peer may wait for what we hold before it answers.
+            self.hold.push();
             self.recv_would_block();
         }
         Err(Error::WouldBlock)
@@ -1864,6 +1920,17 @@ impl Conn {
     /// wait.
     pub fn set_credit_bound(&mut self, on: bool) {
         self.credit_bound = on;
+    }
+
+    /// TCP_NODELAY: every message goes as soon as credit allows; no short
+    /// tail of a write waits for the next write ([`Conn::holds`]).
+    pub fn set_nodelay(&mut self, on: bool) {
+        self.nodelay = on;
+    }
+
+    /// Whether TCP_NODELAY is set ([`Conn::set_nodelay`]).
+    pub fn nodelay(&self) -> bool {
+        self.nodelay
     }
 
     /// SO_SNDBUF: how many accepted bytes may wait for their Sends to

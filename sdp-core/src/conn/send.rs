@@ -30,6 +30,7 @@
 
 use core::ops::Range;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crate::wire::Flags;
 
@@ -214,9 +215,149 @@ impl TxStream {
     }
 }
 
+/// DESIGN §7 "Small messages": whether the short tail of a write waits
+/// for the next write to fill its message, as TCP's Nagle algorithm and
+/// autocorking hold a short segment back (RFC 5044 Appendix A.2 leaves
+/// the choice to the ULP). A message spends one of the peer's Private
+/// Buffers and a credit whatever it carries, so a streaming writer whose
+/// writes are not a multiple of the payload would send every other
+/// message nearly empty.
+///
+/// Only a write of a message's worth or more that comes within the wait
+/// of the write before holds its tail back: the first write of a burst,
+/// and every write of a request–response exchange, send all they have. The tail goes when the next write fills its
+/// message, when the wait runs out, or at once after [`Hold::push`].
+#[derive(Debug, Clone, Default)]
+pub struct Hold {
+    /// A write came since the last [`Hold::tick`]: whether it was large.
+    wrote: Option<bool>,
+    /// A write before this time follows the last one closely.
+    close_until: Option<Instant>,
+    /// The last write was large and followed the one before closely.
+    streaming: bool,
+    /// When the tail held back goes.
+    until: Option<Instant>,
+    /// Nothing waits until the next write.
+    pushed: bool,
+}
+
+impl Hold {
+    /// A write was accepted: a message's worth or more (`large`), or
+    /// urgent, after which nothing waits.
+    pub fn wrote(&mut self, large: bool, urgent: bool) {
+        self.wrote = Some(large);
+        self.until = None;
+        self.pushed = urgent;
+    }
+
+    /// What is held goes now, and nothing waits until the next write.
+    pub fn push(&mut self) {
+        self.pushed = true;
+        self.until = None;
+    }
+
+    /// Dates the last write (`wait`: the longest a tail waits), and ends
+    /// a hold whose time ran out.
+    pub fn tick(&mut self, now: Instant, wait: Duration) {
+        if let Some(large) = self.wrote.take() {
+            self.streaming = large && self.close_until.is_some_and(|t| now < t);
+            self.close_until = Some(now + wait);
+        }
+        if self.until.is_some_and(|t| now >= t) {
+            self.push();
+        }
+    }
+
+    /// Whether a short tail, all that is left to send, waits now.
+    pub fn holds(&mut self, now: Instant, wait: Duration) -> bool {
+        if self.pushed || !self.streaming {
+            return false;
+        }
+        let until = *self.until.get_or_insert(now + wait);
+        if now >= until {
+            self.push();
+            return false;
+        }
+        true
+    }
+
+    /// A tail is held back.
+    pub fn holding(&self) -> bool {
+        self.until.is_some() && !self.pushed
+    }
+
+    /// When the held tail goes unless a write fills it first.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.until.filter(|_| !self.pushed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WAIT: Duration = Duration::from_millis(5);
+
+    fn at(t0: Instant, us: u64) -> Instant {
+        t0 + Duration::from_micros(us)
+    }
+
+    #[test]
+    fn only_large_writes_close_behind_another_hold_their_tail() {
+        let t0 = Instant::now();
+        let mut h = Hold::default();
+        // The first write of a burst sends all it has.
+        h.wrote(true, false);
+        h.tick(t0, WAIT);
+        assert!(!h.holds(t0, WAIT));
+        // The next one, 20 µs later, holds its tail for the wait.
+        h.wrote(true, false);
+        h.tick(at(t0, 20), WAIT);
+        assert!(h.holds(at(t0, 30), WAIT));
+        assert!(h.holding());
+        assert_eq!(h.deadline(), Some(at(t0, 30) + WAIT));
+        // A small write close behind sends its bytes.
+        h.wrote(false, false);
+        h.tick(at(t0, 40), WAIT);
+        assert!(!h.holds(at(t0, 40), WAIT));
+        assert_eq!(h.deadline(), None);
+        // A large write long after the last one starts a burst again.
+        h.wrote(true, false);
+        h.tick(at(t0, 40) + WAIT, WAIT);
+        assert!(!h.holds(at(t0, 40) + WAIT, WAIT));
+    }
+
+    #[test]
+    fn a_held_tail_goes_when_the_wait_ends_or_on_a_push() {
+        let t0 = Instant::now();
+        let mut h = Hold::default();
+        h.wrote(true, false);
+        h.tick(t0, WAIT);
+        h.wrote(true, false);
+        h.tick(at(t0, 10), WAIT);
+        assert!(h.holds(at(t0, 10), WAIT));
+        // The wait runs out.
+        h.tick(at(t0, 10) + WAIT, WAIT);
+        assert!(!h.holding());
+        assert!(!h.holds(at(t0, 11) + WAIT, WAIT));
+        // That write came a whole wait after the one before: the next
+        // one is the first of a burst, the one after it holds until a
+        // push.
+        let t1 = at(t0, 20) + WAIT;
+        h.wrote(true, false);
+        h.tick(t1, WAIT);
+        assert!(!h.holds(t1, WAIT));
+        h.wrote(true, false);
+        h.tick(at(t1, 10), WAIT);
+        assert!(h.holds(at(t1, 10), WAIT));
+        h.push();
+        assert!(!h.holds(at(t1, 11), WAIT));
+        assert_eq!(h.deadline(), None);
+        // An urgent write holds nothing back.
+        h.wrote(true, true);
+        h.tick(at(t1, 20), WAIT);
+        assert!(!h.holds(at(t1, 20), WAIT));
+    }
 
     #[test]
     fn chunks_respect_the_peer_buffer() {

@@ -106,6 +106,12 @@ pub struct Config {
     /// than the other's receive buffers before they read get through, as
     /// over TCP. Default 128 KiB; `u64::MAX`: never.
     pub lend_above: u64,
+    /// How long the short tail of a write larger than one Data Message
+    /// may wait for the next write to fill its message (DESIGN §7 "Small
+    /// messages"; see [`Conn::set_nodelay`](super::Conn::set_nodelay)).
+    /// Zero (the default): never; a socket layer sets it as TCP has
+    /// Nagle on by default (the preload: 200 µs, `SDP_COALESCE_US`).
+    pub coalesce: Duration,
 }
 
 /// When the Data Source (Mode Master) moves its send half-connection
@@ -142,6 +148,7 @@ impl Default for Config {
             buffered_after_send_sm: 0,
             sink_avail_wait: Duration::ZERO,
             lend_above: 128 * 1024,
+            coalesce: Duration::ZERO,
         }
     }
 }
@@ -172,6 +179,7 @@ impl Config {
             buffered_after_send_sm: self.buffered_after_send_sm,
             sink_avail_wait: self.sink_avail_wait,
             lend_above: self.lend_above,
+            coalesce: self.coalesce,
         }
     }
 }

@@ -664,7 +664,7 @@ impl Link {
         loop {
             // Only a checking caller pays for the snapshot.
             let before = check.as_ref().map(|_| self.conn.credit_state());
-            match self.conn.poll_work() {
+            match self.conn.poll_work_at(now) {
                 None => break,
                 Some(Work::Op(op)) => {
                     if let (Some(check), Some(before)) = (check.as_mut(), &before) {

@@ -258,6 +258,11 @@ fn recv_loop(
                         Err(would_block())
                     };
                 }
+                if g.link.conn().tx().unsent() > 0 {
+                    // A tail the reader's wait set free (the peer may
+                    // wait for it before it answers).
+                    g.pump_out(Instant::now());
+                }
                 g.wait(deadline)?;
                 direct = pump_reader(g, lend, &mut buf[*got..]);
             }
@@ -875,10 +880,17 @@ impl SdpStream {
         Ok(self.shared().lock().linger)
     }
 
-    /// TCP_NODELAY is always on for the iWARP stream (messages are framed
-    /// already); this reports it.
+    /// TCP_NODELAY: no short tail of a write waits for the next write
+    /// ([`Config::coalesce`]). The iWARP stream's own socket always has
+    /// it (its messages are framed already).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.shared().lock().link.conn_mut().set_nodelay(on);
+        Ok(())
+    }
+
+    /// TCP_NODELAY as [`SdpStream::set_nodelay`] left it.
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(true)
+        Ok(self.shared().lock().link.conn().nodelay())
     }
 
     /// The peer's address.
