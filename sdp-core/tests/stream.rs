@@ -837,3 +837,37 @@ fn a_held_tail_goes_on_its_own_when_nothing_follows() {
     assert!(got == data);
     drop(a);
 }
+
+#[test]
+fn two_stuck_writers_fall_quiet() {
+    // Both ends write without reading until neither takes a byte (the
+    // other's application holds its buffers), twice round, then wait.
+    // Their credit requests must not answer each other for ever.
+    let mut busy = Vec::new();
+    for _ in 0..12 {
+        let (a, b) = pair();
+        for s in [&a, &b] {
+            s.set_nonblocking(true).unwrap();
+            s.set_credit_bound(true);
+        }
+        let chunk = vec![7u8; 65_536];
+        for _ in 0..2 {
+            for s in [&a, &b] {
+                while let Ok(n) = (&*s).write(&chunk) {
+                    assert!(n > 0);
+                }
+            }
+        }
+        let sent = |a: &SdpStream, b: &SdpStream| {
+            a.info().credits.lsseq as u64 + b.info().credits.lsseq as u64
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let before = sent(&a, &b);
+        std::thread::sleep(Duration::from_millis(200));
+        busy.push(sent(&a, &b) - before);
+    }
+    assert!(
+        busy.iter().all(|&n| n < 20),
+        "messages sent while idle: {busy:?}"
+    );
+}

@@ -230,18 +230,26 @@ impl Credits {
     /// Whether to send a gratuitous update (§10.4) now, with `total` the
     /// number of Private Buffers: when §10.5 requires it, when the peer
     /// cannot send payload (credit below three) and we can give it two or
-    /// more, or when half the pool is waiting to be advertised.
+    /// more, or enough to send payload with a buffer our application
+    /// freed, or when half the pool is waiting to be advertised.
     ///
     /// An update takes one buffer from the peer, which the peer gives back
-    /// by re-posting it; requiring a gain of two keeps two peers from
-    /// answering each other's updates forever.
+    /// by re-posting it; requiring a gain of two, or a freed buffer, keeps
+    /// two peers from answering each other's updates forever. The freed
+    /// buffer matters to a peer stuck at two credits whose last request
+    /// (§10.5's message at two credits) we answered with one buffer: our
+    /// next one alone lets it send, and §10.5 no longer requires it.
     pub fn should_update(&self, total: u16) -> bool {
         let gain = self.gain();
         if gain <= 0 || self.ack_hold.is_some() {
             return false;
         }
+        let remote = self.remote_credit();
         self.must_update()
-            || (gain >= 2 && self.remote_credit() < PAYLOAD_MIN_CREDIT)
+            || (gain >= 2 && remote < PAYLOAD_MIN_CREDIT)
+            || (self.fresh > 0
+                && remote < PAYLOAD_MIN_CREDIT
+                && remote + gain >= PAYLOAD_MIN_CREDIT)
             || gain >= i64::from(total / 2).max(2)
     }
 
@@ -496,6 +504,27 @@ mod tests {
         // A data buffer does.
         a.on_post(true);
         assert!(a.must_update());
+        assert!(a.should_update(5));
+    }
+
+    #[test]
+    fn a_freed_buffer_that_lets_the_peer_send_goes_at_once() {
+        let (mut c, mut a) = pair();
+        // c sends three messages: a's view of c's credit is 2, too few
+        // for payload, and §10.5 does not require an update at 2.
+        for _ in 0..3 {
+            let (m, b, k) = c.on_send();
+            a.on_receive(m, k, b, false).unwrap();
+        }
+        assert_eq!(a.remote_credit(), 2);
+        // Giving back a buffer a credit request used: not for that alone
+        // (two stuck peers would trade requests and updates for ever).
+        let mut pure = a.clone();
+        pure.on_post(false);
+        assert!(!pure.should_update(5));
+        // A buffer the application freed: c can send with it.
+        a.on_post(true);
+        assert!(!a.must_update());
         assert!(a.should_update(5));
     }
 }

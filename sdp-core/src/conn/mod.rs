@@ -67,7 +67,7 @@ mod zcopy_script_tests;
 mod zcopy_tests;
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use close::{CloseReason, Violation};
 pub use recv::BufferPool;
@@ -319,6 +319,12 @@ struct SendRecord {
 
 /// Send work request ids carry this bit; receive ids are buffer indices.
 const SEND_WR_BIT: u64 = 1 << 63;
+/// The first wait before a credit request goes again after one that
+/// brought no credit for payload ([`Conn::on_credit`]).
+const ASK_GAP_MIN: Duration = Duration::from_millis(1);
+/// The longest such wait; after it, requests stop until credit for
+/// payload comes.
+const ASK_GAP_MAX: Duration = Duration::from_millis(64);
 
 /// A received message, parsed and copied out of its buffer.
 #[derive(Debug, Clone)]
@@ -373,6 +379,11 @@ pub struct Conn {
     control: VecDeque<Control>,
     /// A credit request (a no-payload message at credit 2) is out.
     asked: bool,
+    /// When a new credit request may go although the last one brought no
+    /// credit for payload (see [`Conn::on_credit`]).
+    ask_again: Option<Instant>,
+    /// The wait before that, doubling while requests bring nothing.
+    ask_gap: Duration,
     /// Sends take only what credits carry ([`Conn::set_credit_bound`]).
     credit_bound: bool,
     /// The last credit-bound send was refused bytes for lack of credit: a
@@ -452,6 +463,8 @@ impl Conn {
             sends: VecDeque::new(),
             control: VecDeque::new(),
             asked: false,
+            ask_again: None,
+            ask_gap: Duration::ZERO,
             credit_bound: false,
             credit_wanted: false,
             large_writes: false,
@@ -740,10 +753,15 @@ impl Conn {
 
     /// When [`Conn::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.deadline, self.zcopy_deadline(), self.hold.deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.deadline,
+            self.zcopy_deadline(),
+            self.hold.deadline(),
+            self.ask_again,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The next SDP Message to send, if §10.5 allows one.
@@ -973,6 +991,28 @@ impl Conn {
         unsent > 0 && !(self.hold.holding() && unsent < self.max_payload())
     }
 
+    /// New send credit came. Enough for payload: a credit request may go
+    /// again whenever we are stuck. Less: the peer's message may have
+    /// lifted its view of our credit above one, where §10.5 no longer
+    /// makes it send the buffer its application frees next (this
+    /// implementation sends it anyway, [`Credits::should_update`], another
+    /// may not), so the request goes again — but not at once: two peers
+    /// stuck at two credits each, their applications holding every other
+    /// buffer, would answer each other's requests for ever, each request
+    /// giving back the buffer of the one before. It waits 1 ms, doubling
+    /// while requests bring nothing more, and after 64 ms gives up until
+    /// credit for payload comes.
+    fn on_credit(&mut self, now: Instant) {
+        if self.credits.send_credit() >= PAYLOAD_MIN_CREDIT {
+            self.asked = false;
+            self.ask_again = None;
+            self.ask_gap = Duration::ZERO;
+        } else if self.asked && self.ask_again.is_none() && self.ask_gap < ASK_GAP_MAX {
+            self.ask_gap = (self.ask_gap * 2).max(ASK_GAP_MIN);
+            self.ask_again = Some(now + self.ask_gap);
+        }
+    }
+
     /// The largest Data Message payload: the peer's receive Private Buffer
     /// minus the BSDH (§9.1, §10 constraint 3).
     fn max_payload(&self) -> u64 {
@@ -1090,6 +1130,10 @@ impl Conn {
     /// Acts on an expired timer.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.hold.tick(now, self.config.coalesce);
+        if self.ask_again.is_some_and(|t| now >= t) {
+            self.ask_again = None;
+            self.asked = false;
+        }
         if self.state == State::Connected {
             self.zcopy_timeout(now);
         }
@@ -1317,8 +1361,7 @@ impl Conn {
             return self.violation(Violation::Credit(fault));
         }
         if self.credits.send_credit() > credit_before {
-            // New credit: a credit request may go again if we are stuck.
-            self.asked = false;
+            self.on_credit(now);
         }
         self.on_mseq_ack(msg.mseq_ack);
         // RFC 5040 §6.1: only the completions of §9.2 and §9.3 invalidate

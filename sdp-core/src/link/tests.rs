@@ -367,6 +367,12 @@ fn hostile(name: &str, rule: &str, msgs: impl FnOnce(u32, u32, u16) -> Vec<Vec<u
     assert!(pair.run(u64::MAX, |p| p.apps[0].read == 1000
         && p.apps[1].read == 1000));
     assert!(pair.settle(100_000));
+    // One more message from side 1, acknowledging all side 0 sent: side 0
+    // has all four of side 1's buffers to misuse.
+    pair.apps[1].to_write = 1001;
+    assert!(pair.run(u64::MAX, |p| p.apps[0].read == 1001));
+    assert!(pair.settle(100_000));
+    assert_eq!(pair.sides[0].link().credit_state().send_credit, 4);
     pair.apps[1].reading = false;
     let side = &mut pair.sides[0];
     side.hostile = true;
