@@ -871,3 +871,57 @@ fn two_stuck_writers_fall_quiet() {
         "messages sent while idle: {busy:?}"
     );
 }
+
+#[test]
+fn a_gathered_write_fills_messages_across_the_callers_buffers() {
+    use std::io::IoSlice;
+    let (a, b) = pair();
+    let data = scrambled(300_000, 3);
+    let len = data.len();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::with_capacity(len);
+        (&b).read_to_end(&mut got).unwrap();
+        got
+    });
+    // 150 buffers of 1 to 3 999 bytes: more than one send takes, none a
+    // message's worth.
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for k in 0.. {
+        let n = (1 + (k * 2_654_435_761u64 as usize) % 3_999).min(len - at);
+        pieces.push(&data[at..at + n]);
+        at += n;
+        if at == len {
+            break;
+        }
+    }
+    let mut bufs: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+    let before = a.info().credits.lsseq;
+    let mut left = &mut bufs[..];
+    let mut calls = 0;
+    while !left.is_empty() {
+        let n = a
+            .send_vectored_flags(left, sdp_core::conn::SendFlags::EMPTY)
+            .unwrap();
+        assert!(n > 0);
+        IoSlice::advance_slices(&mut left, n);
+        calls += 1;
+    }
+    a.shutdown(Shutdown::Write).unwrap();
+    let got = reader.join().unwrap();
+    assert!(got == data, "{} of {len} bytes, or not the same", got.len());
+    let info = a.info();
+    let messages = info.credits.lsseq.wrapping_sub(before);
+    // Full messages (about 64 KiB each), not one per buffer or per call.
+    assert!(calls >= 3, "{calls} calls");
+    assert!(
+        messages <= 12,
+        "{messages} messages for {} buffers",
+        pieces.len()
+    );
+    assert_eq!(
+        info.copies.bytes_sent_direct + info.copies.bytes_staged,
+        len as u64,
+        "{info:?}"
+    );
+}

@@ -2,8 +2,9 @@
 //! length of one call, and the counters that show which copies happened.
 //!
 //! * **Send** ([`super::Link::send_direct`]): the bytes a `write` accepts
-//!   stay in the caller's buffer — region [`SEND_FROM`] of
-//!   [`super::LinkMemory`] — while the Data Messages carrying them are
+//!   stay in the caller's buffers — regions [`send_from`] of
+//!   [`super::LinkMemory`], one per buffer of a `writev`, so that its
+//!   messages gather across them — while the Data Messages carrying them are
 //!   posted and the driver writes what the socket takes straight from it
 //!   (the CRC runs over those bytes once, where they lie). Before the call
 //!   returns, [`super::Link::finish_direct`] copies into the staging ring
@@ -38,8 +39,31 @@ use iwarp::mem::RegionId;
 use super::Link;
 use crate::wire::{Bsdh, Mid, BSDH_LEN};
 
-/// The caller's buffer during a direct send (read-only).
+/// The caller's first buffer during a direct send (read-only).
 pub const SEND_FROM: RegionId = RegionId(u32::MAX - 2);
+/// Most buffers a direct send takes from the caller (`IOV_MAX` is 1024;
+/// a longer `writev` is gathered in pieces).
+pub const SEND_FROM_MAX: usize = 64;
+/// Where the caller's buffers after the first lie: region ids from here
+/// down.
+const SEND_FROM_REST: u32 = u32::MAX - 16;
+
+/// Region of the caller's `i`-th buffer during a direct send.
+pub fn send_from(i: usize) -> RegionId {
+    match i {
+        0 => SEND_FROM,
+        _ => RegionId(SEND_FROM_REST - (i.min(SEND_FROM_MAX) as u32 - 1)),
+    }
+}
+
+/// Which of the caller's buffers region `id` is, if it is one.
+pub fn send_from_index(id: RegionId) -> Option<usize> {
+    if id == SEND_FROM {
+        return Some(0);
+    }
+    let i = SEND_FROM_REST.checked_sub(id.0)? as usize + 1;
+    (id.0 <= SEND_FROM_REST && i < SEND_FROM_MAX).then_some(i)
+}
 /// The waiting reader's buffer during a direct receive.
 pub const RECV_INTO: RegionId = RegionId(u32::MAX - 3);
 
@@ -327,30 +351,55 @@ impl Link {
 }
 
 /// A direct send in progress: the send stream offsets whose bytes are in
-/// the caller's buffer (byte `span.start` at its offset 0).
+/// the caller's buffers, and where: each part a region and its length,
+/// in stream order (byte `span.start` at offset 0 of the first).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SendSpan {
     pub span: Range<u64>,
-    /// Where those bytes are: [`SEND_FROM`], or
-    /// [`super::zcopy::SEND_ZCOPY`] for a Zcopy send buffer.
-    pub region: RegionId,
+    pub parts: Vec<(RegionId, u64)>,
 }
 
 impl SendSpan {
-    /// Splits a Data Message's payload range into the part in the staging
-    /// ring (older bytes, copied by an earlier call) and the gather
-    /// element of the part in the caller's buffer.
-    pub fn split(&self, payload: Range<u64>) -> (Range<u64>, Option<iwarp::engine::Sge>) {
-        if payload.end <= self.span.start {
-            return (payload, None);
+    /// The span `span` lent as one region.
+    pub fn one(span: Range<u64>, region: RegionId) -> SendSpan {
+        let len = span.end - span.start;
+        SendSpan {
+            span,
+            parts: vec![(region, len)],
         }
-        let from = payload.start.max(self.span.start);
-        let sge = iwarp::engine::Sge {
-            region: self.region,
-            offset: (from - self.span.start) as usize,
-            len: (payload.end - from) as usize,
-        };
-        (payload.start..from, Some(sge))
+    }
+
+    /// The parts: region, stream offset of its first byte, length.
+    pub fn parts(&self) -> impl Iterator<Item = (RegionId, u64, u64)> + '_ {
+        self.parts
+            .iter()
+            .scan(self.span.start, |at, &(region, len)| {
+                let start = *at;
+                *at += len;
+                Some((region, start, len))
+            })
+    }
+
+    /// The part of a Data Message's payload range `payload` in the
+    /// staging ring: the bytes before the span, copied by an earlier call.
+    pub fn ring_part(&self, payload: Range<u64>) -> Range<u64> {
+        payload.start..payload.start.max(self.span.start).min(payload.end)
+    }
+
+    /// Pushes onto `out`, in order, the gather elements of the bytes of
+    /// `range` that lie in the caller's buffers.
+    pub fn lent_sges(&self, range: Range<u64>, out: &mut Vec<iwarp::engine::Sge>) {
+        for (region, start, len) in self.parts() {
+            let lo = range.start.max(start);
+            let hi = range.end.min(start + len);
+            if lo < hi {
+                out.push(iwarp::engine::Sge {
+                    region,
+                    offset: (lo - start) as usize,
+                    len: (hi - lo) as usize,
+                });
+            }
+        }
     }
 }
 
@@ -358,19 +407,44 @@ impl SendSpan {
 mod tests {
     use super::*;
 
+    fn sges(d: &SendSpan, payload: Range<u64>) -> (Range<u64>, Vec<(RegionId, usize, usize)>) {
+        let ring = d.ring_part(payload.clone());
+        let mut lent = Vec::new();
+        d.lent_sges(ring.end..payload.end, &mut lent);
+        (
+            ring,
+            lent.iter().map(|s| (s.region, s.offset, s.len)).collect(),
+        )
+    }
+
     #[test]
     fn payload_split_between_ring_and_caller() {
+        let d = SendSpan::one(100..200, SEND_FROM);
+        assert_eq!(sges(&d, 10..90), (10..90, vec![]));
+        assert_eq!(sges(&d, 90..150), (90..100, vec![(SEND_FROM, 0, 50)]));
+        assert_eq!(sges(&d, 120..200), (120..120, vec![(SEND_FROM, 20, 80)]));
+    }
+
+    #[test]
+    fn payload_split_across_the_callers_buffers() {
+        // A writev of 30, 0 and 70 bytes at stream offset 100.
         let d = SendSpan {
             span: 100..200,
-            region: SEND_FROM,
+            parts: vec![(send_from(0), 30), (send_from(1), 0), (send_from(2), 70)],
         };
-        assert_eq!(d.split(10..90), (10..90, None));
-        let (ring, sge) = d.split(90..150);
-        assert_eq!(ring, 90..100);
-        let sge = sge.unwrap();
-        assert_eq!((sge.region, sge.offset, sge.len), (SEND_FROM, 0, 50));
-        let (ring, sge) = d.split(120..200);
-        assert_eq!(ring, 120..120);
-        assert_eq!(sge.map(|s| (s.offset, s.len)), Some((20, 80)));
+        assert_eq!(
+            sges(&d, 90..150),
+            (90..100, vec![(send_from(0), 0, 30), (send_from(2), 0, 20)])
+        );
+        assert_eq!(sges(&d, 150..200), (150..150, vec![(send_from(2), 20, 50)]));
+        // The regions are distinct and found again.
+        let ids: Vec<RegionId> = (0..SEND_FROM_MAX).map(send_from).collect();
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(send_from_index(*id), Some(i));
+            assert!(ids[..i].iter().all(|x| x != id));
+        }
+        for other in [RECV_INTO, super::super::zcopy::SEND_ZCOPY, RegionId(0)] {
+            assert_eq!(send_from_index(other), None);
+        }
     }
 }

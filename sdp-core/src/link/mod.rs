@@ -180,12 +180,12 @@ enum LlpEnd {
 /// Private Buffers (region `i` = buffer `i`), the send [`Staging`]
 /// (regions [`staging::PAYLOAD_REGION`] and [`staging::HEADER_REGION`],
 /// read-only), and for the length of one call the caller's buffers
-/// ([`direct::SEND_FROM`], read-only; [`direct::RECV_INTO`];
+/// ([`direct::send_from`], read-only; [`direct::RECV_INTO`];
 /// [`zcopy::SEND_ZCOPY`], read-only; [`zcopy::RECV_ZCOPY`]).
 pub struct LinkMemory<'a> {
     pool: &'a mut BufferPool,
     staging: &'a Staging,
-    send_from: Option<&'a [u8]>,
+    send_from: Option<&'a [&'a [u8]]>,
     recv_into: Option<&'a mut [u8]>,
     zc_send: Option<&'a [u8]>,
     zc_recv: Option<&'a mut [u8]>,
@@ -193,8 +193,10 @@ pub struct LinkMemory<'a> {
 
 impl Memory for LinkMemory<'_> {
     fn region(&self, id: RegionId) -> Option<&[u8]> {
+        if let Some(i) = direct::send_from_index(id) {
+            return self.send_from.and_then(|b| b.get(i)).copied();
+        }
         match id {
-            direct::SEND_FROM => self.send_from,
             direct::RECV_INTO => self.recv_into.as_deref(),
             zcopy::SEND_ZCOPY => self.zc_send,
             zcopy::RECV_ZCOPY => self.zc_recv.as_deref(),
@@ -206,8 +208,11 @@ impl Memory for LinkMemory<'_> {
     }
 
     fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
+        if direct::send_from_index(id).is_some() {
+            return None;
+        }
         match id {
-            direct::SEND_FROM | zcopy::SEND_ZCOPY => None,
+            zcopy::SEND_ZCOPY => None,
             direct::RECV_INTO => self.recv_into.as_deref_mut(),
             zcopy::RECV_ZCOPY => self.zc_recv.as_deref_mut(),
             _ if self.staging.region(id).is_some() => None,
@@ -353,7 +358,7 @@ impl Link {
     /// reader's buffer ([`Link::lend_recv`]).
     pub fn memory_with<'a>(
         &'a mut self,
-        send_from: Option<&'a [u8]>,
+        send_from: Option<&'a [&'a [u8]]>,
         recv_into: Option<&'a mut [u8]>,
     ) -> LinkMemory<'a> {
         self.memory_lent(send_from, recv_into, None, None)
@@ -363,7 +368,7 @@ impl Link {
     /// [`Link::memory_with`]'s and [`Link::memory_zcopy`]'s.
     pub fn memory_lent<'a>(
         &'a mut self,
-        send_from: Option<&'a [u8]>,
+        send_from: Option<&'a [&'a [u8]]>,
         recv_into: Option<&'a mut [u8]>,
         zc_send: Option<&'a [u8]>,
         zc_recv: Option<&'a mut [u8]>,
@@ -447,14 +452,26 @@ impl Link {
     /// carrying them refer to `data` — and before `data` goes away calls
     /// [`Link::finish_direct`] with the same bytes, which copies what is
     /// still needed into the staging ring. Errors as [`Conn::send`].
-    pub fn send_direct(&mut self, data: &[u8], flags: SendFlags) -> Result<usize, Error> {
+    pub fn send_direct(&mut self, data: &[&[u8]], flags: SendFlags) -> Result<usize, Error> {
         self.finish_pending_span();
-        let n = self.conn.send(data.len(), flags)?;
+        let data = &data[..data.len().min(direct::SEND_FROM_MAX)];
+        let total: usize = data.iter().map(|b| b.len()).sum();
+        let n = self.conn.send(total, flags)?;
         let end = self.conn.tx().accepted();
         if n > 0 {
+            let mut left = n as u64;
+            let parts = data
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let len = left.min(b.len() as u64);
+                    left -= len;
+                    (direct::send_from(i), len)
+                })
+                .collect();
             self.send_span = Some(SendSpan {
                 span: end - n as u64..end,
-                region: direct::SEND_FROM,
+                parts,
             });
         }
         Ok(n)
@@ -465,34 +482,42 @@ impl Link {
     /// yet, are copied into the staging ring and the engine's references
     /// move there; the rest went to the socket during the call and was
     /// never copied.
-    pub fn finish_direct(&mut self, data: &[u8], qp: &mut Connection) {
-        let Some(SendSpan { span, .. }) = self.send_span.take() else {
+    pub fn finish_direct(&mut self, data: &[&[u8]], qp: &mut Connection) {
+        let Some(send) = self.send_span.take() else {
             return;
         };
-        let n = (span.end - span.start) as usize;
-        let data = &data[..n.min(data.len())];
-        // Bytes from the first one still referred to; the unposted ones
-        // lie after every posted one.
-        let unposted = self.conn.tx().sent().clamp(span.start, span.end) - span.start;
-        let keep_from = qp
-            .region_low_water(direct::SEND_FROM)
-            .map_or(unposted as usize, |low| low.min(unposted as usize))
-            .min(data.len());
-        self.staging
-            .write(span.start + keep_from as u64, &data[keep_from..]);
-        self.stats.bytes_sent_direct += keep_from as u64;
-        self.stats.bytes_staged += (data.len() - keep_from) as u64;
+        let span = send.span.clone();
+        // The first byte still referred to; the unposted ones lie after
+        // every posted one.
+        let unposted = self.conn.tx().sent().clamp(span.start, span.end);
+        let keep_from = send
+            .parts()
+            .filter_map(|(region, start, _)| {
+                qp.region_low_water(region).map(|low| start + low as u64)
+            })
+            .fold(unposted, u64::min);
+        for ((_, start, len), b) in send.parts().zip(data) {
+            let lo = keep_from.max(start);
+            let hi = start + len.min(b.len() as u64);
+            if lo < hi {
+                self.staging
+                    .write(lo, &b[(lo - start) as usize..(hi - start) as usize]);
+            }
+        }
+        self.stats.bytes_sent_direct += keep_from - span.start;
+        self.stats.bytes_staged += span.end - keep_from;
         let cap = self.staging.capacity() as u64;
-        let base = span.start;
-        let map = move |off: usize| {
-            let pos = (base.wrapping_add(off as u64) % cap) as usize;
-            (pos, cap as usize - pos)
-        };
-        qp.rebase_region(&Rebase {
-            from: direct::SEND_FROM,
-            to: staging::PAYLOAD_REGION,
-            map: &map,
-        });
+        for (region, start, _) in send.parts() {
+            let map = move |off: usize| {
+                let pos = (start.wrapping_add(off as u64) % cap) as usize;
+                (pos, cap as usize - pos)
+            };
+            qp.rebase_region(&Rebase {
+                from: region,
+                to: staging::PAYLOAD_REGION,
+                map: &map,
+            });
+        }
     }
 
     /// A direct send whose [`Link::finish_direct`] never came: its bytes

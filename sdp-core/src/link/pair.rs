@@ -395,7 +395,7 @@ impl LinkPair {
     /// Side `s` frames what it has and writes up to `n` octets of it to the
     /// wire, with `lent` as the bytes of a direct send in progress; returns
     /// the octets written.
-    pub fn transmit_from(&mut self, s: usize, n: usize, lent: Option<&[u8]>) -> usize {
+    pub fn transmit_from(&mut self, s: usize, n: usize, lent: Option<&[&[u8]]>) -> usize {
         let now = self.now;
         let side = &mut self.sides[s];
         if let (Some(link), Some(_)) = (side.link.as_mut(), lent) {
@@ -601,7 +601,7 @@ impl LinkPair {
         };
         if self.apps[s].direct_send {
             let buf = core::mem::take(&mut self.buf);
-            match link.send_direct(&buf, SendFlags::EMPTY) {
+            match link.send_direct(&[&buf], SendFlags::EMPTY) {
                 Ok(n) => {
                     let app = &mut self.apps[s];
                     app.write_hash.update(&buf[..n]);
@@ -609,10 +609,10 @@ impl LinkPair {
                     // The call posts and writes what the socket takes.
                     self.drive(s);
                     let k = self.chunk();
-                    self.transmit_from(s, k, Some(&buf[..n]));
+                    self.transmit_from(s, k, Some(&[&buf[..n]]));
                     let side = &mut self.sides[s];
                     if let Some(link) = side.link.as_mut() {
-                        link.finish_direct(&buf[..n], &mut side.qp);
+                        link.finish_direct(&[&buf[..n]], &mut side.qp);
                     }
                 }
                 Err(Error::WouldBlock) => {}

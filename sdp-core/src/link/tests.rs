@@ -512,14 +512,14 @@ fn direct_send_stages_exactly_what_the_socket_did_not_take() {
     let mut data = vec![0; payload];
     crate::testing::pattern(pair.apps[0].seed, 0, &mut data);
     assert_eq!(
-        pair.sides[0].link().send_direct(&data, SendFlags::EMPTY),
+        pair.sides[0].link().send_direct(&[&data], SendFlags::EMPTY),
         Ok(payload)
     );
     pair.drive(0);
     assert_eq!(pair.sides[0].link().conn().tx().sent(), payload as u64);
     // Two whole FPDUs, then the 36 header octets and 64 payload octets of
     // the third.
-    let took = pair.transmit_from(0, 2 * 536 + 100, Some(&data));
+    let took = pair.transmit_from(0, 2 * 536 + 100, Some(&[&data]));
     assert_eq!(took, 2 * 536 + 100);
     let side = &mut pair.sides[0];
     let link = side.link.as_mut().unwrap();
@@ -527,7 +527,7 @@ fn direct_send_stages_exactly_what_the_socket_did_not_take() {
         side.qp.region_low_water(super::direct::SEND_FROM),
         Some(2 * 496 + 64)
     );
-    link.finish_direct(&data, &mut side.qp);
+    link.finish_direct(&[&data], &mut side.qp);
     assert_eq!(side.qp.region_low_water(super::direct::SEND_FROM), None);
     let st = link.copy_stats();
     assert_eq!(st.bytes_sent_direct, 2 * 496 + 64);
@@ -605,14 +605,14 @@ fn pingpong_waiting_reader_copies_nothing() {
         pair.apps[s].write_hash.update(&msg);
         let side = &mut pair.sides[s];
         let link = side.link.as_mut().unwrap();
-        assert_eq!(link.send_direct(&msg, SendFlags::EMPTY), Ok(64));
+        assert_eq!(link.send_direct(&[&msg], SendFlags::EMPTY), Ok(64));
         pair.drive(s);
-        pair.transmit_from(s, usize::MAX, Some(&msg));
+        pair.transmit_from(s, usize::MAX, Some(&[&msg]));
         let side = &mut pair.sides[s];
         side.link
             .as_mut()
             .unwrap()
-            .finish_direct(&msg, &mut side.qp);
+            .finish_direct(&[&msg], &mut side.qp);
         pair.drive(s);
         // The reader waits with 64 bytes of room; the message arrives.
         let before = pair.apps[o].read;

@@ -95,10 +95,7 @@ impl Link {
         let end = self.conn.tx().accepted();
         self.zc.send = Some((
             id,
-            SendSpan {
-                span: end.saturating_sub(len as u64)..end,
-                region: SEND_ZCOPY,
-            },
+            SendSpan::one(end.saturating_sub(len as u64)..end, SEND_ZCOPY),
         ));
         Ok(id)
     }
@@ -356,15 +353,14 @@ impl Link {
     /// direct or Zcopy send.
     pub(super) fn payload_sges(&self, payload: Range<u64>, sges: &mut Vec<Sge>) {
         let span = self.send_span.as_ref().or(self.zc.send_span());
-        let (ring, lent) = match span {
-            Some(d) => d.split(payload),
-            None => (payload, None),
-        };
+        let ring = span.map_or(payload.clone(), |d| d.ring_part(payload.clone()));
         if ring.end > ring.start {
-            let (a, b) = self.staging.payload_sges(ring);
+            let (a, b) = self.staging.payload_sges(ring.clone());
             sges.push(a);
             sges.extend(b);
         }
-        sges.extend(lent);
+        if let Some(d) = span {
+            d.lent_sges(ring.end..payload.end, sges);
+        }
     }
 }

@@ -99,11 +99,6 @@ use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
 use shared::{Locked, Shared};
 
-/// The largest piece a gathered write ([`SdpStream::send_vectored_flags`])
-/// copies together before it is sent: every `writev` a program makes of
-/// headers and a body fits whole.
-pub const GATHER_MAX: usize = 256 << 10;
-
 /// How long dropping a blocking stream waits for its accepted bytes to
 /// reach the kernel.
 const DROP_FLUSH: Duration = Duration::from_secs(10);
@@ -181,6 +176,34 @@ fn wait_until(
             return Err(would_block());
         }
         g.wait(deadline)?;
+    }
+}
+
+/// The copying `send` of `bufs` (their concatenation) with the stream's
+/// blocking rule: the bytes accepted, EAGAIN when a nonblocking stream
+/// takes none (after one look at the socket for credit) or the write
+/// timeout passed first.
+fn send_loop(g: &mut Locked<'_>, bufs: &[&[u8]], flags: SendFlags) -> io::Result<usize> {
+    let deadline = g.write_timeout.map(|t| Instant::now() + t);
+    let mut pumped = false;
+    loop {
+        match g.send_direct(Instant::now(), bufs, flags) {
+            Ok(n) => return Ok(n),
+            Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+                // Credits or completions may be waiting in the socket.
+                g.pump(Instant::now());
+                pumped = true;
+            }
+            Err(Error::WouldBlock) if g.nonblocking => return Err(would_block()),
+            Err(Error::WouldBlock) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(would_block());
+                }
+                g.wait(deadline)?;
+                g.pump(Instant::now());
+            }
+            Err(e) => return Err(to_io(e)),
+        }
     }
 }
 
@@ -625,82 +648,34 @@ impl SdpStream {
                 return r;
             }
         }
-        let deadline = g.write_timeout.map(|t| Instant::now() + t);
-        let mut pumped = false;
-        loop {
-            match g.send_direct(Instant::now(), buf, flags) {
-                Ok(n) => return Ok(n),
-                Err(Error::WouldBlock) if g.nonblocking && !pumped => {
-                    // Credits or completions may be waiting in the socket.
-                    g.pump(Instant::now());
-                    pumped = true;
-                }
-                Err(Error::WouldBlock) if g.nonblocking => return Err(would_block()),
-                Err(Error::WouldBlock) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(would_block());
-                    }
-                    g.wait(deadline)?;
-                    g.pump(Instant::now());
-                }
-                Err(e) => return Err(to_io(e)),
-            }
-        }
+        send_loop(&mut g, &[buf], flags)
     }
 
     /// `sendmsg(2)` of several buffers (`writev`): one operation on the
     /// stream, as it is one on a TCP socket — the bytes go in as one `send`
-    /// of their concatenation would take them, so a reader finds them
-    /// together, never a message per buffer. The buffers are gathered
-    /// into one (in pieces of [`GATHER_MAX`] for larger calls, each piece
-    /// one send; [`SendFlags::OOB`] marks the last byte of the whole).
-    /// Returns the bytes accepted, as [`SdpStream::send_flags`].
+    /// of their concatenation would take them, its messages gathered
+    /// across the buffers without a copy, so a reader finds them together,
+    /// never a message per buffer. A call of more than
+    /// [`SEND_FROM_MAX`](crate::link::direct::SEND_FROM_MAX) buffers takes
+    /// from the first ones (a partial write, as from a socket short of
+    /// room); [`SendFlags::OOB`] marks the last byte of the whole. Returns
+    /// the bytes accepted, as [`SdpStream::send_flags`].
     pub fn send_vectored_flags(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
-        let mut parts = bufs.iter().filter(|b| !b.is_empty()).peekable();
-        let Some(first) = parts.next() else {
-            // Zero bytes: still reports a broken connection.
-            return self.send_flags(&[], flags);
-        };
-        if parts.peek().is_none() {
-            return self.send_flags(first, flags);
-        }
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        let mut gather = Vec::with_capacity(total.min(GATHER_MAX));
-        let mut done = 0;
-        let mut pieces = std::iter::once(&first[..]).chain(parts.map(|b| &b[..]));
-        let mut rest: &[u8] = &[];
-        loop {
-            gather.clear();
-            while gather.len() < GATHER_MAX {
-                if rest.is_empty() {
-                    match pieces.next() {
-                        Some(b) => rest = b,
-                        None => break,
-                    }
-                }
-                let n = rest.len().min(GATHER_MAX - gather.len());
-                gather.extend_from_slice(&rest[..n]);
-                rest = &rest[n..];
+        use crate::link::direct::SEND_FROM_MAX;
+        let mut parts: Vec<&[u8]> = bufs
+            .iter()
+            .filter(|b| !b.is_empty())
+            .map(|b| &b[..])
+            .collect();
+        match parts.len() {
+            0 => self.send_flags(&[], flags),
+            1 => self.send_flags(parts[0], flags),
+            n if n > SEND_FROM_MAX => {
+                parts.truncate(SEND_FROM_MAX);
+                let flags = SendFlags(flags.0 & !SendFlags::OOB.0);
+                send_loop(&mut self.shared().lock(), &parts, flags)
             }
-            let last = done + gather.len() == total;
-            let f = if last {
-                flags
-            } else {
-                SendFlags(flags.0 & !SendFlags::OOB.0)
-            };
-            match self.send_flags(&gather, f) {
-                Ok(n) => {
-                    done += n;
-                    if n < gather.len() || last {
-                        return Ok(done);
-                    }
-                }
-                Err(e) if done > 0 => {
-                    self.restore_error(&e);
-                    return Ok(done);
-                }
-                Err(e) => return Err(e),
-            }
+            _ => send_loop(&mut self.shared().lock(), &parts, flags),
         }
     }
 

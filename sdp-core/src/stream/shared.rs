@@ -342,20 +342,20 @@ impl Inner {
         self.pump_out_from(now, None, None)
     }
 
-    /// `send(2)` straight from `buf` (DESIGN §7): the accepted bytes are
-    /// posted and written from `buf` as far as the socket takes them now;
+    /// `send(2)` straight from `bufs`, in order (DESIGN §7): the accepted
+    /// bytes are posted and written from the caller's buffers as far as
+    /// the socket takes them now, messages gathered across the buffers;
     /// only the rest is copied into the staging ring, from which the
     /// progress thread sends it later ([`Link::send_direct`]).
     pub fn send_direct(
         &mut self,
         now: Instant,
-        buf: &[u8],
+        bufs: &[&[u8]],
         flags: crate::conn::SendFlags,
     ) -> Result<usize, crate::errno::Error> {
-        let n = self.link.send_direct(buf, flags)?;
-        let buf = &buf[..n];
-        self.pump_out_from(now, Some(buf), None);
-        self.link.finish_direct(buf, self.ep.connection_mut());
+        let n = self.link.send_direct(bufs, flags)?;
+        self.pump_out_from(now, Some(bufs), None);
+        self.link.finish_direct(bufs, self.ep.connection_mut());
         Ok(n)
     }
 
@@ -364,7 +364,7 @@ impl Inner {
     fn pump_out_from(
         &mut self,
         now: Instant,
-        send_from: Option<&[u8]>,
+        send_from: Option<&[&[u8]]>,
         recv_into: Option<&[u8]>,
     ) -> bool {
         self.pump_out_lent(now, send_from, recv_into, false, None)
@@ -375,7 +375,7 @@ impl Inner {
     fn pump_out_lent(
         &mut self,
         now: Instant,
-        send_from: Option<&[u8]>,
+        send_from: Option<&[&[u8]]>,
         recv_into: Option<&[u8]>,
         zcopy: bool,
         zc_send: Option<&[u8]>,
@@ -433,7 +433,7 @@ impl Inner {
     }
 
     /// Carries out the link's LLP teardown once it can.
-    fn teardown(&mut self, now: Instant, send_from: Option<&[u8]>) -> bool {
+    fn teardown(&mut self, now: Instant, send_from: Option<&[&[u8]]>) -> bool {
         match self.link.teardown() {
             Some(Teardown::Graceful)
                 if !self.shut_wr

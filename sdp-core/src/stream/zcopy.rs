@@ -270,7 +270,11 @@ fn copy_rest(
     call: &Call<'_>,
 ) -> io::Result<usize> {
     while done < buf.len() {
-        match g.send_direct(Instant::now(), &buf[done..], crate::conn::SendFlags::EMPTY) {
+        match g.send_direct(
+            Instant::now(),
+            &[&buf[done..]],
+            crate::conn::SendFlags::EMPTY,
+        ) {
             Ok(n) => done += n,
             Err(Error::WouldBlock) => {
                 if call.deadline.is_some_and(|d| Instant::now() >= d) {
