@@ -84,7 +84,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -1079,18 +1079,32 @@ enum Buffer {
 /// buffer, so a smaller one before any data moved is the program's
 /// choice (Linux reports twice what was asked, its bookkeeping included).
 fn program_set(sock: &socket2::SockRef<'_>, which: Buffer) -> Option<u64> {
-    let (size, sysctl) = match which {
-        Buffer::Recv => (sock.recv_buffer_size(), "/proc/sys/net/ipv4/tcp_rmem"),
-        Buffer::Send => (sock.send_buffer_size(), "/proc/sys/net/ipv4/tcp_wmem"),
+    let size = match which {
+        Buffer::Recv => sock.recv_buffer_size(),
+        Buffer::Send => sock.send_buffer_size(),
     };
     let size = size.ok()? as u64;
-    let initial: u64 = std::fs::read_to_string(sysctl)
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    (size < initial).then_some(size)
+    (size < initial_size(which)?).then_some(size)
+}
+
+/// The middle value of `net.ipv4.tcp_rmem` or `tcp_wmem`, read once per
+/// process: reading the file for every connection cost each end four
+/// system calls and two trips through procfs in its setup.
+fn initial_size(which: Buffer) -> Option<u64> {
+    static RMEM: OnceLock<Option<u64>> = OnceLock::new();
+    static WMEM: OnceLock<Option<u64>> = OnceLock::new();
+    let (cell, sysctl) = match which {
+        Buffer::Recv => (&RMEM, "/proc/sys/net/ipv4/tcp_rmem"),
+        Buffer::Send => (&WMEM, "/proc/sys/net/ipv4/tcp_wmem"),
+    };
+    *cell.get_or_init(|| {
+        std::fs::read_to_string(sysctl)
+            .ok()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    })
 }
 
 fn check_timeout(t: Option<Duration>) -> io::Result<()> {
