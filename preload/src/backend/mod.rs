@@ -72,9 +72,9 @@ pub(crate) fn pm() -> &'static PmClient {
 }
 
 /// How long the short tail of a large write may wait for the next write
-/// (`Config::coalesce`), unless the program set TCP_NODELAY: about what a
-/// 64 KiB write takes on loopback, so a streaming writer's next write
-/// comes well within it.
+/// (`Config::coalesce`), unless the program set TCP_NODELAY: longer than a
+/// scheduler time slice, so that a streaming writer descheduled for a few
+/// milliseconds still finds its tail waiting (docs/design.md §9).
 const COALESCE_US: u64 = 5000;
 
 /// The SDP connection parameters: the defaults, with the Zcopy policy
