@@ -85,7 +85,7 @@ const COALESCE_US: u64 = 5000;
 /// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
 /// go straight from the program's buffer; default 128K); `SDP_COALESCE_US`
 /// (how long a large write's short tail may wait for the next write,
-/// default 200) (docs/preload.md).
+/// default 5000) (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();

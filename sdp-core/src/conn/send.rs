@@ -235,7 +235,7 @@ pub struct Hold {
     close_until: Option<Instant>,
     /// The last write was large and followed the one before closely.
     streaming: bool,
-    /// When the tail held back goes.
+    /// When the tail held back goes (none while nothing is held).
     until: Option<Instant>,
     /// Nothing waits until the next write.
     pushed: bool,
@@ -283,12 +283,12 @@ impl Hold {
 
     /// A tail is held back.
     pub fn holding(&self) -> bool {
-        self.until.is_some() && !self.pushed
+        self.until.is_some()
     }
 
     /// When the held tail goes unless a write fills it first.
     pub fn deadline(&self) -> Option<Instant> {
-        self.until.filter(|_| !self.pushed)
+        self.until
     }
 }
 

@@ -670,12 +670,16 @@ impl SdpStream {
         match parts.len() {
             0 => self.send_flags(&[], flags),
             1 => self.send_flags(parts[0], flags),
-            n if n > SEND_FROM_MAX => {
-                parts.truncate(SEND_FROM_MAX);
-                let flags = SendFlags(flags.0 & !SendFlags::OOB.0);
+            n => {
+                // The urgent byte is the last of the whole call.
+                let flags = if n > SEND_FROM_MAX {
+                    parts.truncate(SEND_FROM_MAX);
+                    SendFlags(flags.0 & !SendFlags::OOB.0)
+                } else {
+                    flags
+                };
                 send_loop(&mut self.shared().lock(), &parts, flags)
             }
-            _ => send_loop(&mut self.shared().lock(), &parts, flags),
         }
     }
 
