@@ -329,15 +329,8 @@ pub trait SdpEndpoint: Send + Sync {
     /// the stream (fewer than `buf.len()` only after the deadline or a
     /// signal); `Some(Err(EAGAIN))` the deadline, `Some(Err(EINTR))` a
     /// signal, with nothing sent. `None`: not by Zcopy (too small, Zcopy
-    /// off); the hooks go the usual way. `lent` is called once the
-    /// buffer is offered to the peer, when the call first waits (the hooks
-    /// refresh the state export, so a long transfer shows).
-    fn send_zcopy(
-        &self,
-        _buf: &[u8],
-        _deadline: Option<Instant>,
-        _lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
+    /// off); the hooks go the usual way.
+    fn send_zcopy(&self, _buf: &[u8], _deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
         None
     }
     /// A blocking `recv` into one large buffer by Zcopy: posted before
@@ -345,13 +338,11 @@ pub trait SdpEndpoint: Send + Sync {
     /// `Some(Ok(n))` as `recv` (0 at EOF); `Some(Err(EAGAIN))` when nothing
     /// came by `deadline` or nothing yet (the hooks then wait and receive
     /// the usual way); `Some(Err(EINTR))` a signal. `None`: not by Zcopy.
-    /// `lent` as for [`SdpEndpoint::send_zcopy`].
     fn recv_zcopy(
         &self,
         _buf: &mut [u8],
         _waitall: bool,
         _deadline: Option<Instant>,
-        _lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
         None
     }

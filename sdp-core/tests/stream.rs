@@ -242,6 +242,22 @@ fn abortive_close_resets_and_writes_after_shutdown_fail() {
     assert_eq!((&a).read(&mut buf).unwrap(), 10);
 }
 
+/// `close` ends the connection while another handle lives: the peer
+/// reads what was written and then the end of the stream, the other
+/// handle's write fails.
+#[test]
+fn close_ends_the_connection_whatever_other_handles_remain() {
+    let (a, b) = pair();
+    let kept = a.clone();
+    (&a).write_all(b"last words").unwrap();
+    a.close();
+    let mut got = Vec::new();
+    (&b).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"last words");
+    let e = (&kept).write(b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
+}
+
 #[test]
 fn bytes_reach_the_peer_without_further_calls() {
     let (a, b) = pair();

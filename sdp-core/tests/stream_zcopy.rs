@@ -141,6 +141,16 @@ fn interrupt_until<T>(thread: libc::pthread_t, done: &std::sync::mpsc::Receiver<
     }
 }
 
+/// Waits until `ok` holds (a call in another thread got that far), for
+/// 10 s at most.
+fn until(what: &str, ok: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(std::time::Instant::now() < end, "still waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn nonblocking_pair(client: &Config, server: &Config) -> (SdpStream, SdpStream) {
     let (c, s) = pair_with(client, server);
     c.set_nonblocking(true).unwrap();
@@ -189,7 +199,7 @@ fn read_to_end_nonblocking(s: &SdpStream) -> Vec<u8> {
 fn write_zcopy_then_read_to_end(c: &SdpStream, s: &SdpStream, data: Vec<u8>) -> Vec<u8> {
     let c = c.clone();
     let writer = std::thread::spawn(move || {
-        let n = c.write_zcopy(&data, None, &mut || {}).expect("by Zcopy");
+        let n = c.write_zcopy(&data, None).expect("by Zcopy");
         assert_eq!(n.unwrap(), data.len());
         c.shutdown(Shutdown::Write).unwrap();
     });
@@ -199,32 +209,25 @@ fn write_zcopy_then_read_to_end(c: &SdpStream, s: &SdpStream, data: Vec<u8>) -> 
 }
 
 /// `read_zcopy` on a nonblocking stream posts the buffer before it waits:
-/// once `lent` is called the SinkAvail is out, and a write after that
-/// point lands in the buffer by RDMA Write, nothing copied.
+/// once the SinkAvail is out, a write lands in the buffer by RDMA Write,
+/// nothing copied.
 #[test]
 fn read_zcopy_posts_before_waiting_and_is_written_into() {
     let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let sent = data(16 * MIB, 3);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
     let s2 = s.clone();
     let reader = std::thread::spawn(move || {
         let mut buf = vec![0; 16 * MIB];
-        let r = s2.read_zcopy(
-            &mut buf,
-            sdp_core::conn::RecvFlags::EMPTY,
-            None,
-            &mut || lent_tx.send(()).unwrap(),
-        );
+        let r = s2.read_zcopy(&mut buf, sdp_core::conn::RecvFlags::EMPTY, None);
         let n = r.expect("by Zcopy").unwrap();
         buf.truncate(n);
         buf
     });
-    lent_rx.recv().unwrap();
-    assert_eq!(s.info().zcopy.sink_avails, 1);
+    until("the SinkAvail", || s.info().zcopy.sink_avails == 1);
     let copied = s.info().copies.bytes_copied_from_pool;
-    let n = c.write_zcopy(&sent, None, &mut || {}).expect("by Zcopy");
+    let n = c.write_zcopy(&sent, None).expect("by Zcopy");
     assert_eq!(n.unwrap(), sent.len());
     let got = reader.join().unwrap();
     assert!(got == sent, "{} bytes", got.len());
@@ -239,13 +242,13 @@ fn read_zcopy_posts_before_waiting_and_is_written_into() {
 #[test]
 fn zcopy_entries_decline_small_buffers_and_zcopy_off() {
     let (c, s) = nonblocking_pair(&zcopy_config(), &Config::default());
-    assert!(c.write_zcopy(&[0; 1024], None, &mut || {}).is_none());
+    assert!(c.write_zcopy(&[0; 1024], None).is_none());
     let mut buf = vec![0; 4 * MIB];
     // The server side has Zcopy off.
     let flags = sdp_core::conn::RecvFlags::EMPTY;
-    assert!(s.read_zcopy(&mut buf, flags, None, &mut || {}).is_none());
+    assert!(s.read_zcopy(&mut buf, flags, None).is_none());
     let mut small = [0; 100];
-    assert!(c.read_zcopy(&mut small, flags, None, &mut || {}).is_none());
+    assert!(c.read_zcopy(&mut small, flags, None).is_none());
 }
 
 /// A deadline that passes with the buffer posted and advertised: the
@@ -259,7 +262,7 @@ fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
     let mut buf = vec![0; 4 * MIB];
     let deadline = Some(std::time::Instant::now() + Duration::from_millis(50));
     let flags = sdp_core::conn::RecvFlags::EMPTY;
-    let r = s.read_zcopy(&mut buf, flags, deadline, &mut || {});
+    let r = s.read_zcopy(&mut buf, flags, deadline);
     let e = r.expect("by Zcopy").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     assert_eq!(s.info().zcopy.cancels, 1, "{:?}", s.info().zcopy);
@@ -277,20 +280,21 @@ fn a_signal_ends_a_posted_read_zcopy_with_eintr() {
     let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (me_tx, me_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let s2 = s.clone();
     let reader = std::thread::spawn(move || {
         let mut buf = vec![0; 4 * MIB];
         // SAFETY: the calling thread's own id.
-        let me = unsafe { libc::pthread_self() };
+        me_tx.send(unsafe { libc::pthread_self() }).unwrap();
         let flags = sdp_core::conn::RecvFlags::EMPTY;
-        let r = s2.read_zcopy(&mut buf, flags, None, &mut || lent_tx.send(me).unwrap());
+        let r = s2.read_zcopy(&mut buf, flags, None);
         done_tx
             .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
             .unwrap();
     });
-    let thread = lent_rx.recv().unwrap();
+    let thread = me_rx.recv().unwrap();
+    until("the SinkAvail", || s.info().zcopy.sink_avails == 1);
     let r = interrupt_until(thread, &done_rx);
     reader.join().unwrap();
     assert_eq!(r, Some(Err(Some(libc::EINTR))));
@@ -310,20 +314,21 @@ fn a_signal_ends_a_write_zcopy_once_its_srcavail_is_canceled() {
     install_sigusr1();
     let (c, s) = nonblocking_pair(&zcopy_config(), &zcopy_config());
     let sent = data(8 * MIB, 6);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (me_tx, me_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let writer = {
         let (c, sent) = (c.clone(), sent.clone());
         std::thread::spawn(move || {
             // SAFETY: the calling thread's own id.
-            let me = unsafe { libc::pthread_self() };
-            let r = c.write_zcopy(&sent, None, &mut || lent_tx.send(me).unwrap());
+            me_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let r = c.write_zcopy(&sent, None);
             done_tx
                 .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
                 .unwrap();
         })
     };
-    let thread = lent_rx.recv().unwrap();
+    let thread = me_rx.recv().unwrap();
+    until("the SrcAvail", || c.info().zcopy.src_avails == 1);
     let r = interrupt_until(thread, &done_rx);
     writer.join().unwrap();
     let kept = match r {
@@ -392,10 +397,7 @@ fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
         let (c, sent) = (c.clone(), sent.clone());
         std::thread::spawn(move || {
             for chunk in sent.chunks(2 * MIB) {
-                assert_eq!(
-                    c.write_zcopy(chunk, None, &mut || {}).unwrap().unwrap(),
-                    chunk.len()
-                );
+                assert_eq!(c.write_zcopy(chunk, None).unwrap().unwrap(), chunk.len());
             }
             c.shutdown(Shutdown::Write).unwrap();
         })

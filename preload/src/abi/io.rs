@@ -236,14 +236,6 @@ fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
     Ok(done)
 }
 
-/// After a program's call: the export shows the call's effect at once
-/// (the service thread also publishes every `SDP_STAT_INTERVAL_MS`).
-fn publish_stats(fd: c_int, h: &StreamHandle) {
-    if let Some(stats) = h.endpoint.stats() {
-        table::publish_stats(fd, &stats);
-    }
-}
-
 /// A receive on an SDP fd with the program's `flags`. A panic in the
 /// endpoint fails the call with `EIO` instead of unwinding into C.
 pub fn sdp_recv(fd: c_int, h: &StreamHandle, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> ssize_t {
@@ -279,10 +271,8 @@ fn sdp_recv_inner(
     // so the peer's next large send may go straight into it.
     if !dontwait && !rflags.peek && !rflags.oob {
         if let Some(i) = single(bufs) {
-            let lent = &mut || publish_stats(fd, h);
-            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline, lent) {
+            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline) {
                 Some(Ok(n)) if n == 0 || !waitall || n >= total => {
-                    publish_stats(fd, h);
                     return n as ssize_t;
                 }
                 Some(Ok(n)) => {
@@ -292,7 +282,6 @@ fn sdp_recv_inner(
                 // Nothing yet, by Bcopy: wait and receive as usual.
                 Some(Err(libc::EAGAIN)) | None => {}
                 Some(Err(e)) => {
-                    publish_stats(fd, h);
                     return fail(e);
                 }
             }
@@ -305,7 +294,6 @@ fn sdp_recv_inner(
         // Past the deadline the read below still takes what came; a
         // signal ends the call, with the bytes a Zcopy read placed.
         if let Some(Err(libc::EINTR)) = h.endpoint.wait(libc::POLLIN, deadline) {
-            publish_stats(fd, h);
             return if done > 0 {
                 done as ssize_t
             } else {
@@ -332,7 +320,6 @@ fn sdp_recv_inner(
             Err(e) => break partial(h, done, e),
         }
     };
-    publish_stats(fd, h);
     match result {
         Ok(n) => n as ssize_t,
         Err(e) => fail(e),
@@ -371,8 +358,7 @@ fn sdp_send_inner(
     // until the peer took it or it is all in the connection's sends (or
     // the deadline or a signal cut it short).
     let zcopy = if !dontwait && !sflags.oob && !sflags.more {
-        let lent = &mut || publish_stats(fd, h);
-        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline, lent))
+        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline))
     } else {
         None
     };
@@ -397,7 +383,6 @@ fn sdp_send_inner(
             Err(e) => break partial(h, done, e),
         }
     });
-    publish_stats(fd, h);
     match result {
         Ok(n) => n as ssize_t,
         Err(e) => {

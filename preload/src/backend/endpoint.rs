@@ -15,7 +15,10 @@
 //! Every call that touches the stream runs inside the fd table's fork gate
 //! (a fork waits until it is out, so a child never inherits one of the
 //! stream's locks held) and first claims the connection for this process
-//! ([`super::owner`]).
+//! ([`super::owner`]). Once connected, a call reaches the stream without
+//! the endpoint's own lock (`live`, `open`): the stream's lock is the one
+//! a data call takes. So the endpoint decides when the connection closes
+//! ([`SdpStream::close`]), not the drop of the last handle.
 
 use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
@@ -44,7 +47,8 @@ pub enum State {
     Connecting {
         levels: Option<Levels>,
     },
-    Connected(SdpStream),
+    /// The stream is [`Ep::live`].
+    Connected,
     /// The connect failed (SDP only, or the TCP fallback's own connect):
     /// `errno` is reported once (`SO_ERROR` or the next call).
     Failed {
@@ -61,6 +65,11 @@ pub enum State {
 /// See the module documentation.
 pub struct Ep {
     state: Mutex<State>,
+    /// The stream, once connected (for good: a closed one stays, closed).
+    live: OnceLock<SdpStream>,
+    /// `state` is `Connected`: a data call takes [`Ep::live`] without the
+    /// state's lock (DESIGN §7 "One lock per call").
+    open: AtomicBool,
     own: Ownership,
     /// The readiness descriptor (our duplicate), stable for the Ep's life
     /// once made (see the module documentation).
@@ -99,8 +108,8 @@ fn clamp_u32(v: i64) -> u32 {
 }
 
 /// What a call finds.
-enum Access {
-    Stream(SdpStream),
+enum Access<'a> {
+    Stream(&'a SdpStream),
     Connecting,
     Failed,
     FellBack,
@@ -145,9 +154,8 @@ impl Ep {
     /// An established stream (blocking connect, accept).
     pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
         stream.set_nonblocking(true)?;
-        let sock = stream.socket_fd();
-        let ep = Ep::with(State::Connected(stream), None, fd);
-        ep.sock.store(sock, Ordering::Relaxed);
+        let ep = Ep::with(State::Closed, None, fd);
+        ep.connect(&mut ep.lock(), stream);
         Ok(ep)
     }
 
@@ -170,6 +178,14 @@ impl Ep {
         ))
     }
 
+    /// The connect succeeded: `stream` is the connection from now on.
+    pub fn connect(&self, st: &mut State, stream: SdpStream) {
+        self.sock.store(stream.socket_fd(), Ordering::Relaxed);
+        let _ = self.live.set(stream);
+        *st = State::Connected;
+        self.open.store(true, Ordering::Release);
+    }
+
     fn with(state: State, wake: Option<OwnedFd>, fd: RawFd) -> Ep {
         let cell = OnceLock::new();
         if let Some(w) = wake {
@@ -177,6 +193,8 @@ impl Ep {
         }
         Ep {
             state: Mutex::new(state),
+            live: OnceLock::new(),
+            open: AtomicBool::new(false),
             own: Ownership::new(),
             wake: cell,
             fd,
@@ -204,12 +222,21 @@ impl Ep {
     /// [`SdpEndpoint::watch_socket`] go with the stream whoever has it.
     fn mark(&self, f: impl FnOnce(&SdpStream)) -> bool {
         let _g = table::enter_gate();
-        match &*self.lock() {
-            State::Connected(s) => {
+        match self.stream_if_open() {
+            Some(s) => {
                 f(s);
                 true
             }
-            _ => false,
+            None => false,
+        }
+    }
+
+    /// The stream while the state is `Connected` (whoever owns it).
+    fn stream_if_open(&self) -> Option<&SdpStream> {
+        if self.open.load(Ordering::Acquire) {
+            self.live.get()
+        } else {
+            None
         }
     }
 
@@ -233,10 +260,17 @@ impl Ep {
         *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(setup);
     }
 
-    /// The stream to call, after claiming the connection.
-    fn access(&self) -> Access {
+    /// The stream to call, after claiming the connection. A connected
+    /// stream this process owns takes no lock.
+    fn access(&self) -> Access<'_> {
+        if let (Some(s), true) = (self.stream_if_open(), self.own.owned()) {
+            return Access::Stream(s);
+        }
         let stream = match &*self.lock() {
-            State::Connected(s) => s.clone(),
+            State::Connected => match self.live.get() {
+                Some(s) => s,
+                None => return Access::Closed,
+            },
             State::Connecting { .. } => return Access::Connecting,
             State::Failed { .. } => return Access::Failed,
             State::FellBack => return Access::FellBack,
@@ -279,7 +313,7 @@ impl Ep {
     /// The stream, claimed, for a call that blocks in it: the call runs
     /// outside the fork gate, as a blocked wait does (a fork goes ahead;
     /// the child forgets the call, `fork_child`).
-    fn blocking_stream(&self) -> Option<SdpStream> {
+    fn blocking_stream(&self) -> Option<&SdpStream> {
         let _g = table::enter_gate();
         match self.access() {
             Access::Stream(s) => Some(s),
@@ -451,6 +485,9 @@ impl SdpEndpoint for Ep {
     }
 
     fn wake_fd(&self) -> WakeFd {
+        if let (Some(w), true) = (self.wake.get(), self.open.load(Ordering::Acquire)) {
+            return w.as_raw_fd();
+        }
         let _g = table::enter_gate();
         let mut st = self.lock();
         if matches!(*st, State::FellBack) {
@@ -463,9 +500,12 @@ impl SdpEndpoint for Ep {
             // Another process's connection: its stream is not touched
             // here (`Ownership::lost`); it polls ready at once
             // (`readiness`), and the kernel socket will do to sleep on.
-            State::Connected(_) if self.own.lost() => return self.fd,
-            State::Connected(s) => s
-                .readiness_fd()
+            State::Connected if self.own.lost() => return self.fd,
+            State::Connected => self
+                .live
+                .get()
+                .ok_or_else(|| io::Error::other("no stream"))
+                .and_then(|s| s.readiness_fd())
                 .and_then(|fd| fd.try_clone_to_owned())
                 .map(sdp_core::fds::high),
             State::Connecting { levels } => Levels::new().and_then(|l| {
@@ -511,7 +551,7 @@ impl SdpEndpoint for Ep {
     fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
         let _g = table::enter_gate();
         match self.access() {
-            Access::Stream(s) => recv_into(&s, bufs, flags).map_err(|e| errno_of(&e)),
+            Access::Stream(s) => recv_into(s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
             Access::Failed => Err(self.failed(libc::ENOTCONN)),
             Access::Lost => Err(libc::ENOTCONN),
@@ -542,7 +582,7 @@ impl SdpEndpoint for Ep {
     fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
         let _g = table::enter_gate();
         match self.access() {
-            Access::Stream(s) => send_from(&s, bufs, flags).map_err(|e| errno_of(&e)),
+            Access::Stream(s) => send_from(s, bufs, flags).map_err(|e| errno_of(&e)),
             Access::Connecting => Err(libc::EAGAIN),
             Access::Failed => Err(self.failed(libc::EPIPE)),
             Access::Lost => Err(libc::ENOTCONN),
@@ -598,7 +638,13 @@ impl SdpEndpoint for Ep {
             let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
-                State::Connected(s) => s,
+                State::Connected => {
+                    self.open.store(false, Ordering::Release);
+                    match self.live.get() {
+                        Some(s) => s.clone(),
+                        None => return,
+                    }
+                }
                 // The table let go of a connection that fell back to TCP:
                 // the fd is the program's kernel socket now, and a call
                 // that took this endpoint just before goes to it.
@@ -645,9 +691,10 @@ impl SdpEndpoint for Ep {
             }
             _ => {}
         }
-        // The last handle: a graceful close the progress thread finishes
-        // (or, lingering, this thread), outside the gate.
-        drop(stream);
+        // A graceful close the progress thread finishes (or, lingering,
+        // this thread), outside the gate, now: a call still under way in
+        // another thread finds the stream closing.
+        stream.close();
     }
 
     fn getsockopt(
@@ -748,8 +795,11 @@ impl SdpEndpoint for Ep {
         // claim.
         let i = match &*self.lock() {
             // Another process goes on with it: nothing to report.
-            State::Connected(_) if self.own.lost() => return None,
-            State::Connected(s) => s.counters(),
+            State::Connected if self.own.lost() => return None,
+            State::Connected => match self.live.get() {
+                Some(s) => s.counters(),
+                None => return None,
+            },
             _ => {
                 return Some(Stats {
                     tx_mode: Mode::Combined,
@@ -791,7 +841,7 @@ impl SdpEndpoint for Ep {
 
     fn fork_prepare(&self, in_use: bool) {
         // The fork gate is closed: no lock is held by another thread.
-        if matches!(*self.lock(), State::Connected(_)) {
+        if matches!(*self.lock(), State::Connected) {
             self.own.fork_prepare(in_use);
         }
     }
@@ -802,7 +852,7 @@ impl SdpEndpoint for Ep {
 
     fn fork_parent(&self) {
         if self.own.is_pending() {
-            if let State::Connected(s) = &*self.lock() {
+            if let (State::Connected, Some(s)) = (&*self.lock(), self.live.get()) {
                 s.pause_progress();
             }
         }
@@ -816,7 +866,7 @@ impl SdpEndpoint for Ep {
         // waiters: one the parent keeps (a thread of the parent used it
         // across the fork, a Zcopy call with the stream's lock held, say)
         // is never touched here, its lock perhaps held for good.
-        if let (State::Connected(s), true) = (&*st, self.own.is_pending()) {
+        if let (State::Connected, Some(s), true) = (&*st, self.live.get(), self.own.is_pending()) {
             s.forget_waiters();
         }
         if matches!(*st, State::Connecting { .. }) {
@@ -842,7 +892,13 @@ impl SdpEndpoint for Ep {
             let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
-                State::Connected(s) => s,
+                State::Connected => {
+                    self.open.store(false, Ordering::Release);
+                    match self.live.get() {
+                        Some(s) => s,
+                        None => return,
+                    }
+                }
                 other => {
                     *st = other;
                     return;
@@ -852,7 +908,7 @@ impl SdpEndpoint for Ep {
         if resume {
             let _ = stream.resume_progress();
         }
-        drop(stream);
+        stream.close();
     }
 
     fn set_nonblocking(&self, on: bool) {
@@ -867,23 +923,18 @@ impl SdpEndpoint for Ep {
 
     fn zcopy_elsewhere(&self) -> bool {
         match &*self.lock() {
-            State::Connected(_) if self.own.lost() => false,
-            State::Connected(s) => s.zcopy_elsewhere(),
+            State::Connected if self.own.lost() => false,
+            State::Connected => self.live.get().is_some_and(SdpStream::zcopy_elsewhere),
             _ => false,
         }
     }
 
-    fn send_zcopy(
-        &self,
-        buf: &[u8],
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
+    fn send_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
         if buf.len() as u64 <= super::lend_threshold() {
             return None;
         }
         let stream = self.blocking_stream()?;
-        let r = stream.write_zcopy(buf, deadline, lent)?;
+        let r = stream.write_zcopy(buf, deadline)?;
         Some(r.map_err(|e| errno_of(&e)))
     }
 
@@ -892,7 +943,6 @@ impl SdpEndpoint for Ep {
         buf: &mut [u8],
         waitall: bool,
         deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
     ) -> Option<Result<usize, Errno>> {
         if buf.len() as u64 <= super::zcopy_threshold() {
             return None;
@@ -903,7 +953,7 @@ impl SdpEndpoint for Ep {
         } else {
             SdpRecv::EMPTY
         };
-        let r = stream.read_zcopy(buf, flags, deadline, lent)?;
+        let r = stream.read_zcopy(buf, flags, deadline)?;
         Some(r.map_err(|e| errno_of(&e)))
     }
 
@@ -974,7 +1024,7 @@ impl Task for Orphaned {
                 // made, graceful, by this process's progress thread.
                 let Orphaned(_, stream) = *self;
                 let _ = stream.resume_progress();
-                drop(stream);
+                stream.close();
                 None
             }
         }

@@ -111,7 +111,7 @@ fn would_block() -> io::Error {
     to_io(Error::WouldBlock)
 }
 
-/// The last handle closes the stream.
+/// The last handle closes the stream (or [`SdpStream::close`] did).
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
@@ -119,15 +119,20 @@ struct Handle {
     peer: SocketAddr,
     /// [`SdpStream::detach`]: dropping does nothing to the connection.
     detached: AtomicBool,
+    /// The close ran ([`Handle::close`]): once.
+    closed: AtomicBool,
 }
 
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let shared = &self.shared;
-        if self.detached.load(Ordering::Acquire) {
-            progress::deregister(shared.id);
+impl Handle {
+    /// The close of the connection: graceful (after the accepted bytes
+    /// reached the kernel, for a blocking stream), or abortive with a
+    /// zero `SO_LINGER`; a lingering blocking stream waits for the close
+    /// exchange.
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        let shared = &self.shared;
         shared.set_released();
         let mut g = shared.lock();
         let abort = g.linger == Some(Duration::ZERO);
@@ -157,6 +162,16 @@ impl Drop for Handle {
         if finished {
             progress::deregister(shared.id);
         }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.detached.load(Ordering::Acquire) {
+            progress::deregister(self.shared.id);
+            return;
+        }
+        self.close();
     }
 }
 
@@ -432,6 +447,7 @@ impl SdpStream {
                 local,
                 peer,
                 detached: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -525,6 +541,18 @@ impl SdpStream {
     pub fn detach(self) {
         self.handle.detached.store(true, Ordering::Release);
         progress::deregister(self.shared().id);
+    }
+
+    /// Closes the connection now, as dropping the last handle would (and
+    /// dropping it later does nothing more), whatever other handles there
+    /// are: for an owner that keeps a handle for its calls' fast path (the
+    /// preload's endpoint) and decides itself when the socket is closed. A
+    /// call on another handle meanwhile finds the stream closing, as a
+    /// call on a TCP socket that another thread shuts down.
+    pub fn close(&self) {
+        if !self.handle.detached.load(Ordering::Acquire) {
+            self.handle.close();
+        }
     }
 
     /// Readiness and state at this moment, as the bits of `poll(2)`.
@@ -721,16 +749,8 @@ impl SdpStream {
     /// `buf.len()` only after the deadline or a signal), EAGAIN when the
     /// deadline passed before any, EINTR when a signal came first; `None`
     /// when the write does not go by Zcopy (the Bcopy Threshold, not
-    /// connected) and the caller goes its usual way. `lent` is called,
-    /// without the stream's lock, once the buffer is lent and offered to
-    /// the peer, when the call first waits (to refresh exported
-    /// statistics: a long transfer shows while it is under way).
-    pub fn write_zcopy(
-        &self,
-        buf: &[u8],
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<io::Result<usize>> {
+    /// connected) and the caller goes its usual way.
+    pub fn write_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<io::Result<usize>> {
         let shared = self.shared();
         let mut g = shared.lock();
         if !zcopy::lends(&g, buf.len()) {
@@ -739,7 +759,6 @@ impl SdpStream {
         let call = zcopy::Call {
             deadline,
             interruptible: true,
-            lent: Some(lent),
         };
         zcopy::write(&mut g, buf, call)
     }
@@ -752,15 +771,12 @@ impl SdpStream {
     /// deadline or the read went by Bcopy and found nothing yet (the
     /// caller then waits its usual way), EINTR when a signal came first;
     /// `None` when the read does not go by Zcopy (PEEK, OOB, the Bcopy
-    /// Threshold, Zcopy off, another Zcopy call under way). `lent` as for
-    /// [`SdpStream::write_zcopy`]: once the buffer is posted (and
-    /// advertised, if it is).
+    /// Threshold, Zcopy off, another Zcopy call under way).
     pub fn read_zcopy(
         &self,
         buf: &mut [u8],
         flags: RecvFlags,
         deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
     ) -> Option<io::Result<usize>> {
         let shared = self.shared();
         let mut g = shared.lock();
@@ -770,7 +786,6 @@ impl SdpStream {
         let call = zcopy::Call {
             deadline,
             interruptible: true,
-            lent: Some(lent),
         };
         let mut got = 0;
         let r = zcopy::read(&mut g, buf, flags, &mut got, call);

@@ -37,48 +37,34 @@ use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
 /// How one blocking Zcopy call waits.
-pub(super) struct Call<'c> {
+pub(super) struct Call {
     /// SO_SNDTIMEO or SO_RCVTIMEO as a point in time.
     pub deadline: Option<Instant>,
     /// A signal ends the call (EINTR, or the bytes moved by then).
     pub interruptible: bool,
-    /// Called without the lock once the buffer is lent and offered to the
-    /// peer, before the call first sleeps (a host refreshes its exported
-    /// statistics).
-    pub lent: Option<&'c mut dyn FnMut()>,
 }
 
-impl Call<'_> {
+impl Call {
     /// A call of [`super::SdpStream`]'s own blocking `read` or `write`.
-    pub fn plain(deadline: Option<Instant>) -> Call<'static> {
+    pub fn plain(deadline: Option<Instant>) -> Call {
         Call {
             deadline,
             interruptible: false,
-            lent: None,
         }
     }
 
     /// One wait of a call whose buffer is lent; the caller pumps and looks
-    /// for the completion before and after. The first time, the host is
-    /// told instead (the lock was released: pump again before sleeping).
-    /// A signal during an interruptible call's sleep sets `signalled` and
+    /// for the completion before and after. A signal during an interruptible call's sleep sets `signalled` and
     /// runs `take_back` once; later sleeps of the call wait for the
     /// completion regardless. Other errors end the call.
     /// `until`: the sleep ends then at the latest.
     fn wait_lent(
-        &mut self,
+        &self,
         g: &mut Locked<'_>,
-        told: &mut bool,
         signalled: &mut bool,
         until: Option<Instant>,
         take_back: impl FnOnce(&mut Locked<'_>),
     ) -> io::Result<()> {
-        if !std::mem::replace(told, true) {
-            if let Some(f) = self.lent.as_mut() {
-                g.unlocked(f);
-                return Ok(());
-            }
-        }
         match sleep(g, until, self.interruptible && !*signalled) {
             Err(e) if is_interrupt(&e) => {
                 *signalled = true;
@@ -162,7 +148,7 @@ fn sleep(g: &mut Locked<'_>, deadline: Option<Instant>, interruptible: bool) -> 
 /// once if unused; after the SinkAvailCancel exchange, §9.5.5, if
 /// advertised; after the RDMA Read under way) and that read goes on by
 /// Bcopy.
-pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io::Result<usize>> {
+pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call) -> Option<io::Result<usize>> {
     if g.zcopy_elsewhere() {
         if !g.link.cancel_recv_zcopy() {
             return None;
@@ -189,7 +175,7 @@ pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io
 /// before it reads, which a copy lets go on as TCP's socket buffers would.
 pub const LENT_STALL: Duration = Duration::from_millis(20);
 
-fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result<usize> {
+fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Call) -> io::Result<usize> {
     let bcopy = buf.len() as u64 <= g.link.conn().config().bcopy_threshold;
     loop {
         match g.link.send_zcopy(buf.len(), call.deadline, Instant::now()) {
@@ -208,7 +194,6 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
     }
     g.zcopy_begin();
     let mut signalled = false;
-    let mut told = false;
     // A Bcopy write stalls once no byte went into a Send for LENT_STALL.
     let mut sent = g.link.conn().tx().sent();
     let mut stall_at = bcopy.then(|| Instant::now() + LENT_STALL);
@@ -249,7 +234,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
         let take_back = |g: &mut Locked<'_>| {
             g.link.cancel_send_zcopy(Instant::now());
         };
-        if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, stall_at, take_back) {
+        if let Err(e) = call.wait_lent(g, &mut signalled, stall_at, take_back) {
             break Err(e);
         }
     };
@@ -263,12 +248,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
 /// The rest of a stalled lent write (from `done`), by the copying `send`
 /// with the call's blocking rule: all of it, or what went in by the
 /// deadline or a signal.
-fn copy_rest(
-    g: &mut Locked<'_>,
-    buf: &[u8],
-    mut done: usize,
-    call: &Call<'_>,
-) -> io::Result<usize> {
+fn copy_rest(g: &mut Locked<'_>, buf: &[u8], mut done: usize, call: &Call) -> io::Result<usize> {
     while done < buf.len() {
         match g.send_direct(
             Instant::now(),
@@ -312,7 +292,7 @@ pub(super) fn read(
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
-    mut call: Call<'_>,
+    call: Call,
 ) -> io::Result<usize> {
     let deadline = call.deadline;
     let waitall = flags.contains(RecvFlags::WAITALL);
@@ -359,7 +339,6 @@ pub(super) fn read(
         let into = buf.get_mut(*got..).unwrap_or_default();
         let mut canceled = false;
         let mut signalled = false;
-        let mut told = false;
         let c = loop {
             g.pump_zcopy(Instant::now(), None, Some(&mut *into));
             if let Some(c) = g.poll_zcopy() {
@@ -385,7 +364,7 @@ pub(super) fn read(
             let take_back = |g: &mut Locked<'_>| {
                 g.link.cancel_recv_zcopy();
             };
-            if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, None, take_back) {
+            if let Err(e) = call.wait_lent(g, &mut signalled, None, take_back) {
                 break Err(e);
             }
             canceled |= signalled;
