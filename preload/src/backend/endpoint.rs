@@ -1,11 +1,12 @@
 //! [`Ep`]: one SDP connection behind an application fd, over
 //! `sdp_core::stream::SdpStream` ([`SdpEndpoint`] for the hooks).
 //!
-//! The stream is used in its nonblocking mode: the hooks do the blocking,
-//! timeouts and signals. A blocked call sleeps in the stream's own wait
-//! ([`SdpStream::wait_ready`]: on the socket, as the stream's poller, so
-//! the progress thread keeps off and no readiness descriptor is kept up
-//! to date for it), outside the fork gate. poll, select and epoll use the
+//! A data call is one call of the stream with the program's blocking rule
+//! ([`SdpStream::recv_vectored`], [`SdpStream::send_vectored`]): a call
+//! that may wait sleeps in the stream (on the socket, as the stream's
+//! poller, so the progress thread keeps off and no readiness descriptor
+//! is kept up to date for it), outside the fork gate; the stream's own
+//! mode stays nonblocking. poll, select and epoll use the
 //! wake fd, the stream's readiness descriptor (a socket pair end whose
 //! `POLLIN`/`POLLOUT` are exact), made only when first asked for: each
 //! change of its levels costs system calls on every message. A
@@ -24,15 +25,15 @@ use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
-    Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup, Shutdown,
-    Stats, WakeFd,
+    Block, Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup,
+    Shutdown, Stats, WakeFd,
 };
 use crate::sys::real;
 use crate::table;
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::{Interest, SdpStream, Waited};
+use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -310,17 +311,6 @@ impl Ep {
         }
     }
 
-    /// The stream, claimed, for a call that blocks in it: the call runs
-    /// outside the fork gate, as a blocked wait does (a fork goes ahead;
-    /// the child forgets the call, `fork_child`).
-    fn blocking_stream(&self) -> Option<&SdpStream> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => Some(s),
-            _ => None,
-        }
-    }
-
     /// `Failed`: the error once, then what TCP gives on an unconnected
     /// socket (`otherwise`).
     fn failed(&self, otherwise: Errno) -> Errno {
@@ -337,67 +327,135 @@ impl Ep {
     }
 }
 
-/// Scatters one receive over `bufs`.
-fn recv_into(s: &SdpStream, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> io::Result<usize> {
+fn recv_flags(flags: RecvFlags) -> SdpRecv {
+    let mut f = 0;
     if flags.oob {
-        let Some(b) = bufs.iter_mut().find(|b| !b.is_empty()) else {
-            return s.recv_flags(&mut [], SdpRecv::OOB);
-        };
-        let f = if flags.peek {
-            SdpRecv::OOB | SdpRecv::PEEK
-        } else {
-            SdpRecv::OOB
-        };
-        return s.recv_flags(&mut b[..1], f);
+        f |= SdpRecv::OOB.0;
     }
     if flags.peek {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if bufs.len() == 1 {
-            return s.recv_flags(&mut bufs[0], SdpRecv::PEEK);
-        }
-        let mut tmp = vec![0u8; total];
-        let n = s.recv_flags(&mut tmp, SdpRecv::PEEK)?;
-        let mut at = 0;
-        for b in bufs.iter_mut() {
-            let k = (n - at).min(b.len());
-            b[..k].copy_from_slice(&tmp[at..at + k]);
-            at += k;
-            if at == n {
-                break;
-            }
-        }
-        return Ok(n);
+        f |= SdpRecv::PEEK.0;
     }
-    let mut done = 0;
-    for b in bufs.iter_mut() {
-        if b.is_empty() {
-            continue;
-        }
-        match s.recv_flags(b, SdpRecv::EMPTY) {
-            Ok(n) => {
-                done += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Err(e) if done > 0 => {
-                s.restore_error(&e);
-                break;
-            }
-            Err(e) => return Err(e),
-        }
+    if flags.waitall {
+        f |= SdpRecv::WAITALL.0;
     }
-    Ok(done)
+    SdpRecv(f)
 }
 
-/// One send of `bufs` (one operation on the stream); with OOB the last byte is urgent.
-fn send_from(s: &SdpStream, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
-    let f = if flags.oob {
-        SdpSend::OOB
-    } else {
-        SdpSend::EMPTY
+fn send_flags(flags: SendFlags) -> SdpSend {
+    let mut f = 0;
+    if flags.oob {
+        f |= SdpSend::OOB.0;
+    }
+    if flags.more {
+        f |= SdpSend::MORE.0;
+    }
+    SdpSend(f)
+}
+
+/// Sleeps until `fd` polls `events`: `Err(EAGAIN)` at the deadline,
+/// `Err(EINTR)` when a signal handler ran.
+fn sleep_on(fd: RawFd, events: i16, block: Block) -> Result<(), Errno> {
+    let deadline = match block {
+        Block::Until(d) => d,
+        Block::Never => return Err(libc::EAGAIN),
     };
-    s.send_vectored_flags(bufs, f)
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ts = deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        }
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: one local pollfd, a local timespec or null, no signal mask.
+    match unsafe { real::ppoll(&mut p, 1, tp, std::ptr::null()) } {
+        0 => Err(libc::EAGAIN),
+        r if r > 0 => Ok(()),
+        _ => Err(real::errno()),
+    }
+}
+
+/// A receive on the kernel socket of a connection that fell back to TCP
+/// (its descriptor stays nonblocking: the wait is ours).
+fn kernel_recv(
+    fd: RawFd,
+    bufs: &mut [IoSliceMut<'_>],
+    flags: RecvFlags,
+    block: Block,
+) -> Result<usize, Errno> {
+    let mut f = libc::MSG_DONTWAIT;
+    if flags.peek {
+        f |= libc::MSG_PEEK;
+    }
+    if flags.oob {
+        f |= libc::MSG_OOB;
+    }
+    if flags.waitall {
+        f |= libc::MSG_WAITALL;
+    }
+    loop {
+        let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+        msg.msg_iov = bufs.as_mut_ptr().cast();
+        msg.msg_iovlen = bufs.len();
+        // SAFETY: the iovecs are the caller's live slices (IoSliceMut is
+        // ABI-compatible with iovec).
+        let n = unsafe { real::recvmsg(fd, &mut msg, f) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        match real::errno() {
+            libc::EAGAIN if !flags.oob => sleep_on(fd, libc::POLLIN, block)?,
+            e => return Err(e),
+        }
+    }
+}
+
+/// A send on the kernel socket of a connection that fell back to TCP.
+fn kernel_send(
+    fd: RawFd,
+    mut bufs: &mut [IoSlice<'_>],
+    flags: SendFlags,
+    block: Block,
+) -> Result<usize, Errno> {
+    let mut f = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if flags.oob {
+        f |= libc::MSG_OOB;
+    }
+    if flags.more {
+        f |= libc::MSG_MORE;
+    }
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0;
+    loop {
+        let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+        msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = bufs.len();
+        // SAFETY: as in kernel_recv; sendmsg only reads the buffers.
+        let n = unsafe { real::sendmsg(fd, &msg, f) };
+        if n >= 0 {
+            done += n as usize;
+            if block == Block::Never || done >= total {
+                return Ok(done);
+            }
+            IoSlice::advance_slices(&mut bufs, n as usize);
+            continue;
+        }
+        let e = real::errno();
+        let waited = match e {
+            libc::EAGAIN => sleep_on(fd, libc::POLLOUT, block),
+            e => Err(e),
+        };
+        if let Err(e) = waited {
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+    }
 }
 
 /// An int socket option of the kernel socket `fd`.
@@ -533,76 +591,70 @@ impl SdpEndpoint for Ep {
         }
     }
 
-    fn wait(&self, events: i16, deadline: Option<Instant>) -> Option<Result<(), Errno>> {
-        let stream = self.blocking_stream()?;
-        let interest = if events & libc::POLLOUT != 0 {
-            Interest::Write
-        } else {
-            Interest::Read
-        };
-        match stream.wait_ready(interest, deadline) {
-            Ok(Waited::Woken) => Some(Ok(())),
-            Ok(Waited::TimedOut) => Some(Err(libc::EAGAIN)),
-            Ok(Waited::Busy) => None,
-            Err(e) => Some(Err(errno_of(&e))),
+    fn recv(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: RecvFlags,
+        block: Block,
+    ) -> Result<usize, Errno> {
+        loop {
+            let wake = {
+                let gate = table::enter_gate();
+                match self.access() {
+                    Access::Stream(s) => {
+                        // A call that may wait runs outside the gate (a
+                        // fork goes ahead; the waiting thread keeps the
+                        // connection to this process, `StreamHandle::watch`).
+                        if block != Block::Never {
+                            drop(gate);
+                        }
+                        return s
+                            .recv_vectored(bufs, recv_flags(flags), block)
+                            .map_err(|e| errno_of(&e));
+                    }
+                    // A receive on a connecting socket waits for the end
+                    // of the connect, and then for data.
+                    Access::Connecting if block != Block::Never => self.wake_fd(),
+                    Access::Connecting => return Err(libc::EAGAIN),
+                    Access::Failed => return Err(self.failed(libc::ENOTCONN)),
+                    Access::Lost => return Err(libc::ENOTCONN),
+                    Access::Closed => return Err(libc::EBADF),
+                    Access::FellBack => {
+                        drop(gate);
+                        return kernel_recv(self.fd, bufs, flags, block);
+                    }
+                }
+            };
+            sleep_on(wake, libc::POLLIN, block)?;
         }
     }
 
-    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => recv_into(s, bufs, flags).map_err(|e| errno_of(&e)),
-            Access::Connecting => Err(libc::EAGAIN),
-            Access::Failed => Err(self.failed(libc::ENOTCONN)),
-            Access::Lost => Err(libc::ENOTCONN),
-            Access::Closed => Err(libc::EBADF),
-            Access::FellBack => {
-                let mut f = libc::MSG_DONTWAIT;
-                if flags.peek {
-                    f |= libc::MSG_PEEK;
+    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags, block: Block) -> Result<usize, Errno> {
+        loop {
+            let wake = {
+                let gate = table::enter_gate();
+                match self.access() {
+                    Access::Stream(s) => {
+                        if block != Block::Never {
+                            drop(gate);
+                        }
+                        return s
+                            .send_vectored(bufs, send_flags(flags), block)
+                            .map_err(|e| errno_of(&e));
+                    }
+                    Access::Connecting if block != Block::Never => self.wake_fd(),
+                    Access::Connecting => return Err(libc::EAGAIN),
+                    Access::Failed => return Err(self.failed(libc::EPIPE)),
+                    Access::Lost => return Err(libc::ENOTCONN),
+                    Access::Closed => return Err(libc::EBADF),
+                    Access::FellBack => {
+                        drop(gate);
+                        let mut v = bufs.to_vec();
+                        return kernel_send(self.fd, &mut v, flags, block);
+                    }
                 }
-                if flags.oob {
-                    f |= libc::MSG_OOB;
-                }
-                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
-                msg.msg_iov = bufs.as_mut_ptr().cast();
-                msg.msg_iovlen = bufs.len();
-                // SAFETY: the iovecs are the caller's live slices (IoSliceMut
-                // is ABI-compatible with iovec).
-                let n = unsafe { real::recvmsg(self.fd, &mut msg, f) };
-                if n < 0 {
-                    Err(real::errno())
-                } else {
-                    Ok(n as usize)
-                }
-            }
-        }
-    }
-
-    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => send_from(s, bufs, flags).map_err(|e| errno_of(&e)),
-            Access::Connecting => Err(libc::EAGAIN),
-            Access::Failed => Err(self.failed(libc::EPIPE)),
-            Access::Lost => Err(libc::ENOTCONN),
-            Access::Closed => Err(libc::EBADF),
-            Access::FellBack => {
-                let mut f = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-                if flags.oob {
-                    f |= libc::MSG_OOB;
-                }
-                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
-                msg.msg_iov = bufs.as_ptr().cast_mut().cast();
-                msg.msg_iovlen = bufs.len();
-                // SAFETY: as in recv; sendmsg only reads the buffers.
-                let n = unsafe { real::sendmsg(self.fd, &msg, f) };
-                if n < 0 {
-                    Err(real::errno())
-                } else {
-                    Ok(n as usize)
-                }
-            }
+            };
+            sleep_on(wake, libc::POLLOUT, block)?;
         }
     }
 
@@ -704,13 +756,6 @@ impl SdpEndpoint for Ep {
         _value: &mut [u8],
     ) -> Option<Result<usize, Errno>> {
         None
-    }
-
-    fn restore_error(&self, errno: Errno) {
-        let _g = table::enter_gate();
-        if let Access::Stream(s) = self.access() {
-            s.restore_error(&io::Error::from_raw_os_error(errno));
-        }
     }
 
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
@@ -927,34 +972,6 @@ impl SdpEndpoint for Ep {
             State::Connected => self.live.get().is_some_and(SdpStream::zcopy_elsewhere),
             _ => false,
         }
-    }
-
-    fn send_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> Option<Result<usize, Errno>> {
-        if buf.len() as u64 <= super::lend_threshold() {
-            return None;
-        }
-        let stream = self.blocking_stream()?;
-        let r = stream.write_zcopy(buf, deadline)?;
-        Some(r.map_err(|e| errno_of(&e)))
-    }
-
-    fn recv_zcopy(
-        &self,
-        buf: &mut [u8],
-        waitall: bool,
-        deadline: Option<Instant>,
-    ) -> Option<Result<usize, Errno>> {
-        if buf.len() as u64 <= super::zcopy_threshold() {
-            return None;
-        }
-        let stream = self.blocking_stream()?;
-        let flags = if waitall {
-            SdpRecv::WAITALL
-        } else {
-            SdpRecv::EMPTY
-        };
-        let r = stream.read_zcopy(buf, flags, deadline)?;
-        Some(r.map_err(|e| errno_of(&e)))
     }
 
     fn watch_socket(&self, on: bool) -> bool {

@@ -146,6 +146,8 @@ impl SendFlags {
     pub const EMPTY: SendFlags = SendFlags(0);
     /// MSG_OOB: the last byte accepted is urgent (§9.5.3).
     pub const OOB: SendFlags = SendFlags(0x1);
+    /// More follows at once (`MSG_MORE`): the buffer is not lent.
+    pub const MORE: SendFlags = SendFlags(0x8000);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: SendFlags) -> bool {

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
+use super::call::Interest;
 use super::counters::{Counters, Snapshot};
 use super::readiness::Readiness;
 use crate::link::Link;
@@ -1016,11 +1017,27 @@ impl<'a> Locked<'a> {
             .is_some_and(|g| g.poller_active || g.zcopy_elsewhere())
     }
 
-    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
-        let shared = self.shared;
-        let Some(mut g) = self.guard.take() else {
-            return Ok(());
-        };
+    /// [`Locked::wait`] for a call with the caller's rule: `signals`, a
+    /// signal ends the sleep with [`io::ErrorKind::Interrupted`] — also
+    /// when another thread is the poller, where [`Locked::wait`] would
+    /// sleep on the condition variable, which no signal ends: the call
+    /// then sleeps in `poll(2)` on the readiness descriptor (`interest`'s
+    /// level) and on the socket.
+    pub fn wait_for(
+        &mut self,
+        interest: Interest,
+        deadline: Option<Instant>,
+        signals: bool,
+    ) -> io::Result<()> {
+        if signals && self.waits_elsewhere() {
+            return self.wait_beside(interest, deadline);
+        }
+        self.wait_as(deadline, signals)
+    }
+
+    /// Before the lock goes for a sleep: what the others and the peer
+    /// must hear of first.
+    fn before_sleep(shared: &Shared, g: &mut Inner) {
         if g.link.conn().control_pending() {
             // What the link owes the peer (a SendSm answering a SrcAvail
             // that a read found, §9.2 step 2a) goes before the sleep.
@@ -1032,9 +1049,69 @@ impl<'a> Locked<'a> {
             // while it is away), and this release is not `Locked`'s drop:
             // the others hear of it here or sleep on. Only news wakes
             // them, or two waiting threads would wake each other in turn.
-            shared.wake_waiters(&mut g);
+            shared.wake_waiters(g);
         }
         shared.counters.store(g.snapshot());
+    }
+
+    /// See [`Locked::wait_for`]. The readiness descriptor is made if need
+    /// be (its levels are kept from then on); the socket is left out
+    /// while another thread's Zcopy call owns it (its input would wake
+    /// this sleep again and again).
+    fn wait_beside(&mut self, interest: Interest, deadline: Option<Instant>) -> io::Result<()> {
+        let shared = self.shared;
+        let Some(mut g) = self.guard.take() else {
+            return Ok(());
+        };
+        Self::before_sleep(shared, &mut g);
+        if shared.readiness.get().is_none() {
+            match g.arm_readiness() {
+                Ok(fd) => {
+                    let _ = shared.readiness.set(fd);
+                }
+                Err(e) => {
+                    self.guard = Some(g);
+                    return Err(e);
+                }
+            }
+        }
+        let timeout = g
+            .next_deadline(deadline)
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        let socket_too = !g.zcopy_elsewhere();
+        drop(g);
+        let ts = timeout.map(|t| Timespec {
+            tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        let level = match interest {
+            Interest::Read => PollFlags::IN,
+            Interest::Write => PollFlags::OUT,
+        };
+        let r = match shared.readiness.get() {
+            Some(readiness) => {
+                let sock = shared.sock();
+                let mut fds = [
+                    PollFd::new(readiness, level),
+                    PollFd::new(&*sock, PollFlags::IN),
+                ];
+                let n = if socket_too { 2 } else { 1 };
+                poll(&mut fds[..n], ts.as_ref())
+                    .map(drop)
+                    .map_err(io::Error::from)
+            }
+            None => Ok(()),
+        };
+        self.guard = Some(shared.lock_inner());
+        r
+    }
+
+    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
+        let shared = self.shared;
+        let Some(mut g) = self.guard.take() else {
+            return Ok(());
+        };
+        Self::before_sleep(shared, &mut g);
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
         let zc_elsewhere = g.zcopy_elsewhere();
