@@ -967,11 +967,10 @@ impl SdpEndpoint for Ep {
     }
 
     fn zcopy_elsewhere(&self) -> bool {
-        match &*self.lock() {
-            State::Connected if self.own.lost() => false,
-            State::Connected => self.live.get().is_some_and(SdpStream::zcopy_elsewhere),
-            _ => false,
-        }
+        !self.own.lost()
+            && self
+                .stream_if_open()
+                .is_some_and(SdpStream::zcopy_elsewhere)
     }
 
     fn watch_socket(&self, on: bool) -> bool {
