@@ -986,9 +986,10 @@ fn a_gathered_write_fills_messages_across_the_callers_buffers() {
     assert!(got == data, "{} of {len} bytes, or not the same", got.len());
     let info = a.info();
     let messages = info.credits.lsseq.wrapping_sub(before);
-    // A blocking call takes every byte (64 buffers at a time); full
-    // messages (about 64 KiB each), not one per buffer or per call.
-    assert_eq!(calls, pieces.len().div_ceil(64), "{calls} calls");
+    // A blocking call takes every byte, whatever the number of buffers;
+    // full messages (about 64 KiB each), not one per buffer.
+    assert!(pieces.len() > 64);
+    assert_eq!(calls, 1);
     assert!(
         messages <= 12,
         "{messages} messages for {} buffers",

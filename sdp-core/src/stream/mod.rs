@@ -713,12 +713,13 @@ impl SdpStream {
     /// a copy, so a reader finds them together, never a message per
     /// buffer. A call that may wait takes every byte (fewer only when its
     /// deadline or a signal cuts it short: EAGAIN or EINTR if none went);
-    /// one that may not takes what fits now. A call of more than
-    /// [`SEND_FROM_MAX`](crate::link::direct::SEND_FROM_MAX) buffers takes
-    /// from the first ones (a partial write, as from a socket short of
-    /// room); [`SendFlags::OOB`] marks the last byte of the whole. One
-    /// large buffer that may wait is lent: sent by Zcopy, or by Bcopy
-    /// straight from it ([`zcopy`]), unless [`SendFlags::MORE`].
+    /// one that may not takes what fits now. The buffers go
+    /// [`SEND_FROM_MAX`](crate::link::direct::SEND_FROM_MAX) at a time
+    /// (a call that may not wait takes from the first ones only, a partial
+    /// write as from a socket short of room); [`SendFlags::OOB`] marks the
+    /// last byte of the whole. One large buffer that may wait is lent:
+    /// sent by Zcopy, or by Bcopy straight from it ([`zcopy`]), unless
+    /// [`SendFlags::MORE`].
     pub fn send_vectored(
         &self,
         bufs: &[IoSlice<'_>],
@@ -726,24 +727,41 @@ impl SdpStream {
         block: Block,
     ) -> io::Result<usize> {
         use crate::link::direct::SEND_FROM_MAX;
-        let mut parts: Vec<&[u8]> = bufs
+        let parts: Vec<&[u8]> = bufs
             .iter()
             .filter(|b| !b.is_empty())
             .map(|b| &b[..])
             .collect();
-        // The urgent byte is the last of the whole call.
-        let flags = if parts.len() > SEND_FROM_MAX {
-            parts.truncate(SEND_FROM_MAX);
-            SendFlags(flags.0 & !SendFlags::OOB.0)
-        } else {
-            flags
-        };
-        send_in(
-            &mut self.shared().lock(),
-            &parts,
-            flags,
-            Rule::socket(block),
-        )
+        let rule = Rule::socket(block);
+        let mut g = self.shared().lock();
+        if parts.len() <= SEND_FROM_MAX {
+            return send_in(&mut g, &parts, flags, rule);
+        }
+        let mut done = 0;
+        for (k, chunk) in parts.chunks(SEND_FROM_MAX).enumerate() {
+            // The urgent byte is the last of the whole call.
+            let last = (k + 1) * SEND_FROM_MAX >= parts.len();
+            let f = if last {
+                flags
+            } else {
+                SendFlags(flags.0 & !SendFlags::OOB.0)
+            };
+            let want: usize = chunk.iter().map(|b| b.len()).sum();
+            match send_in(&mut g, chunk, f, rule) {
+                Ok(n) => {
+                    done += n;
+                    if n < want || !rule.waits() {
+                        break;
+                    }
+                }
+                Err(e) if done > 0 => {
+                    restore(&mut g, &e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
     }
 
     /// A caller that made several calls for one (a scattered read) and
