@@ -751,11 +751,21 @@ impl SdpEndpoint for Ep {
 
     fn getsockopt(
         &self,
-        _level: c_int,
-        _name: c_int,
-        _value: &mut [u8],
+        level: c_int,
+        name: c_int,
+        value: &mut [u8],
     ) -> Option<Result<usize, Errno>> {
-        None
+        // TCP_NODELAY as the program set it: the TCP connection that
+        // carries SDP has it on whatever the program asked.
+        if (level, name) != (libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            || matches!(*self.lock(), State::FellBack)
+        {
+            return None;
+        }
+        let v = c_int::from(self.nodelay()).to_ne_bytes();
+        let n = value.len().min(v.len());
+        value[..n].copy_from_slice(&v[..n]);
+        Some(Ok(n))
     }
 
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
