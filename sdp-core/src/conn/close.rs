@@ -20,8 +20,48 @@
 use core::fmt;
 
 use super::credit::CreditFault;
-use crate::verbs::ErrorKind;
+use crate::verbs::{ErrorKind, Teardown};
 use crate::wire::{self, Mid};
+
+/// Our half of the close (§8.2.1), one state for what was flags: the
+/// writer shut, its DisConn posted, and that DisConn's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// Writing goes on.
+    Open,
+    /// Shut for writing (`shutdown`, a close): the DisConn follows the
+    /// data accepted before.
+    Shut,
+    /// The DisConn was posted as MSeq `mseq` (`after_peer`: the peer's had
+    /// arrived); `done` once its Send completed.
+    DisConn {
+        mseq: u32,
+        after_peer: bool,
+        done: bool,
+    },
+}
+
+impl Ending {
+    /// `shutdown(SHUT_WR)` or a close: no more bytes are accepted.
+    pub fn shut(&mut self) {
+        if *self == Ending::Open {
+            *self = Ending::Shut;
+        }
+    }
+
+    pub fn disconn_sent(self) -> bool {
+        matches!(self, Ending::DisConn { .. })
+    }
+}
+
+/// The LLP connection under the session: up, to be closed by the next
+/// Op ([`Teardown`]), or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Llp {
+    Up,
+    Due(Teardown),
+    Down,
+}
 
 /// A protocol violation by the peer (or a broken adapter), each naming the
 /// draft section it breaks.

@@ -70,6 +70,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub use close::{CloseReason, Violation};
+use close::{Ending, Llp};
 pub use recv::BufferPool;
 pub use setup::{Config, Pipelining};
 pub use zcopy::{Completion, ZcopyState, ZcopyStats};
@@ -220,22 +221,6 @@ enum PostKind {
     Fresh,
     /// Re-posted after holding a pure credit update.
     Pure,
-}
-
-/// Our DisConn (§8.2.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DisConn {
-    NotSent,
-    /// Posted as MSeq `mseq`; `after_peer`: the peer's DisConn had arrived.
-    Sent {
-        mseq: u32,
-        after_peer: bool,
-    },
-    /// Its Send completed.
-    Done {
-        mseq: u32,
-        after_peer: bool,
-    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -407,15 +392,14 @@ pub struct Conn {
     z: zcopy::Zcopy,
     rdma_out: VecDeque<RdmaOp>,
     resize: Resize,
-    send_closed: bool,
     read_closed: bool,
     orphaned: bool,
-    disconn: DisConn,
+    /// Our half of the close (§8.2.1).
+    ending: Ending,
     /// The MSeqAck of the peer's DisConn, once received.
     peer_disconn: Option<u32>,
     abort_conn: AbortConn,
-    teardown: Option<Teardown>,
-    torn_down: bool,
+    llp: Llp,
     reason: Option<CloseReason>,
     error: Option<Error>,
     deadline: Option<Instant>,
@@ -478,14 +462,12 @@ impl Conn {
             z: zcopy::Zcopy::default(),
             rdma_out: VecDeque::new(),
             resize: Resize::default(),
-            send_closed: false,
             read_closed: false,
             orphaned: false,
-            disconn: DisConn::NotSent,
+            ending: Ending::Open,
             peer_disconn: None,
             abort_conn: AbortConn::None,
-            teardown: None,
-            torn_down: false,
+            llp: Llp::Up,
             reason: None,
             error: None,
             deadline: None,
@@ -630,12 +612,12 @@ impl Conn {
     /// Whether the LLP teardown Op went out: the adapter may drop the
     /// connection once the application is done with it.
     pub fn is_closed(&self) -> bool {
-        self.torn_down
+        self.llp == Llp::Down
     }
 
     /// Whether our DisConn went out.
     pub fn disconn_sent(&self) -> bool {
-        self.disconn != DisConn::NotSent
+        self.ending.disconn_sent()
     }
 
     /// Whether an abortive close is sending its AbortConn (§8.2.2).
@@ -659,7 +641,7 @@ impl Conn {
     /// a reset that loses what we have not read yet.
     pub fn credit_updates_due(&self) -> bool {
         self.peer_disconn.is_none()
-            || (self.disconn == DisConn::NotSent
+            || (!self.ending.disconn_sent()
                 && (!self.z.srcs.is_empty() || self.resize.asked.is_some()))
     }
 
@@ -720,12 +702,13 @@ impl Conn {
         if let Some(now) = now {
             self.hold.tick(now, self.config.coalesce);
         }
-        if self.torn_down {
-            return None;
-        }
-        if let Some(t) = self.teardown.take() {
-            self.torn_down = true;
-            return Some(Work::Op(Op::Teardown(t)));
+        match self.llp {
+            Llp::Down => return None,
+            Llp::Due(t) => {
+                self.llp = Llp::Down;
+                return Some(Work::Op(Op::Teardown(t)));
+            }
+            Llp::Up => {}
         }
         if let Some((buf, kind)) = self.to_post.pop_front() {
             match kind {
@@ -799,7 +782,7 @@ impl Conn {
         // (its kernel would answer anything more with a reset, losing
         // what we have not read yet). Nothing more is sent but an
         // AbortConn.
-        if self.peer_disconn.is_some() && self.disconn != DisConn::NotSent {
+        if self.peer_disconn.is_some() && self.ending.disconn_sent() {
             return None;
         }
         // §10.5: "If no credits are available, an implementation MUST NOT
@@ -911,8 +894,7 @@ impl Conn {
             }
         }
         // §8.2.1 steps 1–2: DisConn after all data posted before the close.
-        if self.send_closed
-            && self.disconn == DisConn::NotSent
+        if self.ending == Ending::Shut
             && self.tx.unsent() == 0
             && self.z.srcs.is_empty()
             && self.z.writing.is_none()
@@ -922,9 +904,10 @@ impl Conn {
             }
             let after_peer = self.peer_disconn.is_some();
             let op = self.emit(Body::DisConn, Flags::EMPTY, Sent::DisConn);
-            self.disconn = DisConn::Sent {
+            self.ending = Ending::DisConn {
                 mseq: self.credits.lsseq(),
                 after_peer,
+                done: false,
             };
             return Some(Work::Op(op));
         }
@@ -979,7 +962,7 @@ impl Conn {
         short
             && tail
             && !self.nodelay
-            && !self.send_closed
+            && self.ending == Ending::Open
             && !self.config.coalesce.is_zero()
             && !self.zsend_pending()
             && self.local_suspend == LocalSuspend::None
@@ -1149,7 +1132,8 @@ impl Conn {
         if self.state == State::Closed {
             return;
         }
-        if matches!(self.disconn, DisConn::Done { .. }) && self.peer_disconn.is_some() {
+        if matches!(self.ending, Ending::DisConn { done: true, .. }) && self.peer_disconn.is_some()
+        {
             // Both DisConns went; the peer never closed the LLP.
             self.reason.get_or_insert(CloseReason::Graceful);
             self.finish(Teardown::Graceful);
@@ -1177,8 +1161,8 @@ impl Conn {
             Sent::Write => self.on_write_done(),
             Sent::Read => self.on_read_done(),
             Sent::DisConn => {
-                if let DisConn::Sent { mseq, after_peer } = self.disconn {
-                    self.disconn = DisConn::Done { mseq, after_peer };
+                if let Ending::DisConn { done, .. } = &mut self.ending {
+                    *done = true;
                 }
                 self.check_graceful(now);
             }
@@ -1592,8 +1576,14 @@ impl Conn {
         if self.state != State::Connected || self.abort_conn != AbortConn::None {
             return;
         }
-        let (DisConn::Done { mseq, after_peer }, Some(peer_ack)) =
-            (self.disconn, self.peer_disconn)
+        let (
+            Ending::DisConn {
+                mseq,
+                after_peer,
+                done: true,
+            },
+            Some(peer_ack),
+        ) = (self.ending, self.peer_disconn)
         else {
             return;
         };
@@ -1629,7 +1619,7 @@ impl Conn {
         self.control.clear();
         self.hello_ack_due = false;
         self.deadline = None;
-        if self.state == State::Connected && self.disconn != DisConn::NotSent {
+        if self.state == State::Connected && self.ending.disconn_sent() {
             // §8.2.2: "If the LLP connection is still valid and a DisConn
             // Message was previously sent, then an implementation MUST send
             // an AbortConn Message and process its completion before
@@ -1651,7 +1641,7 @@ impl Conn {
             return;
         }
         self.state = State::Closed;
-        self.teardown = Some(teardown);
+        self.llp = Llp::Due(teardown);
         self.deadline = None;
         // §8.2.1 step 4: "In either case, the Local Peer MUST complete all
         // ULP receive buffers".
@@ -1736,7 +1726,7 @@ impl Conn {
             State::Closed => return Err(Error::BrokenPipe),
             State::Connected => {}
         }
-        if self.send_closed || self.abort_conn != AbortConn::None {
+        if self.ending != Ending::Open || self.abort_conn != AbortConn::None {
             return Err(Error::BrokenPipe);
         }
         Ok(())
@@ -2007,7 +1997,7 @@ impl Conn {
             State::Closed => true,
             State::Connected => {
                 self.error.is_some()
-                    || self.send_closed
+                    || self.ending != Ending::Open
                     || self.abort_conn != AbortConn::None
                     || self.send_room() > 0
             }
@@ -2037,7 +2027,7 @@ impl Conn {
             self.read_closed = true;
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
-            self.send_closed = true;
+            self.ending.shut();
         }
         Ok(())
     }
@@ -2060,7 +2050,7 @@ impl Conn {
                 if self.rx.queued() > 0 {
                     self.abort_with(CloseReason::LocalAbort, None);
                 } else {
-                    self.send_closed = true;
+                    self.ending.shut();
                     if self.deadline.is_none() {
                         self.deadline = Some(now + self.config.close_timeout);
                     }
