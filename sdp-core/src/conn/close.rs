@@ -54,6 +54,16 @@ impl Ending {
     }
 }
 
+/// The application's reading half: open, shut (`shutdown(SHUT_RD)`: no
+/// more bytes are read), or released (closed: nobody will read, and
+/// data that arrives ends the connection, as Linux TCP resets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    Open,
+    Shut,
+    Released,
+}
+
 /// The LLP connection under the session: up, to be closed by the next
 /// Op ([`Teardown`]), or closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -70,7 +70,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub use close::{CloseReason, Violation};
-use close::{Ending, Llp};
+use close::{Ending, Llp, Reading};
 pub use recv::BufferPool;
 pub use setup::{Config, Pipelining};
 pub use zcopy::{Completion, ZcopyState, ZcopyStats};
@@ -392,8 +392,8 @@ pub struct Conn {
     z: zcopy::Zcopy,
     rdma_out: VecDeque<RdmaOp>,
     resize: Resize,
-    read_closed: bool,
-    orphaned: bool,
+    /// The application's reading half.
+    reading: Reading,
     /// Our half of the close (§8.2.1).
     ending: Ending,
     /// The MSeqAck of the peer's DisConn, once received.
@@ -462,8 +462,7 @@ impl Conn {
             z: zcopy::Zcopy::default(),
             rdma_out: VecDeque::new(),
             resize: Resize::default(),
-            read_closed: false,
-            orphaned: false,
+            reading: Reading::Open,
             ending: Ending::Open,
             peer_disconn: None,
             abort_conn: AbortConn::None,
@@ -1554,7 +1553,7 @@ impl Conn {
             self.violation(v);
             return false;
         }
-        if self.orphaned {
+        if self.reading == Reading::Released {
             // Nobody will read it: Linux TCP answers data after close()
             // with a reset.
             self.abort_with(CloseReason::LocalAbort, None);
@@ -1891,7 +1890,7 @@ impl Conn {
 
     /// No more bytes will arrive.
     fn at_eof(&self) -> bool {
-        self.peer_disconn.is_some() || self.read_closed || self.state == State::Closed
+        self.peer_disconn.is_some() || self.reading != Reading::Open || self.state == State::Closed
     }
 
     /// `recv(MSG_OOB)` as Linux `tcp_recv_urg`.
@@ -2023,8 +2022,8 @@ impl Conn {
         if self.state != State::Connected {
             return Err(Error::NotConnected);
         }
-        if matches!(how, Shutdown::Read | Shutdown::Both) {
-            self.read_closed = true;
+        if matches!(how, Shutdown::Read | Shutdown::Both) && self.reading == Reading::Open {
+            self.reading = Reading::Shut;
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
             self.ending.shut();
@@ -2038,8 +2037,7 @@ impl Conn {
     /// TCP, unread received data turns it into an abortive close, and so
     /// does data arriving afterwards.
     pub fn close(&mut self, now: Instant) {
-        self.orphaned = true;
-        self.read_closed = true;
+        self.reading = Reading::Released;
         match self.state {
             State::Closed => {}
             State::HelloSent | State::HelloReceived => {
@@ -2063,8 +2061,7 @@ impl Conn {
     /// AbortConn if a DisConn went out, else an immediate LLP reset
     /// (§8.2.2).
     pub fn abort(&mut self) {
-        self.orphaned = true;
-        self.read_closed = true;
+        self.reading = Reading::Released;
         self.abort_local();
     }
 

@@ -159,8 +159,7 @@ impl Conn {
         self.tx.renotify_urgent();
         self.urgent_notice = old.urgent_notice;
         self.ending = old.ending;
-        self.read_closed = old.read_closed;
-        self.orphaned = old.orphaned;
+        self.reading = old.reading;
         self.deadline = old.deadline;
         self.next_send_id = old.next_send_id;
         true
