@@ -10,8 +10,6 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::shared::Locked;
-
 /// How long a call may wait for the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Block {
@@ -81,13 +79,6 @@ impl Rule {
     /// The deadline passed.
     pub fn expired(&self) -> bool {
         self.deadline().is_some_and(|d| Instant::now() >= d)
-    }
-
-    /// Sleeps until the stream may have moved, the deadline, or a timer
-    /// of the link; `Err(Interrupted)` when a signal ended the sleep of a
-    /// call that hears of signals. The caller pumps afterwards.
-    pub fn sleep(&self, g: &mut Locked<'_>, interest: Interest) -> io::Result<()> {
-        g.wait_for(interest, self.deadline(), self.signals)
     }
 }
 

@@ -234,7 +234,7 @@ fn send_loop(
                 if rule.expired() {
                     return moved_or(done, would_block());
                 }
-                if let Err(e) = rule.sleep(g, Interest::Write) {
+                if let Err(e) = g.wait_for(Interest::Write, rule.deadline(), rule.signals) {
                     return moved_or(done, e);
                 }
                 g.pump(Instant::now());
@@ -384,7 +384,7 @@ fn recv_loop(
                     // wait for it before it answers).
                     g.pump_out(Instant::now());
                 }
-                if let Err(e) = rule.sleep(g, Interest::Read) {
+                if let Err(e) = g.wait_for(Interest::Read, rule.deadline(), rule.signals) {
                     return moved_or(*got, e);
                 }
                 direct = pump_reader(g, lend, &mut buf[*got..]);
