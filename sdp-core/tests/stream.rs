@@ -495,9 +495,8 @@ fn syscall_of(tid: libc::pid_t) -> Option<i64> {
 
 /// A socket call waits as its `Block` says, whatever the stream's mode:
 /// not at all, until a deadline, or until its buffers are full
-/// (`WAITALL`, scattered); a signal ends the wait of a second waiter too
-/// (which sleeps beside the poller, not on a condition variable), and the
-/// first one still gets its bytes.
+/// (`WAITALL`, scattered); a signal ends its wait with EINTR, and the
+/// stream goes on.
 #[test]
 fn socket_calls_wait_as_their_block_says() {
     use sdp_core::conn::RecvFlags;
@@ -542,8 +541,8 @@ fn socket_calls_wait_as_their_block_says() {
     writer.join().unwrap();
     assert_eq!((n, &x, &y), (10, b"hel", b"loworld"));
 
-    // Two readers: the first sleeps in poll as the poller, the second
-    // beside it; a signal ends the second's wait with EINTR.
+    // A reader asleep in poll (the stream's poller): a signal ends its
+    // wait with EINTR, and the next read gets the bytes.
     // SAFETY: a plain handler without SA_RESTART; an all-zero sigaction
     // is valid before it is filled in.
     unsafe {
@@ -569,27 +568,22 @@ fn socket_calls_wait_as_their_block_says() {
         });
         (t, rx.recv().unwrap())
     };
-    let asleep = |tid| {
-        let until = Instant::now() + Duration::from_secs(10);
-        while !matches!(syscall_of(tid), Some(n) if n == libc::SYS_poll || n == libc::SYS_ppoll) {
-            assert!(Instant::now() < until, "reader {tid} never slept in poll");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    let (first, (_, first_tid)) = reader(b.clone());
-    asleep(first_tid);
-    let (second, (second_thread, second_tid)) = reader(b.clone());
-    asleep(second_tid);
+    let (first, (first_thread, first_tid)) = reader(b.clone());
     let until = Instant::now() + Duration::from_secs(10);
-    while !second.is_finished() {
+    while !matches!(syscall_of(first_tid), Some(n) if n == libc::SYS_poll || n == libc::SYS_ppoll) {
+        assert!(Instant::now() < until, "the reader never slept in poll");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while !first.is_finished() {
         assert!(Instant::now() < until, "the signal never ended the wait");
         // SAFETY: the thread is alive (not finished).
-        unsafe { libc::pthread_kill(second_thread, libc::SIGUSR1) };
+        unsafe { libc::pthread_kill(first_thread, libc::SIGUSR1) };
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(second.join().unwrap(), Err(Some(libc::EINTR)));
+    assert_eq!(first.join().unwrap(), Err(Some(libc::EINTR)));
+    let (second, _) = reader(b.clone());
     a.write_all(b"ping").unwrap();
-    assert_eq!(first.join().unwrap(), Ok(b"ping".to_vec()));
+    assert_eq!(second.join().unwrap(), Ok(b"ping".to_vec()));
 }
 
 /// A blocking write larger than `Config::lend_above` sends its Data

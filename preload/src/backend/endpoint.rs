@@ -36,7 +36,7 @@ use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -71,6 +71,10 @@ pub struct Ep {
     /// `state` is `Connected`: a data call takes [`Ep::live`] without the
     /// state's lock (DESIGN §7 "One lock per call").
     open: AtomicBool,
+    /// Data calls under way ([`Busy`]).
+    calls: AtomicUsize,
+    /// A close waiting for them: the program's `O_NONBLOCK` then.
+    closing: Mutex<Option<bool>>,
     own: Ownership,
     /// The readiness descriptor (our duplicate), stable for the Ep's life
     /// once made (see the module documentation).
@@ -90,6 +94,26 @@ pub struct Ep {
     nonblocking: AtomicBool,
     /// The program's TCP_NODELAY, for a stream connected later.
     nodelay: AtomicBool,
+}
+
+/// A data call under way on an [`Ep`]: a close meanwhile waits for the
+/// last one to end.
+struct Busy<'a>(&'a Ep);
+
+impl<'a> Busy<'a> {
+    fn new(ep: &'a Ep) -> Busy<'a> {
+        ep.calls.fetch_add(1, Ordering::SeqCst);
+        Busy(ep)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let ep = self.0;
+        if ep.calls.fetch_sub(1, Ordering::SeqCst) == 1 && !ep.open.load(Ordering::SeqCst) {
+            ep.close_now();
+        }
+    }
 }
 
 fn errno_of(e: &io::Error) -> Errno {
@@ -165,18 +189,24 @@ impl Ep {
     /// another thread polls the fd meanwhile ([`SdpEndpoint::wake_fd`]):
     /// a stream that adopts it keeps its levels up to date ever after.
     pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
-        if !wake_now {
-            return Ok(Ep::with(State::Connecting { levels: None }, None, fd));
-        }
-        let levels = Levels::new()?;
-        let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
-        Ok(Ep::with(
-            State::Connecting {
-                levels: Some(levels),
-            },
-            Some(wake),
-            fd,
-        ))
+        let ep = if wake_now {
+            let levels = Levels::new()?;
+            let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
+            Ep::with(
+                State::Connecting {
+                    levels: Some(levels),
+                },
+                Some(wake),
+                fd,
+            )
+        } else {
+            Ep::with(State::Connecting { levels: None }, None, fd)
+        };
+        // A TCP_NODELAY the program set before connect (the socket has it
+        // until the engine sets its own).
+        let nodelay = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0);
+        ep.nodelay.store(nodelay, Ordering::Relaxed);
+        Ok(ep)
     }
 
     /// The connect succeeded: `stream` is the connection from now on.
@@ -196,6 +226,8 @@ impl Ep {
             state: Mutex::new(state),
             live: OnceLock::new(),
             open: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+            closing: Mutex::new(None),
             own: Ownership::new(),
             wake: cell,
             fd,
@@ -234,7 +266,7 @@ impl Ep {
 
     /// The stream while the state is `Connected` (whoever owns it).
     fn stream_if_open(&self) -> Option<&SdpStream> {
-        if self.open.load(Ordering::Acquire) {
+        if self.open.load(Ordering::SeqCst) {
             self.live.get()
         } else {
             None
@@ -309,6 +341,60 @@ impl Ep {
                 Access::Lost
             }
         }
+    }
+
+    /// The close [`SdpEndpoint::close`] decided, once no data call is
+    /// under way (once: whoever takes `closing` carries it out).
+    fn close_now(&self) {
+        let Some(nonblocking) = self
+            .closing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let Some(stream) = self.live.get().cloned() else {
+            return;
+        };
+        match self.own.release() {
+            Release::Close { resume } => {
+                // The last holder after a fork: its progress was paused.
+                if resume {
+                    let _ = stream.resume_progress();
+                }
+            }
+            Release::LetGo => {
+                // Not ours after a fork: let go of the descriptors only.
+                let _g = table::enter_gate();
+                stream.detach();
+                return;
+            }
+            Release::Watch => {
+                // Another process holds a copy: it may take the connection
+                // or be gone without, and then this one closes it.
+                match self.own.orphan() {
+                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
+                    None => stream.detach(),
+                }
+                return;
+            }
+        }
+        match linger(stream.socket_fd()) {
+            Some(t) if t.is_zero() => {
+                // SO_LINGER 0: abortive close (§8.2.2).
+                let _ = stream.set_linger(Some(Duration::ZERO));
+            }
+            // A blocking close waits for the close exchange, up to t.
+            Some(t) if !nonblocking => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_linger(Some(t));
+            }
+            _ => {}
+        }
+        // A graceful close the progress thread finishes (or, lingering,
+        // this thread), outside the gate.
+        stream.close();
     }
 
     /// `Failed`: the error once, then what TCP gives on an unconnected
@@ -386,7 +472,7 @@ fn sleep_on(fd: RawFd, events: i16, block: Block) -> Result<(), Errno> {
 /// (its descriptor stays nonblocking: the wait is ours).
 fn kernel_recv(
     fd: RawFd,
-    bufs: &mut [IoSliceMut<'_>],
+    mut bufs: &mut [IoSliceMut<'_>],
     flags: RecvFlags,
     block: Block,
 ) -> Result<usize, Errno> {
@@ -397,9 +483,11 @@ fn kernel_recv(
     if flags.oob {
         f |= libc::MSG_OOB;
     }
-    if flags.waitall {
-        f |= libc::MSG_WAITALL;
-    }
+    // MSG_WAITALL: a call that may wait goes on until the buffers are
+    // full (the descriptor is nonblocking, so the kernel would not).
+    let waitall = flags.waitall && !flags.peek && block != Block::Never;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0;
     loop {
         let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
         msg.msg_iov = bufs.as_mut_ptr().cast();
@@ -407,12 +495,20 @@ fn kernel_recv(
         // SAFETY: the iovecs are the caller's live slices (IoSliceMut is
         // ABI-compatible with iovec).
         let n = unsafe { real::recvmsg(fd, &mut msg, f) };
-        if n >= 0 {
-            return Ok(n as usize);
+        if n > 0 && waitall && done + (n as usize) < total {
+            done += n as usize;
+            IoSliceMut::advance_slices(&mut bufs, n as usize);
+            continue;
         }
-        match real::errno() {
-            libc::EAGAIN if !flags.oob => sleep_on(fd, libc::POLLIN, block)?,
-            e => return Err(e),
+        if n >= 0 {
+            return Ok(done + n as usize);
+        }
+        let waited = match real::errno() {
+            libc::EAGAIN if !flags.oob => sleep_on(fd, libc::POLLIN, block),
+            e => Err(e),
+        };
+        if let Err(e) = waited {
+            return if done > 0 { Ok(done) } else { Err(e) };
         }
     }
 }
@@ -597,6 +693,7 @@ impl SdpEndpoint for Ep {
         flags: RecvFlags,
         block: Block,
     ) -> Result<usize, Errno> {
+        let _busy = Busy::new(self);
         loop {
             let wake = {
                 let gate = table::enter_gate();
@@ -625,11 +722,14 @@ impl SdpEndpoint for Ep {
                     }
                 }
             };
-            sleep_on(wake, libc::POLLIN, block)?;
+            // Writable once connected: the call goes round into the
+            // stream's own wait.
+            sleep_on(wake, libc::POLLIN | libc::POLLOUT, block)?;
         }
     }
 
     fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags, block: Block) -> Result<usize, Errno> {
+        let _busy = Busy::new(self);
         loop {
             let wake = {
                 let gate = table::enter_gate();
@@ -686,16 +786,13 @@ impl SdpEndpoint for Ep {
     }
 
     fn close(&self, nonblocking: bool) {
-        let stream = {
+        {
             let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
                 State::Connected => {
-                    self.open.store(false, Ordering::Release);
-                    match self.live.get() {
-                        Some(s) => s.clone(),
-                        None => return,
-                    }
+                    *self.closing.lock().unwrap_or_else(|p| p.into_inner()) = Some(nonblocking);
+                    self.open.store(false, Ordering::SeqCst);
                 }
                 // The table let go of a connection that fell back to TCP:
                 // the fd is the program's kernel socket now, and a call
@@ -707,46 +804,13 @@ impl SdpEndpoint for Ep {
                 // A connect under way learns it from the state and stops.
                 _ => return,
             }
-        };
-        match self.own.release() {
-            Release::Close { resume } => {
-                // The last holder after a fork: its progress was paused.
-                if resume {
-                    let _ = stream.resume_progress();
-                }
-            }
-            Release::LetGo => {
-                // Not ours after a fork: let go of the descriptors only.
-                let _g = table::enter_gate();
-                stream.detach();
-                return;
-            }
-            Release::Watch => {
-                // Another process holds a copy: it may take the connection
-                // or be gone without, and then this one closes it.
-                match self.own.orphan() {
-                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
-                    None => stream.detach(),
-                }
-                return;
-            }
         }
-        match linger(stream.socket_fd()) {
-            Some(t) if t.is_zero() => {
-                // SO_LINGER 0: abortive close (§8.2.2).
-                let _ = stream.set_linger(Some(Duration::ZERO));
-            }
-            // A blocking close waits for the close exchange, up to t.
-            Some(t) if !nonblocking => {
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_linger(Some(t));
-            }
-            _ => {}
+        // A data call still under way in another thread goes on with the
+        // connection, as a kernel socket stays while a call uses it: the
+        // last such call closes it ([`Busy`]).
+        if self.calls.load(Ordering::SeqCst) == 0 {
+            self.close_now();
         }
-        // A graceful close the progress thread finishes (or, lingering,
-        // this thread), outside the gate, now: a call still under way in
-        // another thread finds the stream closing.
-        stream.close();
     }
 
     fn getsockopt(
@@ -915,6 +979,8 @@ impl SdpEndpoint for Ep {
 
     fn fork_child(&self) {
         self.own.fork_child();
+        // The threads that were in calls are not in the child.
+        self.calls.store(0, Ordering::SeqCst);
         // A connect under way goes on in the parent (its service thread).
         let mut st = self.lock();
         // Only a connection this process may claim forgets the parent's

@@ -211,7 +211,10 @@ impl Conn {
             return;
         }
         self.state = State::Closed;
-        self.llp = Llp::Due(teardown);
+        // A teardown gone out already (a resume's) stays the one.
+        if self.llp != Llp::Down {
+            self.llp = Llp::Due(teardown);
+        }
         self.deadline = None;
         // §8.2.1 step 4: "In either case, the Local Peer MUST complete all
         // ULP receive buffers".

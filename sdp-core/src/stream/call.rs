@@ -28,15 +28,6 @@ impl Block {
     }
 }
 
-/// What a call waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interest {
-    /// A read would make progress.
-    Read,
-    /// A write would take a byte.
-    Write,
-}
-
 /// One call's rule: its [`Block`], and whether a signal ends its wait.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Rule {

@@ -99,8 +99,8 @@ use crate::conn::{
 use crate::errno::Error;
 use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
+pub use call::Block;
 use call::Rule;
-pub use call::{Block, Interest};
 use shared::{Locked, Shared};
 
 /// How long dropping a blocking stream waits for its accepted bytes to
@@ -234,14 +234,15 @@ fn send_loop(
                 if rule.expired() {
                     return moved_or(done, would_block());
                 }
-                if let Err(e) = g.wait_for(Interest::Write, rule.deadline(), rule.signals) {
+                if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
                     return moved_or(done, e);
                 }
                 g.pump(Instant::now());
             }
             Err(e) if done > 0 => {
-                // The bytes taken go first; the error waits for the next call.
-                g.link.conn_mut().restore_error(e);
+                // The bytes taken go first; an error the connection keeps
+                // waits for the next call.
+                restore(g, &to_io(e));
                 return Ok(done);
             }
             Err(e) => return Err(to_io(e)),
@@ -384,7 +385,7 @@ fn recv_loop(
                     // wait for it before it answers).
                     g.pump_out(Instant::now());
                 }
-                if let Err(e) = g.wait_for(Interest::Read, rule.deadline(), rule.signals) {
+                if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
                     return moved_or(*got, e);
                 }
                 direct = pump_reader(g, lend, &mut buf[*got..]);
@@ -798,6 +799,13 @@ impl SdpStream {
         let mut g = self.shared().lock();
         let rule = Rule::socket(block);
         let now = Rule::socket(Block::Never);
+        // A peek takes what is there: WAITALL would wait for bytes that,
+        // peeked, never leave.
+        let flags = if flags.contains(RecvFlags::PEEK) {
+            RecvFlags(flags.0 & !RecvFlags::WAITALL.0)
+        } else {
+            flags
+        };
         if flags.contains(RecvFlags::OOB) {
             let one = match bufs.iter_mut().find(|b| !b.is_empty()) {
                 Some(b) => &mut b[..1],

@@ -48,7 +48,6 @@ use std::time::{Duration, Instant};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
-use super::call::Interest;
 use super::counters::{Counters, Snapshot};
 use super::readiness::Readiness;
 use crate::link::Link;
@@ -1018,20 +1017,13 @@ impl<'a> Locked<'a> {
     }
 
     /// [`Locked::wait`] for a call with the caller's rule: `signals`, a
-    /// signal ends the sleep with [`io::ErrorKind::Interrupted`] — also
-    /// when another thread is the poller, where [`Locked::wait`] would
-    /// sleep on the condition variable, which no signal ends: the call
-    /// then sleeps in `poll(2)` on the readiness descriptor (`interest`'s
-    /// level) and on the socket.
-    pub fn wait_for(
-        &mut self,
-        interest: Interest,
-        deadline: Option<Instant>,
-        signals: bool,
-    ) -> io::Result<()> {
-        if signals && self.waits_elsewhere() {
-            return self.wait_beside(interest, deadline);
-        }
+    /// signal ends the sleep with [`io::ErrorKind::Interrupted`] — the
+    /// sleep of the stream's poller in `poll(2)`. A thread that waits while
+    /// another is the poller sleeps on the condition variable, which no
+    /// signal ends. (Sleeping in `poll` on the readiness descriptor
+    /// instead lost wake-ups under the soak's load: two threads each
+    /// reading and writing one stream, signals every few milliseconds.)
+    pub fn wait_for(&mut self, deadline: Option<Instant>, signals: bool) -> io::Result<()> {
         self.wait_as(deadline, signals)
     }
 
@@ -1052,58 +1044,6 @@ impl<'a> Locked<'a> {
             shared.wake_waiters(g);
         }
         shared.counters.store(g.snapshot());
-    }
-
-    /// See [`Locked::wait_for`]. The readiness descriptor is made if need
-    /// be (its levels are kept from then on); the socket is left out
-    /// while another thread's Zcopy call owns it (its input would wake
-    /// this sleep again and again).
-    fn wait_beside(&mut self, interest: Interest, deadline: Option<Instant>) -> io::Result<()> {
-        let shared = self.shared;
-        let Some(mut g) = self.guard.take() else {
-            return Ok(());
-        };
-        Self::before_sleep(shared, &mut g);
-        if shared.readiness.get().is_none() {
-            match g.arm_readiness() {
-                Ok(fd) => {
-                    let _ = shared.readiness.set(fd);
-                }
-                Err(e) => {
-                    self.guard = Some(g);
-                    return Err(e);
-                }
-            }
-        }
-        let timeout = g
-            .next_deadline(deadline)
-            .map(|t| t.saturating_duration_since(Instant::now()));
-        let socket_too = !g.zcopy_elsewhere();
-        drop(g);
-        let ts = timeout.map(|t| Timespec {
-            tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: i64::from(t.subsec_nanos()),
-        });
-        let level = match interest {
-            Interest::Read => PollFlags::IN,
-            Interest::Write => PollFlags::OUT,
-        };
-        let r = match shared.readiness.get() {
-            Some(readiness) => {
-                let sock = shared.sock();
-                let mut fds = [
-                    PollFd::new(readiness, level),
-                    PollFd::new(&*sock, PollFlags::IN),
-                ];
-                let n = if socket_too { 2 } else { 1 };
-                poll(&mut fds[..n], ts.as_ref())
-                    .map(drop)
-                    .map_err(io::Error::from)
-            }
-            None => Ok(()),
-        };
-        self.guard = Some(shared.lock_inner());
-        r
     }
 
     fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
