@@ -1133,6 +1133,7 @@ fn unsafe_zeroed_msghdr() -> libc::msghdr {
 mod tests {
     use super::*;
     use sdp_core::stream::SdpListener;
+    use std::io::{Read, Write};
     use std::sync::{mpsc, Arc};
 
     /// A connected pair of streams over loopback.
@@ -1151,6 +1152,66 @@ mod tests {
             let _ = tx.send(f());
         });
         rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// A close while another thread's data call is under way leaves the
+    /// connection to that call, as a kernel socket stays while a call
+    /// uses it: the call gets the bytes that come, and the connection
+    /// closes when it returns (the peer then reads the end).
+    #[test]
+    fn a_close_waits_for_the_data_call_under_way() {
+        let (client, server) = pair();
+        let fd = client.socket_fd();
+        let ep = Arc::new(Ep::connected(client, fd).unwrap());
+        let (started, is_started) = mpsc::channel();
+        let reader = {
+            let ep = ep.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16];
+                // SAFETY: a plain call about the calling thread.
+                started.send(unsafe { libc::gettid() }).unwrap();
+                let n = ep.recv(
+                    &mut [IoSliceMut::new(&mut buf)],
+                    RecvFlags::default(),
+                    Block::Until(Some(Instant::now() + Duration::from_secs(10))),
+                );
+                n.map(|n| buf[..n].to_vec())
+            })
+        };
+        let tid = is_started.recv().unwrap();
+        // Wait until the reader sleeps in its call (in poll, /proc says).
+        let syscall = format!("/proc/self/task/{tid}/syscall");
+        let polls = [libc::SYS_poll.to_string(), libc::SYS_ppoll.to_string()];
+        let until = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&syscall)
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .is_some_and(|n| polls.iter().any(|p| p == n))
+        {
+            assert!(Instant::now() < until, "the reader never slept in its call");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ep.calls.load(Ordering::SeqCst), 1);
+        ep.close(false);
+        // Still open: the peer's bytes reach the reader.
+        (&server).write_all(b"after close").unwrap();
+        assert_eq!(reader.join().unwrap(), Ok(b"after close".to_vec()));
+        // Its return closed the connection: the peer reads the end.
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        (&server).read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        // A call after the close finds it closed.
+        let mut buf = [0u8; 4];
+        let r = ep.recv(
+            &mut [IoSliceMut::new(&mut buf)],
+            RecvFlags::default(),
+            Block::Never,
+        );
+        assert_eq!(r, Err(libc::EBADF));
     }
 
     /// The child of a fork that caught a thread of the parent inside a
