@@ -625,7 +625,8 @@ impl Connector {
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
                     stream.set_credit_bound(ep.nonblocking());
                     let _ = stream.set_nodelay(ep.nodelay());
-                    ep.connect(&mut st, stream);
+                    ep.set_socket(stream.socket_fd());
+                    *st = State::Connected(stream);
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     table::update(fd, |e| {
