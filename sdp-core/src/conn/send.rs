@@ -225,8 +225,9 @@ impl TxStream {
 ///
 /// Only a write of a message's worth or more that comes within the wait
 /// of the write before holds its tail back: the first write of a burst,
-/// and every write of a request–response exchange, send all they have. The tail goes when the next write fills its
-/// message, when the wait runs out, or at once after [`Hold::push`].
+/// and every write of a request–response exchange, send all they have.
+/// The tail goes when the next write fills its message, when the wait
+/// runs out, or at once after [`Hold::push`].
 #[derive(Debug, Clone, Default)]
 pub struct Hold {
     /// A write came since the last [`Hold::tick`]: whether it was large.
