@@ -1,8 +1,11 @@
 //! The one interface between the hooks and the SDP data path.
 //!
-//! The hooks keep the program's socket semantics (blocking, timeouts,
-//! `EINTR`, `MSG_WAITALL`, `SIGPIPE`, readiness for `poll`/`select`); an
-//! SDP connection only has to offer the non-blocking operations below.
+//! The hooks decode the program's call and translate the result: its
+//! blocking rule (`O_NONBLOCK`, `MSG_DONTWAIT`, `SO_RCVTIMEO`,
+//! `SO_SNDTIMEO`) becomes the call's [`Block`], the error its `errno`, and
+//! `EPIPE` a `SIGPIPE` unless `MSG_NOSIGNAL`. An SDP connection gives the
+//! socket semantics itself: one data call is one call of the endpoint,
+//! which waits as the [`Block`] lets it (DESIGN §7 "Who owns blocking").
 //! The SDP engine (`backend`, a layer above) implements these traits over
 //! `sdp-core` and `abi::process::init` installs it (unless
 //! `SDP_ENGINE=0`); without it every connection is TCP with the reason
@@ -10,8 +13,11 @@
 //! stores the endpoints, and imports nothing of the crate.
 //!
 //! Contract shared by every method:
-//! * No method blocks. "Nothing now" is `Err(EAGAIN)`; the hooks wait on
-//!   the [`WakeFd`] and retry.
+//! * Only `recv` and `send` wait, as their [`Block`] lets them, and a
+//!   signal handler that runs meanwhile ends the wait (`EINTR`, or the
+//!   bytes moved). No other method blocks: "nothing now" is
+//!   `Err(EAGAIN)`, and `poll`, `select` and `epoll` wait on the
+//!   [`WakeFd`].
 //! * Errors are the `errno` a TCP program expects (DESIGN §3.4): `EPIPE`
 //!   after our shutdown for writing, `ECONNRESET` after a Terminate, ...
 //! * The endpoint never changes the file status flags (`O_NONBLOCK`) of the
@@ -31,7 +37,7 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-pub use sdp_core::stream::Pumped;
+pub use sdp_core::stream::{Block, Pumped};
 
 /// An `errno` value.
 pub type Errno = c_int;
@@ -145,18 +151,20 @@ impl Readiness {
 /// drains the connection until `EAGAIN` gets a new edge with new data.
 pub type WakeFd = RawFd;
 
-/// Flags of a receive the endpoint must honour (the hooks handle
-/// `MSG_DONTWAIT`, `MSG_WAITALL` and blocking).
+/// Flags of a receive the endpoint honours (the hooks turn
+/// `MSG_DONTWAIT` into the call's [`Block`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RecvFlags {
     /// `MSG_PEEK`: copy without consuming.
     pub peek: bool,
     /// `MSG_OOB`: the urgent byte (`EINVAL` if none, as TCP).
     pub oob: bool,
+    /// `MSG_WAITALL`: a call that may wait fills every buffer.
+    pub waitall: bool,
 }
 
-/// Flags of a send the endpoint must honour (the hooks handle
-/// `MSG_DONTWAIT`, `MSG_NOSIGNAL` and blocking).
+/// Flags of a send the endpoint honours (the hooks turn `MSG_DONTWAIT`
+/// into the call's [`Block`] and raise `SIGPIPE` unless `MSG_NOSIGNAL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SendFlags {
     /// `MSG_OOB`: the last byte is urgent (SDP OOB, draft §6).
@@ -239,14 +247,23 @@ pub trait SdpEndpoint: Send + Sync {
     /// back to TCP: the fd number itself, the kernel socket, is returned
     /// from then on.
     fn wake_fd(&self) -> WakeFd;
-    /// Moves received application data into `bufs` (scatter, in order).
-    /// `Ok(0)` only at EOF (or for empty `bufs`); `Err(EAGAIN)` when no data.
-    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno>;
-    /// Takes as many bytes of `bufs` as it can now (gather); the bytes reach
-    /// the peer without further calls (DESIGN §6 "progress").
-    /// `Err(EAGAIN)` when it can take none; `Err(EPIPE)` after shutdown
-    /// (the hooks raise `SIGPIPE` unless `MSG_NOSIGNAL`).
-    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno>;
+    /// Moves received application data into `bufs` (scatter, in order),
+    /// waiting as `block` lets it (DESIGN §7 "Who owns blocking"): `Ok(0)`
+    /// only at EOF (or for empty `bufs`); `Err(EAGAIN)` when no data came
+    /// in time, `Err(EINTR)` when a signal handler ran first.
+    fn recv(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: RecvFlags,
+        block: Block,
+    ) -> Result<usize, Errno>;
+    /// Takes the bytes of `bufs` (gather): all of them when `block` lets
+    /// it wait (fewer only after its deadline or a signal), else what fits
+    /// now; the bytes reach the peer without further calls (DESIGN §6
+    /// "progress"). `Err(EAGAIN)` or `Err(EINTR)` when none went;
+    /// `Err(EPIPE)` after shutdown (the hooks raise `SIGPIPE` unless
+    /// `MSG_NOSIGNAL`).
+    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags, block: Block) -> Result<usize, Errno>;
     /// The program's `O_NONBLOCK`, from the start and whenever it
     /// changes: a program that waits for `POLLOUT` itself gets sends that
     /// take only what the connection can send now (see
@@ -281,9 +298,6 @@ pub trait SdpEndpoint: Send + Sync {
     /// Takes the pending error (`SO_ERROR`), e.g. the result of a
     /// nonblocking connect.
     fn take_error(&self) -> Option<Errno>;
-    /// A call that moved bytes and then met `errno` returns the bytes; a
-    /// connection error stays pending for the next call, as TCP keeps it.
-    fn restore_error(&self, _errno: Errno) {}
     /// Modes, byte counters and credits for the state export; `None`
     /// for a connection another process goes on with after a fork (this
     /// process's copy has nothing to report and is not touched).
@@ -309,50 +323,6 @@ pub trait SdpEndpoint: Send + Sync {
     /// machinery still serves the socket: it alone waits for socket
     /// space.)
     fn kernel_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// Blocks the calling thread in the endpoint's own wait until `recv`
-    /// (`events` `POLLIN`) or `send` (`POLLOUT`) may make progress:
-    /// `Some(Ok(()))` to try the call again, `Some(Err(EAGAIN))` once
-    /// `deadline` passed, `Some(Err(EINTR))` when a signal handler ran.
-    /// `None`: no such wait now (another thread waits, or no stream); the
-    /// hooks sleep on [`SdpEndpoint::wake_fd`] and
-    /// [`SdpEndpoint::kernel_fd`] instead.
-    fn wait(&self, _events: i16, _deadline: Option<Instant>) -> Option<Result<(), Errno>> {
-        None
-    }
-    /// A blocking `send` of one large buffer by Zcopy (`SDP_ZCOPY`): the
-    /// call blocks in the endpoint until the peer took the buffer — it
-    /// may read it from our memory, or we write it into the peer's —
-    /// `deadline` passed (`SO_SNDTIMEO`) or a signal came; the buffer is
-    /// never referred to after the return. `Some(Ok(n))`: `n` bytes are in
-    /// the stream (fewer than `buf.len()` only after the deadline or a
-    /// signal); `Some(Err(EAGAIN))` the deadline, `Some(Err(EINTR))` a
-    /// signal, with nothing sent. `None`: not by Zcopy (too small, Zcopy
-    /// off); the hooks go the usual way. `lent` is called once the
-    /// buffer is offered to the peer, when the call first waits (the hooks
-    /// refresh the state export, so a long transfer shows).
-    fn send_zcopy(
-        &self,
-        _buf: &[u8],
-        _deadline: Option<Instant>,
-        _lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
-        None
-    }
-    /// A blocking `recv` into one large buffer by Zcopy: posted before
-    /// the call waits, so the peer's next large send can land in it.
-    /// `Some(Ok(n))` as `recv` (0 at EOF); `Some(Err(EAGAIN))` when nothing
-    /// came by `deadline` or nothing yet (the hooks then wait and receive
-    /// the usual way); `Some(Err(EINTR))` a signal. `None`: not by Zcopy.
-    /// `lent` as for [`SdpEndpoint::send_zcopy`].
-    fn recv_zcopy(
-        &self,
-        _buf: &mut [u8],
-        _waitall: bool,
-        _deadline: Option<Instant>,
-        _lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
         None
     }
     /// Another thread's Zcopy call holds the connection's socket: only it

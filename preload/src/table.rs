@@ -348,7 +348,18 @@ impl<T> SpinLock<T> {
 
 struct Slot {
     flags: AtomicU8,
+    /// Counts the changes of `entry`: a thread's remembered lookup
+    /// ([`LAST`]) is good while it has not moved.
+    generation: AtomicU64,
     entry: SpinLock<Option<Entry>>,
+}
+
+thread_local! {
+    /// This thread's last [`stream`] lookup: the fd, its slot's
+    /// generation then, and the handle — weak, so that a closed
+    /// connection is not kept open by a thread that looked at it once.
+    static LAST: std::cell::RefCell<Option<(i32, u64, std::sync::Weak<StreamHandle>)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 static CHUNK_TABLE: [AtomicPtr<Slot>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
@@ -452,6 +463,7 @@ fn slot_or_create(fd: i32) -> Option<&'static Slot> {
     let slots: Box<[Slot]> = (0..CHUNK)
         .map(|_| Slot {
             flags: AtomicU8::new(0),
+            generation: AtomicU64::new(0),
             entry: SpinLock::new(None),
         })
         .collect();
@@ -507,6 +519,7 @@ fn store(s: &Slot, fd: i32, entry: &mut Option<Entry>, new: Option<Entry>) -> Op
     let new_flags = flags_of(new.as_ref());
     let old = std::mem::replace(entry, new);
     s.flags.store(new_flags, Ordering::Release);
+    s.generation.fetch_add(1, Ordering::Release);
     match (old_flags & SDP != 0, new_flags & SDP != 0) {
         (false, true) => {
             SDP_FDS.fetch_add(1, Ordering::Relaxed);
@@ -583,17 +596,39 @@ pub fn get(fd: i32) -> Option<Entry> {
     slot(fd)?.entry.with(|e| e.clone())
 }
 
-/// The SDP endpoint behind `fd`, if it is in SDP state.
+/// The SDP endpoint behind `fd`, if it is in SDP state. A thread that
+/// asks for the fd it asked for last, unchanged since, takes neither the
+/// fork gate nor the slot's lock (DESIGN §7 "One lock per call").
 #[inline]
 pub fn stream(fd: i32) -> Option<Arc<StreamHandle>> {
     if !is_sdp(fd) {
         return None;
     }
-    let _g = enter_gate();
-    slot(fd)?.entry.with(|e| match e.as_ref().map(|e| &e.sdp) {
-        Some(SdpSide::Stream(h)) => Some(h.clone()),
-        _ => None,
-    })
+    let s = slot(fd)?;
+    let generation = s.generation.load(Ordering::Acquire);
+    let remembered = LAST
+        .try_with(|last| match &*last.try_borrow().ok()? {
+            Some((f, g, h)) if (*f, *g) == (fd, generation) => h.upgrade(),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if remembered.is_some() {
+        return remembered;
+    }
+    let (h, generation) = {
+        let _g = enter_gate();
+        s.entry.with(|e| match e.as_ref().map(|e| &e.sdp) {
+            Some(SdpSide::Stream(h)) => Some((h.clone(), s.generation.load(Ordering::Relaxed))),
+            _ => None,
+        })?
+    };
+    let _ = LAST.try_with(|last| {
+        if let Ok(mut last) = last.try_borrow_mut() {
+            *last = Some((fd, generation, Arc::downgrade(&h)));
+        }
+    });
+    Some(h)
 }
 
 /// The hidden SDP listener beside `fd`, if any.
@@ -841,6 +876,38 @@ mod tests {
         assert!(!is_managed(fd));
         assert!(get(fd).is_none());
         assert_eq!(update(fd, |_| ()), None);
+    }
+
+    /// A thread's remembered lookup follows the slot: a new endpoint under
+    /// the same fd number is found, and a removed one is not kept alive.
+    #[test]
+    fn a_remembered_lookup_follows_the_slot() {
+        use crate::test_support::FakeEndpoint;
+        let fd = 900_051;
+        let sdp = |ep: &Arc<FakeEndpoint>| {
+            let mut e = Entry::new(false, false);
+            e.transport = Transport::Sdp;
+            e.sdp = SdpSide::stream(ep.clone(), false);
+            e
+        };
+        let same = |h: &StreamHandle, ep: &Arc<FakeEndpoint>| {
+            std::ptr::addr_eq(Arc::as_ptr(&h.endpoint), Arc::as_ptr(ep))
+        };
+        let (a, b) = (FakeEndpoint::new(), FakeEndpoint::new());
+        insert(fd, sdp(&a));
+        let h = stream(fd).unwrap();
+        assert!(same(&h, &a));
+        // Asked again: the same handle, remembered.
+        assert!(Arc::ptr_eq(&h, &stream(fd).unwrap()));
+        // Replaced while a call still holds the old handle.
+        insert(fd, sdp(&b));
+        assert!(same(&stream(fd).unwrap(), &b));
+        let gone = Arc::downgrade(&h);
+        drop(h);
+        assert!(gone.upgrade().is_none(), "the replaced handle lives on");
+        remove(fd);
+        assert!(stream(fd).is_none());
+        assert_eq!(a.closes(), 1);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! layer's own readiness descriptor).
 
 use crate::sdp::{
-    Counters, Errno, Messages, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown, Stats,
-    WakeFd,
+    Block, Counters, Errno, Messages, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown,
+    Stats, WakeFd,
 };
 use crate::table::{self, Entry, SdpSide, Transport};
 use libc::c_int;
@@ -15,8 +15,16 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
+/// A call the endpoint was asked to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Recv(RecvFlags, Block),
+    Send(Block),
+}
+
 #[derive(Default)]
 struct State {
+    calls: Vec<Call>,
     rx: VecDeque<u8>,
     tx: Vec<u8>,
     send_room: usize,
@@ -54,6 +62,36 @@ impl FakeEndpoint {
         let (readable, writable) = (!s.rx.is_empty(), s.send_room > 0 || s.write_shut);
         self.levels.lock().unwrap().set(readable, writable).unwrap();
         r
+    }
+
+    /// The calls the endpoint was asked to make, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.with(|s| s.calls.clone())
+    }
+
+    /// Sleeps as the call's `block` lets it, until the levels poll
+    /// `events`: `EAGAIN` at the deadline, `EINTR` for a signal.
+    fn sleep(&self, events: i16, block: Block) -> Result<(), Errno> {
+        let Block::Until(deadline) = block else {
+            return Err(libc::EAGAIN);
+        };
+        let ms = deadline.map_or(-1, |d| {
+            d.saturating_duration_since(std::time::Instant::now())
+                .as_millis() as c_int
+        });
+        let mut p = libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            0 => Err(libc::EAGAIN),
+            r if r > 0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)),
+        }
     }
 
     /// New application data.
@@ -155,53 +193,80 @@ impl SdpEndpoint for FakeEndpoint {
     fn wake_fd(&self) -> WakeFd {
         self.wake.as_raw_fd()
     }
-    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
+    fn recv(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: RecvFlags,
+        block: Block,
+    ) -> Result<usize, Errno> {
         if self.with(|s| s.panic) {
             panic!("fake endpoint: recv broken on purpose");
         }
-        self.with(|s| {
-            if s.rx.is_empty() {
-                return Err(libc::EAGAIN);
-            }
-            let mut n = 0;
-            for b in bufs.iter_mut() {
-                for byte in b.iter_mut() {
-                    match s.rx.get(n) {
-                        Some(&v) => {
-                            *byte = v;
-                            n += 1;
+        self.with(|s| s.calls.push(Call::Recv(flags, block)));
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut done = 0;
+        loop {
+            let n = self.with(|s| {
+                let mut n = 0;
+                let mut at = done;
+                for b in bufs.iter_mut() {
+                    let skip = at.min(b.len());
+                    at -= skip;
+                    for byte in b[skip..].iter_mut() {
+                        match s.rx.get(n) {
+                            Some(&v) => {
+                                *byte = v;
+                                n += 1;
+                            }
+                            None => break,
                         }
-                        None => break,
                     }
                 }
+                if !flags.peek {
+                    s.rx.drain(..n);
+                }
+                n
+            });
+            done += n;
+            if (done > 0 && !flags.waitall) || (total > 0 && done == total) || total == 0 {
+                return Ok(done);
             }
-            if !flags.peek {
-                s.rx.drain(..n);
+            if let Err(e) = self.sleep(libc::POLLIN, block) {
+                return if done > 0 { Ok(done) } else { Err(e) };
             }
-            Ok(n)
-        })
+        }
     }
-    fn send(&self, bufs: &[IoSlice<'_>], _flags: SendFlags) -> Result<usize, Errno> {
-        self.with(|s| {
-            if s.write_shut {
-                return Err(libc::EPIPE);
-            }
-            if s.send_room == 0 {
-                return Err(libc::EAGAIN);
-            }
-            let mut n = 0;
-            'outer: for b in bufs {
-                for &byte in b.iter() {
+    fn send(&self, bufs: &[IoSlice<'_>], _flags: SendFlags, block: Block) -> Result<usize, Errno> {
+        self.with(|s| s.calls.push(Call::Send(block)));
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut done = 0;
+        loop {
+            let r = self.with(|s| {
+                if s.write_shut {
+                    return Err(libc::EPIPE);
+                }
+                let mut n = 0;
+                for &byte in bufs.iter().flat_map(|b| b.iter()).skip(done) {
                     if s.send_room == 0 {
-                        break 'outer;
+                        break;
                     }
                     s.tx.push(byte);
                     s.send_room -= 1;
                     n += 1;
                 }
+                Ok(n)
+            });
+            match r {
+                Ok(n) => done += n,
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
             }
-            Ok(n)
-        })
+            if done == total || (done > 0 && block == Block::Never) {
+                return Ok(done);
+            }
+            if let Err(e) = self.sleep(libc::POLLOUT, block) {
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+        }
     }
     fn shutdown(&self, _how: Shutdown) -> Result<(), Errno> {
         self.with(|s| s.write_shut = true);

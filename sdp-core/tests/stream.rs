@@ -242,6 +242,22 @@ fn abortive_close_resets_and_writes_after_shutdown_fail() {
     assert_eq!((&a).read(&mut buf).unwrap(), 10);
 }
 
+/// `close` ends the connection while another handle lives: the peer
+/// reads what was written and then the end of the stream, the other
+/// handle's write fails.
+#[test]
+fn close_ends_the_connection_whatever_other_handles_remain() {
+    let (a, b) = pair();
+    let kept = a.clone();
+    (&a).write_all(b"last words").unwrap();
+    a.close();
+    let mut got = Vec::new();
+    (&b).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"last words");
+    let e = (&kept).write(b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
+}
+
 #[test]
 fn bytes_reach_the_peer_without_further_calls() {
     let (a, b) = pair();
@@ -469,54 +485,105 @@ fn bulk_transfer_counts_its_copies() {
     );
 }
 
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// The name of the system call thread `tid` of this process sleeps in.
+fn syscall_of(tid: libc::pid_t) -> Option<i64> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// A socket call waits as its `Block` says, whatever the stream's mode:
+/// not at all, until a deadline, or until its buffers are full
+/// (`WAITALL`, scattered); a signal ends its wait with EINTR, and the
+/// stream goes on.
 #[test]
-fn wait_ready_times_out_then_wakes_for_data_and_reports_a_busy_stream() {
-    use sdp_core::stream::{Interest, Waited};
+fn socket_calls_wait_as_their_block_says() {
+    use sdp_core::conn::RecvFlags;
+    use sdp_core::stream::Block;
+    use std::io::IoSliceMut;
     let (mut a, b) = pair();
     b.set_nonblocking(true).unwrap();
-    // Nothing to read: the deadline ends the wait.
-    let soon = Instant::now() + Duration::from_millis(20);
-    assert_eq!(
-        b.wait_ready(Interest::Read, Some(soon)).unwrap(),
-        Waited::Woken
-    );
-    assert_eq!(
-        b.wait_ready(Interest::Read, Some(soon)).unwrap(),
-        Waited::TimedOut
-    );
-    // A send of a fresh stream is ready at once.
-    assert_eq!(b.wait_ready(Interest::Write, None).unwrap(), Waited::Woken);
-    // A waiter sleeping in poll is the poller: a second one is told Busy.
-    let waiter = {
-        let b = b.clone();
+    let mut one = [0u8; 4];
+    let e = b
+        .recv_vectored(
+            &mut [IoSliceMut::new(&mut one)],
+            RecvFlags::EMPTY,
+            Block::Never,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    let start = Instant::now();
+    let soon = Block::Until(Some(start + Duration::from_millis(30)));
+    let e = b
+        .recv_vectored(&mut [IoSliceMut::new(&mut one)], RecvFlags::EMPTY, soon)
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    assert!(start.elapsed() >= Duration::from_millis(30));
+
+    // WAITALL fills both buffers from two writes.
+    let writer = {
+        let a = a.clone();
         std::thread::spawn(move || {
-            let mut got = Vec::new();
-            while got.len() < 5 {
-                match b.wait_ready(Interest::Read, None).unwrap() {
-                    Waited::Woken => {}
-                    // The test thread is polling for a moment.
-                    Waited::Busy => std::thread::yield_now(),
-                    Waited::TimedOut => panic!("no deadline was given"),
-                }
-                let mut buf = [0u8; 16];
-                match b.recv_flags(&mut buf, sdp_core::conn::RecvFlags::EMPTY) {
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                    Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
-                }
-            }
-            got
+            (&a).write_all(b"hello").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            (&a).write_all(b"world").unwrap();
         })
     };
-    let until = Instant::now() + Duration::from_secs(5);
-    let mut saw_busy = false;
-    while !saw_busy && Instant::now() < until {
-        let soon = Some(Instant::now() + Duration::from_millis(1));
-        saw_busy = b.wait_ready(Interest::Read, soon).unwrap() == Waited::Busy;
-        std::thread::yield_now();
+    let (mut x, mut y) = ([0u8; 3], [0u8; 7]);
+    let n = b
+        .recv_vectored(
+            &mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)],
+            RecvFlags::WAITALL,
+            Block::Until(None),
+        )
+        .unwrap();
+    writer.join().unwrap();
+    assert_eq!((n, &x, &y), (10, b"hel", b"loworld"));
+
+    // A reader asleep in poll (the stream's poller): a signal ends its
+    // wait with EINTR, and the next read gets the bytes.
+    // SAFETY: a plain handler without SA_RESTART; an all-zero sigaction
+    // is valid before it is filled in.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore_signal as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
     }
-    assert!(saw_busy, "the sleeping waiter was never the poller");
-    a.write_all(b"hello").unwrap();
-    assert_eq!(waiter.join().unwrap(), b"hello");
+    let reader = |b: SdpStream| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: plain calls about the calling thread.
+            tx.send(unsafe { (libc::pthread_self(), libc::gettid()) })
+                .unwrap();
+            let mut buf = [0u8; 8];
+            b.recv_vectored(
+                &mut [IoSliceMut::new(&mut buf)],
+                RecvFlags::EMPTY,
+                Block::Until(None),
+            )
+            .map(|n| buf[..n].to_vec())
+            .map_err(|e| e.raw_os_error())
+        });
+        (t, rx.recv().unwrap())
+    };
+    let (first, (first_thread, first_tid)) = reader(b.clone());
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(syscall_of(first_tid), Some(n) if n == libc::SYS_poll || n == libc::SYS_ppoll) {
+        assert!(Instant::now() < until, "the reader never slept in poll");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while !first.is_finished() {
+        assert!(Instant::now() < until, "the signal never ended the wait");
+        // SAFETY: the thread is alive (not finished).
+        unsafe { libc::pthread_kill(first_thread, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(first.join().unwrap(), Err(Some(libc::EINTR)));
+    let (second, _) = reader(b.clone());
+    a.write_all(b"ping").unwrap();
+    assert_eq!(second.join().unwrap(), Ok(b"ping".to_vec()));
 }
 
 /// A blocking write larger than `Config::lend_above` sends its Data
@@ -874,6 +941,7 @@ fn two_stuck_writers_fall_quiet() {
 
 #[test]
 fn a_gathered_write_fills_messages_across_the_callers_buffers() {
+    use sdp_core::stream::Block;
     use std::io::IoSlice;
     let (a, b) = pair();
     let data = scrambled(300_000, 3);
@@ -901,7 +969,7 @@ fn a_gathered_write_fills_messages_across_the_callers_buffers() {
     let mut calls = 0;
     while !left.is_empty() {
         let n = a
-            .send_vectored_flags(left, sdp_core::conn::SendFlags::EMPTY)
+            .send_vectored(left, sdp_core::conn::SendFlags::EMPTY, Block::Until(None))
             .unwrap();
         assert!(n > 0);
         IoSlice::advance_slices(&mut left, n);
@@ -912,8 +980,10 @@ fn a_gathered_write_fills_messages_across_the_callers_buffers() {
     assert!(got == data, "{} of {len} bytes, or not the same", got.len());
     let info = a.info();
     let messages = info.credits.lsseq.wrapping_sub(before);
-    // Full messages (about 64 KiB each), not one per buffer or per call.
-    assert!(calls >= 3, "{calls} calls");
+    // A blocking call takes every byte, whatever the number of buffers;
+    // full messages (about 64 KiB each), not one per buffer.
+    assert!(pieces.len() > 64);
+    assert_eq!(calls, 1);
     assert!(
         messages <= 12,
         "{messages} messages for {} buffers",

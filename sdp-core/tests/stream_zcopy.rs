@@ -3,12 +3,13 @@
 //! Write Zcopy, the bytes arrive intact, and the counters say which
 //! mechanism carried them.
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sdp_core::conn::{Config, Pipelining};
-use sdp_core::stream::{SdpListener, SdpStream};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use sdp_core::conn::{Config, Pipelining, RecvFlags, SendFlags};
+use sdp_core::stream::{Block, SdpListener, SdpStream};
 
 const MIB: usize = 1 << 20;
 
@@ -141,11 +142,33 @@ fn interrupt_until<T>(thread: libc::pthread_t, done: &std::sync::mpsc::Receiver<
     }
 }
 
+/// Waits until `ok` holds (a call in another thread got that far), for
+/// 10 s at most.
+fn until(what: &str, ok: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(std::time::Instant::now() < end, "still waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn nonblocking_pair(client: &Config, server: &Config) -> (SdpStream, SdpStream) {
     let (c, s) = pair_with(client, server);
     c.set_nonblocking(true).unwrap();
     s.set_nonblocking(true).unwrap();
     (c, s)
+}
+
+/// Sleeps until the readiness descriptor of `s` is readable (10 s at
+/// most).
+fn await_readable(s: &SdpStream) {
+    let mut fds = [PollFd::new(s, PollFlags::IN)];
+    let ten = Timespec {
+        tv_sec: 10,
+        tv_nsec: 0,
+    };
+    let n = poll(&mut fds, Some(&ten)).unwrap();
+    assert!(n == 1, "not readable: {}", s.debug_state());
 }
 
 /// One byte from `c` to `s`: the client's ModeChange, sent first, has
@@ -157,17 +180,14 @@ fn settle(c: &SdpStream, s: &SdpStream) {
         match (&*s).read(&mut b) {
             Ok(1) => return,
             Ok(n) => panic!("read {n}"),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                s.wait_ready(sdp_core::stream::Interest::Read, None)
-                    .unwrap();
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => await_readable(s),
             Err(e) => panic!("read: {e}"),
         }
     }
 }
 
-/// Reads everything until the end of the stream, blocking on the stream's
-/// readiness (the stream itself is nonblocking).
+/// Reads everything until the end of the stream, by Bcopy, sleeping on
+/// the stream's readiness (the stream itself is nonblocking).
 fn read_to_end_nonblocking(s: &SdpStream) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = vec![0; MIB];
@@ -175,22 +195,40 @@ fn read_to_end_nonblocking(s: &SdpStream) -> Vec<u8> {
         match (&*s).read(&mut buf) {
             Ok(0) => return got,
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                s.wait_ready(sdp_core::stream::Interest::Read, None)
-                    .unwrap();
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => await_readable(s),
             Err(e) => panic!("read: {e}"),
         }
     }
 }
 
-/// `data` written by `write_zcopy` from another thread, then the end of
-/// the stream, read at `s` with [`read_to_end_nonblocking`].
+/// A socket call's blocking `send` of `buf` (a large one is lent).
+fn send_blocking(c: &SdpStream, buf: &[u8], deadline: Option<Instant>) -> std::io::Result<usize> {
+    c.send_vectored(
+        &[IoSlice::new(buf)],
+        SendFlags::EMPTY,
+        Block::Until(deadline),
+    )
+}
+
+/// A socket call's blocking `recv` into `buf` (a large one is posted).
+fn recv_blocking(
+    s: &SdpStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> std::io::Result<usize> {
+    s.recv_vectored(
+        &mut [IoSliceMut::new(buf)],
+        RecvFlags::EMPTY,
+        Block::Until(deadline),
+    )
+}
+
+/// `data` written by a blocking send from another thread, then the end
+/// of the stream, read at `s` with [`read_to_end_nonblocking`].
 fn write_zcopy_then_read_to_end(c: &SdpStream, s: &SdpStream, data: Vec<u8>) -> Vec<u8> {
     let c = c.clone();
     let writer = std::thread::spawn(move || {
-        let n = c.write_zcopy(&data, None, &mut || {}).expect("by Zcopy");
-        assert_eq!(n.unwrap(), data.len());
+        assert_eq!(send_blocking(&c, &data, None).unwrap(), data.len());
         c.shutdown(Shutdown::Write).unwrap();
     });
     let got = read_to_end_nonblocking(s);
@@ -198,34 +236,25 @@ fn write_zcopy_then_read_to_end(c: &SdpStream, s: &SdpStream, data: Vec<u8>) -> 
     got
 }
 
-/// `read_zcopy` on a nonblocking stream posts the buffer before it waits:
-/// once `lent` is called the SinkAvail is out, and a write after that
-/// point lands in the buffer by RDMA Write, nothing copied.
+/// A blocking receive on a nonblocking stream posts the buffer before it waits:
+/// once the SinkAvail is out, a write lands in the buffer by RDMA Write,
+/// nothing copied.
 #[test]
 fn read_zcopy_posts_before_waiting_and_is_written_into() {
     let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let sent = data(16 * MIB, 3);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
     let s2 = s.clone();
     let reader = std::thread::spawn(move || {
         let mut buf = vec![0; 16 * MIB];
-        let r = s2.read_zcopy(
-            &mut buf,
-            sdp_core::conn::RecvFlags::EMPTY,
-            None,
-            &mut || lent_tx.send(()).unwrap(),
-        );
-        let n = r.expect("by Zcopy").unwrap();
+        let n = recv_blocking(&s2, &mut buf, None).unwrap();
         buf.truncate(n);
         buf
     });
-    lent_rx.recv().unwrap();
-    assert_eq!(s.info().zcopy.sink_avails, 1);
+    until("the SinkAvail", || s.info().zcopy.sink_avails == 1);
     let copied = s.info().copies.bytes_copied_from_pool;
-    let n = c.write_zcopy(&sent, None, &mut || {}).expect("by Zcopy");
-    assert_eq!(n.unwrap(), sent.len());
+    assert_eq!(send_blocking(&c, &sent, None).unwrap(), sent.len());
     let got = reader.join().unwrap();
     assert!(got == sent, "{} bytes", got.len());
     let rx = s.info();
@@ -234,18 +263,24 @@ fn read_zcopy_posts_before_waiting_and_is_written_into() {
     assert_eq!(c.info().zcopy.write_zcopy_sent, sent.len() as u64);
 }
 
-/// Below the Bcopy Threshold, or with Zcopy off, the entries decline and
-/// the caller goes its usual way.
+/// Below the Bcopy Threshold, or with Zcopy off, blocking calls lend and
+/// post nothing: they go by Bcopy.
 #[test]
-fn zcopy_entries_decline_small_buffers_and_zcopy_off() {
+fn small_buffers_and_zcopy_off_go_by_bcopy() {
     let (c, s) = nonblocking_pair(&zcopy_config(), &Config::default());
-    assert!(c.write_zcopy(&[0; 1024], None, &mut || {}).is_none());
+    assert_eq!(send_blocking(&c, &[7; 1024], None).unwrap(), 1024);
+    let soon = || Some(Instant::now() + Duration::from_millis(20));
     let mut buf = vec![0; 4 * MIB];
     // The server side has Zcopy off.
-    let flags = sdp_core::conn::RecvFlags::EMPTY;
-    assert!(s.read_zcopy(&mut buf, flags, None, &mut || {}).is_none());
+    assert_eq!(recv_blocking(&s, &mut buf, None).unwrap(), 1024);
+    let e = recv_blocking(&s, &mut buf, soon()).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     let mut small = [0; 100];
-    assert!(c.read_zcopy(&mut small, flags, None, &mut || {}).is_none());
+    let e = recv_blocking(&c, &mut small, soon()).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    let (cz, sz) = (c.info().zcopy, s.info().zcopy);
+    assert_eq!((cz.src_avails, cz.sink_avails), (0, 0), "{cz:?}");
+    assert_eq!((sz.src_avails, sz.sink_avails), (0, 0), "{sz:?}");
 }
 
 /// A deadline that passes with the buffer posted and advertised: the
@@ -257,10 +292,8 @@ fn read_zcopy_deadline_cancels_and_the_stream_goes_on() {
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
     let mut buf = vec![0; 4 * MIB];
-    let deadline = Some(std::time::Instant::now() + Duration::from_millis(50));
-    let flags = sdp_core::conn::RecvFlags::EMPTY;
-    let r = s.read_zcopy(&mut buf, flags, deadline, &mut || {});
-    let e = r.expect("by Zcopy").unwrap_err();
+    let deadline = Some(Instant::now() + Duration::from_millis(50));
+    let e = recv_blocking(&s, &mut buf, deadline).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     assert_eq!(s.info().zcopy.cancels, 1, "{:?}", s.info().zcopy);
     let sent = data(8 * MIB, 4);
@@ -277,23 +310,21 @@ fn a_signal_ends_a_posted_read_zcopy_with_eintr() {
     let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (me_tx, me_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let s2 = s.clone();
     let reader = std::thread::spawn(move || {
         let mut buf = vec![0; 4 * MIB];
         // SAFETY: the calling thread's own id.
-        let me = unsafe { libc::pthread_self() };
-        let flags = sdp_core::conn::RecvFlags::EMPTY;
-        let r = s2.read_zcopy(&mut buf, flags, None, &mut || lent_tx.send(me).unwrap());
-        done_tx
-            .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
-            .unwrap();
+        me_tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let r = recv_blocking(&s2, &mut buf, None);
+        done_tx.send(r.map_err(|e| e.raw_os_error())).unwrap();
     });
-    let thread = lent_rx.recv().unwrap();
+    let thread = me_rx.recv().unwrap();
+    until("the SinkAvail", || s.info().zcopy.sink_avails == 1);
     let r = interrupt_until(thread, &done_rx);
     reader.join().unwrap();
-    assert_eq!(r, Some(Err(Some(libc::EINTR))));
+    assert_eq!(r, Err(Some(libc::EINTR)));
     let zc = s.info().zcopy;
     assert_eq!((zc.sink_avails, zc.cancels), (1, 1), "{zc:?}");
     let sent = data(8 * MIB, 5);
@@ -310,26 +341,25 @@ fn a_signal_ends_a_write_zcopy_once_its_srcavail_is_canceled() {
     install_sigusr1();
     let (c, s) = nonblocking_pair(&zcopy_config(), &zcopy_config());
     let sent = data(8 * MIB, 6);
-    let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+    let (me_tx, me_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let writer = {
         let (c, sent) = (c.clone(), sent.clone());
         std::thread::spawn(move || {
             // SAFETY: the calling thread's own id.
-            let me = unsafe { libc::pthread_self() };
-            let r = c.write_zcopy(&sent, None, &mut || lent_tx.send(me).unwrap());
-            done_tx
-                .send(r.map(|r| r.map_err(|e| e.raw_os_error())))
-                .unwrap();
+            me_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let r = send_blocking(&c, &sent, None);
+            done_tx.send(r.map_err(|e| e.raw_os_error())).unwrap();
         })
     };
-    let thread = lent_rx.recv().unwrap();
+    let thread = me_rx.recv().unwrap();
+    until("the SrcAvail", || c.info().zcopy.src_avails == 1);
     let r = interrupt_until(thread, &done_rx);
     writer.join().unwrap();
     let kept = match r {
-        Some(Ok(n)) => n,
-        Some(Err(Some(libc::EINTR))) => 0,
-        other => panic!("write_zcopy: {other:?}"),
+        Ok(n) => n,
+        Err(Some(libc::EINTR)) => 0,
+        other => panic!("send: {other:?}"),
     };
     assert!(kept < sent.len(), "{kept}");
     let zc = c.info().zcopy;
@@ -383,7 +413,6 @@ fn small_blocking_reads_answer_srcavails_with_sendsm() {
 /// both ends would wait for each other.)
 #[test]
 fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let client = pipelined();
     let (c, s) = nonblocking_pair(&client, &zcopy_config());
     settle(&c, &s);
@@ -392,10 +421,7 @@ fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
         let (c, sent) = (c.clone(), sent.clone());
         std::thread::spawn(move || {
             for chunk in sent.chunks(2 * MIB) {
-                assert_eq!(
-                    c.write_zcopy(chunk, None, &mut || {}).unwrap().unwrap(),
-                    chunk.len()
-                );
+                assert_eq!(send_blocking(&c, chunk, None).unwrap(), chunk.len());
             }
             c.shutdown(Shutdown::Write).unwrap();
         })
@@ -406,15 +432,7 @@ fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
         match (&s).read(&mut buf) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut fds = [PollFd::new(&s, PollFlags::IN)];
-                let ten = Timespec {
-                    tv_sec: 10,
-                    tv_nsec: 0,
-                };
-                let n = poll(&mut fds, Some(&ten)).unwrap();
-                assert!(n == 1, "not readable: {}", s.debug_state());
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => await_readable(&s),
             Err(e) => panic!("read: {e}"),
         }
     }

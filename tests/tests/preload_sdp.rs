@@ -898,6 +898,33 @@ fn a_gather_write_reaches_a_waiting_reader_whole() {
     same_over_sdp("sdp-gather", GATHER_WRITE, 1);
 }
 
+/// A listener's `TCP_NODELAY` goes on to the connections it accepts, as
+/// the kernel passes it on: `getsockopt` says so on the accepted socket
+/// (over SDP the connection came through the hidden listener); a client
+/// reads what it set, before connect or not.
+const NODELAY_FROM_THE_LISTENER: &str = r#"
+import socket
+srv = socket.socket()
+srv.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"ping")
+print(s.recv(4), s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0)
+print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0)
+# Set before connect, it stays (curl does this).
+d = socket.socket()
+d.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+d.connect(srv.getsockname())
+print(d.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0)
+"#;
+
+#[test]
+fn a_listeners_nodelay_goes_on_to_what_it_accepts() {
+    same_over_sdp("sdp-nodelay", NODELAY_FROM_THE_LISTENER, 2);
+}
+
 /// A stream that an epoll set holds has that set's waiter read its socket
 /// (the progress thread leaves arrivals to it): a `select` on the stream
 /// still sees each arrival — with the stream deleted from the set, while

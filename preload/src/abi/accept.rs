@@ -182,6 +182,29 @@ unsafe fn sdp_accept_inner(
                         real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
                     }
                 }
+                // The listener's TCP_NODELAY goes on to what it accepts, as
+                // the kernel passes it on (the connection came through the
+                // hidden listener, which does not have it).
+                if int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0) {
+                    let one: c_int = 1;
+                    // SAFETY: an int option on our new fd.
+                    let set = unsafe {
+                        real::setsockopt(
+                            new,
+                            libc::IPPROTO_TCP,
+                            libc::TCP_NODELAY,
+                            (&one as *const c_int).cast(),
+                            std::mem::size_of::<c_int>() as socklen_t,
+                        )
+                    };
+                    if set == 0 {
+                        let _ = acc.endpoint.setsockopt(
+                            libc::IPPROTO_TCP,
+                            libc::TCP_NODELAY,
+                            &one.to_ne_bytes(),
+                        );
+                    }
+                }
                 let l = table::get(fd);
                 let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
                 e.role = SocketRole::Accepted;

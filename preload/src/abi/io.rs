@@ -1,17 +1,17 @@
 //! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile` and their
 //! `_chk` variants.
 //!
-//! On an SDP fd the hooks give the program the socket semantics on top of
-//! the endpoint's non-blocking operations (DESIGN §6 "Blocking
-//! semantics"): the fd's `O_NONBLOCK` and `MSG_DONTWAIT`, `SO_RCVTIMEO` /
-//! `SO_SNDTIMEO` (`EAGAIN` when they expire, as TCP), `EINTR` when a signal
-//! interrupts the wait, `MSG_WAITALL`, `MSG_PEEK`, `MSG_OOB`, `SIGPIPE`
-//! unless `MSG_NOSIGNAL`. A blocked call sleeps in `ppoll` on the
-//! endpoint's wake fds, never spinning.
+//! On an SDP fd a hook decodes the program's call into one call of the
+//! endpoint, which has the socket semantics (DESIGN §7 "Who owns
+//! blocking"): the fd's `O_NONBLOCK` and `MSG_DONTWAIT` and its
+//! `SO_RCVTIMEO` / `SO_SNDTIMEO` become the call's [`Block`]; the flags
+//! `MSG_WAITALL`, `MSG_PEEK`, `MSG_OOB` and `MSG_MORE` go with it; the
+//! result comes back as the return value and `errno`, and `EPIPE` raises
+//! `SIGPIPE` unless `MSG_NOSIGNAL`.
 #![allow(clippy::missing_safety_doc)]
 
 use super::protect;
-use crate::sdp::{Errno, RecvFlags, SendFlags};
+use crate::sdp::{Block, Errno, RecvFlags, SendFlags};
 use crate::sys::errno::{fail, SavedErrno};
 use crate::sys::guard::Guard;
 use crate::sys::real;
@@ -23,7 +23,7 @@ use libc::{
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where a data call on `fd` goes: the SDP endpoint, when there is one
 /// and this thread is not already inside the preload. One relaxed load
@@ -158,89 +158,13 @@ fn kernel_timeout(fd: c_int, name: c_int) -> Option<Duration> {
     ))
 }
 
-/// Sleeps until `wake` polls one of `events`, or `kernel` (the
-/// endpoint's own socket, if it offers one) has input for it to read.
-/// `Err(EAGAIN)` at the deadline, `Err(EINTR)` when a signal handler ran.
-pub fn wait(
-    wake: c_int,
-    events: i16,
-    kernel: Option<c_int>,
-    deadline: Option<Instant>,
-) -> Result<(), Errno> {
-    let mut p = [
-        libc::pollfd {
-            fd: wake,
-            events,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: kernel.unwrap_or(-1),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let n = if kernel.is_some() { 2 } else { 1 };
-    let ts = deadline.map(|d| {
-        let left = d.saturating_duration_since(Instant::now());
-        timespec {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_nsec: left.subsec_nanos() as libc::c_long,
-        }
-    });
-    let tp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const timespec);
-    // SAFETY: local pollfds, a local timespec or null, no signal mask.
-    let r = unsafe { real::ppoll(p.as_mut_ptr(), n, tp, std::ptr::null()) };
-    match r {
-        0 => Err(libc::EAGAIN),
-        r if r > 0 => Ok(()),
-        _ => Err(real::errno()),
-    }
-}
-
-/// A blocked `recv` (`POLLIN`) or `send` (`POLLOUT`) sleeps: in the
-/// endpoint's own wait when it has one now, else on its wake fd and
-/// kernel socket ([`wait`]).
-fn wait_endpoint(h: &StreamHandle, events: i16, deadline: Option<Instant>) -> Result<(), Errno> {
-    match h.endpoint.wait(events, deadline) {
-        Some(r) => r,
-        None => {
-            let kernel = if h.endpoint.zcopy_elsewhere() {
-                None
-            } else {
-                h.endpoint.kernel_fd()
-            };
-            wait(h.endpoint.wake_fd(), events, kernel, deadline)
-        }
-    }
-}
-
-/// The index of the only non-empty buffer of `bufs` (a Zcopy call lends
-/// one buffer).
-fn single<B: std::ops::Deref<Target = [u8]>>(bufs: &[B]) -> Option<usize> {
-    let mut it = bufs.iter().enumerate().filter(|(_, b)| !b.is_empty());
-    match (it.next(), it.next()) {
-        (Some((i, _)), None) => Some(i),
-        _ => None,
-    }
-}
-
-/// The end of a call that met `e` after `done` bytes: the bytes, with the
-/// error kept for the next call (as TCP keeps it), or the error.
-fn partial(h: &StreamHandle, done: usize, e: Errno) -> Result<usize, Errno> {
-    if done == 0 {
-        return Err(e);
-    }
-    h.endpoint.restore_error(e);
-    Ok(done)
-}
-
-/// After a program's call: the export shows the call's effect at once
-/// (the service thread also publishes every `SDP_STAT_INTERVAL_MS`).
-fn publish_stats(fd: c_int, h: &StreamHandle) {
-    if let Some(stats) = h.endpoint.stats() {
-        table::publish_stats(fd, &stats);
+/// The call's [`Block`]: never with `MSG_DONTWAIT` or `O_NONBLOCK`, else
+/// until the socket's timeout `name` (`SO_RCVTIMEO`, `SO_SNDTIMEO`).
+fn block(fd: c_int, h: &StreamHandle, flags: c_int, name: c_int) -> Block {
+    if flags & libc::MSG_DONTWAIT != 0 || h.nonblock.load(Ordering::Relaxed) {
+        Block::Never
+    } else {
+        Block::within(timeout(fd, h, name))
     }
 }
 
@@ -249,166 +173,49 @@ fn publish_stats(fd: c_int, h: &StreamHandle) {
 pub fn sdp_recv(fd: c_int, h: &StreamHandle, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> ssize_t {
     protect(
         "recv",
-        || sdp_recv_inner(fd, h, bufs, flags),
+        || {
+            let rflags = RecvFlags {
+                peek: flags & libc::MSG_PEEK != 0,
+                oob: flags & libc::MSG_OOB != 0,
+                waitall: flags & libc::MSG_WAITALL != 0,
+            };
+            let block = block(fd, h, flags, libc::SO_RCVTIMEO);
+            // A blocked call uses the connection (a fork leaves it to this
+            // process).
+            let _watch = (block != Block::Never).then(|| h.watch());
+            match h.endpoint.recv(bufs, rflags, block) {
+                Ok(n) => n as ssize_t,
+                Err(e) => fail(e),
+            }
+        },
         || fail(libc::EIO),
     )
-}
-
-fn sdp_recv_inner(
-    fd: c_int,
-    h: &StreamHandle,
-    mut bufs: &mut [IoSliceMut<'_>],
-    flags: c_int,
-) -> ssize_t {
-    let rflags = RecvFlags {
-        peek: flags & libc::MSG_PEEK != 0,
-        oob: flags & libc::MSG_OOB != 0,
-    };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || h.nonblock.load(Ordering::Relaxed);
-    let waitall = flags & libc::MSG_WAITALL != 0 && !rflags.peek && !rflags.oob;
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    let deadline = if dontwait {
-        None
-    } else {
-        timeout(fd, h, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
-    };
-    // A blocked call uses the connection (a fork leaves it to this process).
-    let _watch = (!dontwait).then(|| h.watch());
-    let mut done = 0usize;
-    // SDP_ZCOPY: one large buffer is lent to the endpoint before the wait,
-    // so the peer's next large send may go straight into it.
-    if !dontwait && !rflags.peek && !rflags.oob {
-        if let Some(i) = single(bufs) {
-            let lent = &mut || publish_stats(fd, h);
-            match h.endpoint.recv_zcopy(&mut bufs[i], waitall, deadline, lent) {
-                Some(Ok(n)) if n == 0 || !waitall || n >= total => {
-                    publish_stats(fd, h);
-                    return n as ssize_t;
-                }
-                Some(Ok(n)) => {
-                    done = n;
-                    IoSliceMut::advance_slices(&mut bufs, n);
-                }
-                // Nothing yet, by Bcopy: wait and receive as usual.
-                Some(Err(libc::EAGAIN)) | None => {}
-                Some(Err(e)) => {
-                    publish_stats(fd, h);
-                    return fail(e);
-                }
-            }
-        }
-    }
-    // A blocking receive waits first: what is held or in the socket ends
-    // the wait at once, and when nothing is, a nonblocking read of the
-    // socket before it would only say EAGAIN.
-    if !dontwait && !rflags.oob && total > done {
-        // Past the deadline the read below still takes what came; a
-        // signal ends the call, with the bytes a Zcopy read placed.
-        if let Some(Err(libc::EINTR)) = h.endpoint.wait(libc::POLLIN, deadline) {
-            publish_stats(fd, h);
-            return if done > 0 {
-                done as ssize_t
-            } else {
-                fail(libc::EINTR)
-            };
-        }
-    }
-    let result = loop {
-        match h.endpoint.recv(bufs, rflags) {
-            Ok(0) => break Ok(done),
-            Ok(n) => {
-                done += n;
-                if !waitall || done >= total {
-                    break Ok(done);
-                }
-                IoSliceMut::advance_slices(&mut bufs, n);
-            }
-            // Urgent data is never waited for (TCP answers at once).
-            Err(e) if e == libc::EAGAIN && !dontwait && !rflags.oob => {
-                if let Err(e) = wait_endpoint(h, libc::POLLIN, deadline) {
-                    break if done > 0 { Ok(done) } else { Err(e) };
-                }
-            }
-            Err(e) => break partial(h, done, e),
-        }
-    };
-    publish_stats(fd, h);
-    match result {
-        Ok(n) => n as ssize_t,
-        Err(e) => fail(e),
-    }
 }
 
 /// A send on an SDP fd with the program's `flags` (a panic: `EIO`).
 pub fn sdp_send(fd: c_int, h: &StreamHandle, bufs: &mut [IoSlice<'_>], flags: c_int) -> ssize_t {
     protect(
         "send",
-        || sdp_send_inner(fd, h, bufs, flags),
+        || {
+            let sflags = SendFlags {
+                oob: flags & libc::MSG_OOB != 0,
+                more: flags & libc::MSG_MORE != 0,
+            };
+            let block = block(fd, h, flags, libc::SO_SNDTIMEO);
+            let _watch = (block != Block::Never).then(|| h.watch());
+            match h.endpoint.send(bufs, sflags, block) {
+                Ok(n) => n as ssize_t,
+                Err(libc::EPIPE) if flags & libc::MSG_NOSIGNAL == 0 => {
+                    // As the kernel does: SIGPIPE to the sending thread.
+                    // SAFETY: signalling the calling thread.
+                    unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
+                    fail(libc::EPIPE)
+                }
+                Err(e) => fail(e),
+            }
+        },
         || fail(libc::EIO),
     )
-}
-
-fn sdp_send_inner(
-    fd: c_int,
-    h: &StreamHandle,
-    mut bufs: &mut [IoSlice<'_>],
-    flags: c_int,
-) -> ssize_t {
-    let sflags = SendFlags {
-        oob: flags & libc::MSG_OOB != 0,
-        more: flags & libc::MSG_MORE != 0,
-    };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || h.nonblock.load(Ordering::Relaxed);
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    let deadline = if dontwait {
-        None
-    } else {
-        timeout(fd, h, libc::SO_SNDTIMEO).map(|t| Instant::now() + t)
-    };
-    let _watch = (!dontwait).then(|| h.watch());
-    let mut done = 0usize;
-    // SDP_ZCOPY, SDP_LEND_ABOVE: one large buffer is lent to the endpoint
-    // until the peer took it or it is all in the connection's sends (or
-    // the deadline or a signal cut it short).
-    let zcopy = if !dontwait && !sflags.oob && !sflags.more {
-        let lent = &mut || publish_stats(fd, h);
-        single(bufs).and_then(|i| h.endpoint.send_zcopy(&bufs[i], deadline, lent))
-    } else {
-        None
-    };
-    let result = zcopy.unwrap_or_else(|| loop {
-        if done >= total && total > 0 {
-            break Ok(done);
-        }
-        match h.endpoint.send(bufs, sflags) {
-            Ok(n) => {
-                done += n;
-                // A blocking send takes everything; a nonblocking one what fits.
-                if dontwait || done >= total {
-                    break Ok(done);
-                }
-                IoSlice::advance_slices(&mut bufs, n);
-            }
-            Err(e) if e == libc::EAGAIN && !dontwait => {
-                if let Err(e) = wait_endpoint(h, libc::POLLOUT, deadline) {
-                    break if done > 0 { Ok(done) } else { Err(e) };
-                }
-            }
-            Err(e) => break partial(h, done, e),
-        }
-    });
-    publish_stats(fd, h);
-    match result {
-        Ok(n) => n as ssize_t,
-        Err(e) => {
-            if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
-                // As the kernel does: SIGPIPE to the sending thread.
-                // SAFETY: signalling the calling thread.
-                unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
-            }
-            fail(e)
-        }
-    }
 }
 
 unsafe fn recv_one(
@@ -834,6 +641,7 @@ pub unsafe extern "C" fn sendfile64(
 mod tests {
     use super::*;
     use crate::test_support::*;
+    use std::time::Instant;
 
     #[test]
     fn recv_blocks_until_data_then_peeks_and_waits_for_all() {
@@ -864,6 +672,21 @@ mod tests {
         // SAFETY: a local buffer.
         let n = unsafe { read(app, b.as_mut_ptr().cast(), 8) };
         assert_eq!(&b[..n as usize], b"abc");
+        // One call of the endpoint per program call, with its flags.
+        let flags = |peek, waitall| RecvFlags {
+            peek,
+            oob: false,
+            waitall,
+        };
+        let forever = Block::Until(None);
+        assert_eq!(
+            ep.calls(),
+            [
+                Call::Recv(flags(false, true), forever),
+                Call::Recv(flags(true, false), forever),
+                Call::Recv(flags(false, false), forever),
+            ]
+        );
         uninstall(app);
     }
 
@@ -902,6 +725,23 @@ mod tests {
         let n = unsafe { read(app, b.as_mut_ptr().cast(), 4) };
         assert_eq!((n, real::errno()), (-1, libc::EAGAIN));
         assert!(start.elapsed() >= Duration::from_millis(30));
+        // MSG_DONTWAIT: never; then for ever; then until the timeout.
+        let blocks: Vec<Block> = ep
+            .calls()
+            .into_iter()
+            .map(|c| match c {
+                Call::Recv(_, b) | Call::Send(b) => b,
+            })
+            .collect();
+        assert!(
+            matches!(
+                blocks[..],
+                [Block::Never, Block::Until(None), Block::Until(Some(d))]
+                    if d >= start + Duration::from_millis(30)
+                        && d <= start + Duration::from_secs(5)
+            ),
+            "{blocks:?}"
+        );
         uninstall(app);
     }
 

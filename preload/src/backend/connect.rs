@@ -625,8 +625,7 @@ impl Connector {
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
                     stream.set_credit_bound(ep.nonblocking());
                     let _ = stream.set_nodelay(ep.nodelay());
-                    ep.set_socket(stream.socket_fd());
-                    *st = State::Connected(stream);
+                    ep.connect(&mut st, stream);
                     let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     table::update(fd, |e| {

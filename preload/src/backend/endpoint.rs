@@ -1,11 +1,12 @@
 //! [`Ep`]: one SDP connection behind an application fd, over
 //! `sdp_core::stream::SdpStream` ([`SdpEndpoint`] for the hooks).
 //!
-//! The stream is used in its nonblocking mode: the hooks do the blocking,
-//! timeouts and signals. A blocked call sleeps in the stream's own wait
-//! ([`SdpStream::wait_ready`]: on the socket, as the stream's poller, so
-//! the progress thread keeps off and no readiness descriptor is kept up
-//! to date for it), outside the fork gate. poll, select and epoll use the
+//! A data call is one call of the stream with the program's blocking rule
+//! ([`SdpStream::recv_vectored`], [`SdpStream::send_vectored`]): a call
+//! that may wait sleeps in the stream (on the socket, as the stream's
+//! poller, so the progress thread keeps off and no readiness descriptor
+//! is kept up to date for it), outside the fork gate; the stream's own
+//! mode stays nonblocking. poll, select and epoll use the
 //! wake fd, the stream's readiness descriptor (a socket pair end whose
 //! `POLLIN`/`POLLOUT` are exact), made only when first asked for: each
 //! change of its levels costs system calls on every message. A
@@ -15,24 +16,27 @@
 //! Every call that touches the stream runs inside the fd table's fork gate
 //! (a fork waits until it is out, so a child never inherits one of the
 //! stream's locks held) and first claims the connection for this process
-//! ([`super::owner`]).
+//! ([`super::owner`]). Once connected, a call reaches the stream without
+//! the endpoint's own lock (`live`, `open`): the stream's lock is the one
+//! a data call takes. So the endpoint decides when the connection closes
+//! ([`SdpStream::close`]), not the drop of the last handle.
 
 use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
-    Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup, Shutdown,
-    Stats, WakeFd,
+    Block, Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup,
+    Shutdown, Stats, WakeFd,
 };
 use crate::sys::real;
 use crate::table;
 use libc::c_int;
 use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::{Interest, SdpStream, Waited};
+use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -44,7 +48,8 @@ pub enum State {
     Connecting {
         levels: Option<Levels>,
     },
-    Connected(SdpStream),
+    /// The stream is [`Ep::live`].
+    Connected,
     /// The connect failed (SDP only, or the TCP fallback's own connect):
     /// `errno` is reported once (`SO_ERROR` or the next call).
     Failed {
@@ -61,6 +66,15 @@ pub enum State {
 /// See the module documentation.
 pub struct Ep {
     state: Mutex<State>,
+    /// The stream, once connected (for good: a closed one stays, closed).
+    live: OnceLock<SdpStream>,
+    /// `state` is `Connected`: a data call takes [`Ep::live`] without the
+    /// state's lock (DESIGN §7 "One lock per call").
+    open: AtomicBool,
+    /// Data calls under way ([`Busy`]).
+    calls: AtomicUsize,
+    /// A close waiting for them: the program's `O_NONBLOCK` then.
+    closing: Mutex<Option<bool>>,
     own: Ownership,
     /// The readiness descriptor (our duplicate), stable for the Ep's life
     /// once made (see the module documentation).
@@ -82,6 +96,26 @@ pub struct Ep {
     nodelay: AtomicBool,
 }
 
+/// A data call under way on an [`Ep`]: a close meanwhile waits for the
+/// last one to end.
+struct Busy<'a>(&'a Ep);
+
+impl<'a> Busy<'a> {
+    fn new(ep: &'a Ep) -> Busy<'a> {
+        ep.calls.fetch_add(1, Ordering::SeqCst);
+        Busy(ep)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let ep = self.0;
+        if ep.calls.fetch_sub(1, Ordering::SeqCst) == 1 && !ep.open.load(Ordering::SeqCst) {
+            ep.close_now();
+        }
+    }
+}
+
 fn errno_of(e: &io::Error) -> Errno {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
@@ -99,8 +133,8 @@ fn clamp_u32(v: i64) -> u32 {
 }
 
 /// What a call finds.
-enum Access {
-    Stream(SdpStream),
+enum Access<'a> {
+    Stream(&'a SdpStream),
     Connecting,
     Failed,
     FellBack,
@@ -145,9 +179,8 @@ impl Ep {
     /// An established stream (blocking connect, accept).
     pub fn connected(stream: SdpStream, fd: RawFd) -> io::Result<Ep> {
         stream.set_nonblocking(true)?;
-        let sock = stream.socket_fd();
-        let ep = Ep::with(State::Connected(stream), None, fd);
-        ep.sock.store(sock, Ordering::Relaxed);
+        let ep = Ep::with(State::Closed, None, fd);
+        ep.connect(&mut ep.lock(), stream);
         Ok(ep)
     }
 
@@ -156,18 +189,32 @@ impl Ep {
     /// another thread polls the fd meanwhile ([`SdpEndpoint::wake_fd`]):
     /// a stream that adopts it keeps its levels up to date ever after.
     pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
-        if !wake_now {
-            return Ok(Ep::with(State::Connecting { levels: None }, None, fd));
-        }
-        let levels = Levels::new()?;
-        let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
-        Ok(Ep::with(
-            State::Connecting {
-                levels: Some(levels),
-            },
-            Some(wake),
-            fd,
-        ))
+        let ep = if wake_now {
+            let levels = Levels::new()?;
+            let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
+            Ep::with(
+                State::Connecting {
+                    levels: Some(levels),
+                },
+                Some(wake),
+                fd,
+            )
+        } else {
+            Ep::with(State::Connecting { levels: None }, None, fd)
+        };
+        // A TCP_NODELAY the program set before connect (the socket has it
+        // until the engine sets its own).
+        let nodelay = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0);
+        ep.nodelay.store(nodelay, Ordering::Relaxed);
+        Ok(ep)
+    }
+
+    /// The connect succeeded: `stream` is the connection from now on.
+    pub fn connect(&self, st: &mut State, stream: SdpStream) {
+        self.sock.store(stream.socket_fd(), Ordering::Relaxed);
+        let _ = self.live.set(stream);
+        *st = State::Connected;
+        self.open.store(true, Ordering::Release);
     }
 
     fn with(state: State, wake: Option<OwnedFd>, fd: RawFd) -> Ep {
@@ -177,6 +224,10 @@ impl Ep {
         }
         Ep {
             state: Mutex::new(state),
+            live: OnceLock::new(),
+            open: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+            closing: Mutex::new(None),
             own: Ownership::new(),
             wake: cell,
             fd,
@@ -204,12 +255,21 @@ impl Ep {
     /// [`SdpEndpoint::watch_socket`] go with the stream whoever has it.
     fn mark(&self, f: impl FnOnce(&SdpStream)) -> bool {
         let _g = table::enter_gate();
-        match &*self.lock() {
-            State::Connected(s) => {
+        match self.stream_if_open() {
+            Some(s) => {
                 f(s);
                 true
             }
-            _ => false,
+            None => false,
+        }
+    }
+
+    /// The stream while the state is `Connected` (whoever owns it).
+    fn stream_if_open(&self) -> Option<&SdpStream> {
+        if self.open.load(Ordering::SeqCst) {
+            self.live.get()
+        } else {
+            None
         }
     }
 
@@ -233,10 +293,17 @@ impl Ep {
         *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(setup);
     }
 
-    /// The stream to call, after claiming the connection.
-    fn access(&self) -> Access {
+    /// The stream to call, after claiming the connection. A connected
+    /// stream this process owns takes no lock.
+    fn access(&self) -> Access<'_> {
+        if let (Some(s), true) = (self.stream_if_open(), self.own.owned()) {
+            return Access::Stream(s);
+        }
         let stream = match &*self.lock() {
-            State::Connected(s) => s.clone(),
+            State::Connected => match self.live.get() {
+                Some(s) => s,
+                None => return Access::Closed,
+            },
             State::Connecting { .. } => return Access::Connecting,
             State::Failed { .. } => return Access::Failed,
             State::FellBack => return Access::FellBack,
@@ -276,15 +343,58 @@ impl Ep {
         }
     }
 
-    /// The stream, claimed, for a call that blocks in it: the call runs
-    /// outside the fork gate, as a blocked wait does (a fork goes ahead;
-    /// the child forgets the call, `fork_child`).
-    fn blocking_stream(&self) -> Option<SdpStream> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => Some(s),
-            _ => None,
+    /// The close [`SdpEndpoint::close`] decided, once no data call is
+    /// under way (once: whoever takes `closing` carries it out).
+    fn close_now(&self) {
+        let Some(nonblocking) = self
+            .closing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let Some(stream) = self.live.get().cloned() else {
+            return;
+        };
+        match self.own.release() {
+            Release::Close { resume } => {
+                // The last holder after a fork: its progress was paused.
+                if resume {
+                    let _ = stream.resume_progress();
+                }
+            }
+            Release::LetGo => {
+                // Not ours after a fork: let go of the descriptors only.
+                let _g = table::enter_gate();
+                stream.detach();
+                return;
+            }
+            Release::Watch => {
+                // Another process holds a copy: it may take the connection
+                // or be gone without, and then this one closes it.
+                match self.own.orphan() {
+                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
+                    None => stream.detach(),
+                }
+                return;
+            }
         }
+        match linger(stream.socket_fd()) {
+            Some(t) if t.is_zero() => {
+                // SO_LINGER 0: abortive close (§8.2.2).
+                let _ = stream.set_linger(Some(Duration::ZERO));
+            }
+            // A blocking close waits for the close exchange, up to t.
+            Some(t) if !nonblocking => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_linger(Some(t));
+            }
+            _ => {}
+        }
+        // A graceful close the progress thread finishes (or, lingering,
+        // this thread), outside the gate.
+        stream.close();
     }
 
     /// `Failed`: the error once, then what TCP gives on an unconnected
@@ -303,67 +413,145 @@ impl Ep {
     }
 }
 
-/// Scatters one receive over `bufs`.
-fn recv_into(s: &SdpStream, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> io::Result<usize> {
+fn recv_flags(flags: RecvFlags) -> SdpRecv {
+    let mut f = 0;
     if flags.oob {
-        let Some(b) = bufs.iter_mut().find(|b| !b.is_empty()) else {
-            return s.recv_flags(&mut [], SdpRecv::OOB);
-        };
-        let f = if flags.peek {
-            SdpRecv::OOB | SdpRecv::PEEK
-        } else {
-            SdpRecv::OOB
-        };
-        return s.recv_flags(&mut b[..1], f);
+        f |= SdpRecv::OOB.0;
     }
     if flags.peek {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if bufs.len() == 1 {
-            return s.recv_flags(&mut bufs[0], SdpRecv::PEEK);
-        }
-        let mut tmp = vec![0u8; total];
-        let n = s.recv_flags(&mut tmp, SdpRecv::PEEK)?;
-        let mut at = 0;
-        for b in bufs.iter_mut() {
-            let k = (n - at).min(b.len());
-            b[..k].copy_from_slice(&tmp[at..at + k]);
-            at += k;
-            if at == n {
-                break;
-            }
-        }
-        return Ok(n);
+        f |= SdpRecv::PEEK.0;
     }
-    let mut done = 0;
-    for b in bufs.iter_mut() {
-        if b.is_empty() {
-            continue;
-        }
-        match s.recv_flags(b, SdpRecv::EMPTY) {
-            Ok(n) => {
-                done += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Err(e) if done > 0 => {
-                s.restore_error(&e);
-                break;
-            }
-            Err(e) => return Err(e),
-        }
+    if flags.waitall {
+        f |= SdpRecv::WAITALL.0;
     }
-    Ok(done)
+    SdpRecv(f)
 }
 
-/// One send of `bufs` (one operation on the stream); with OOB the last byte is urgent.
-fn send_from(s: &SdpStream, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
-    let f = if flags.oob {
-        SdpSend::OOB
-    } else {
-        SdpSend::EMPTY
+fn send_flags(flags: SendFlags) -> SdpSend {
+    let mut f = 0;
+    if flags.oob {
+        f |= SdpSend::OOB.0;
+    }
+    if flags.more {
+        f |= SdpSend::MORE.0;
+    }
+    SdpSend(f)
+}
+
+/// Sleeps until `fd` polls `events`: `Err(EAGAIN)` at the deadline,
+/// `Err(EINTR)` when a signal handler ran.
+fn sleep_on(fd: RawFd, events: i16, block: Block) -> Result<(), Errno> {
+    let deadline = match block {
+        Block::Until(d) => d,
+        Block::Never => return Err(libc::EAGAIN),
     };
-    s.send_vectored_flags(bufs, f)
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ts = deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        }
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: one local pollfd, a local timespec or null, no signal mask.
+    match unsafe { real::ppoll(&mut p, 1, tp, std::ptr::null()) } {
+        0 => Err(libc::EAGAIN),
+        r if r > 0 => Ok(()),
+        _ => Err(real::errno()),
+    }
+}
+
+/// A receive on the kernel socket of a connection that fell back to TCP
+/// (its descriptor stays nonblocking: the wait is ours).
+fn kernel_recv(
+    fd: RawFd,
+    mut bufs: &mut [IoSliceMut<'_>],
+    flags: RecvFlags,
+    block: Block,
+) -> Result<usize, Errno> {
+    let mut f = libc::MSG_DONTWAIT;
+    if flags.peek {
+        f |= libc::MSG_PEEK;
+    }
+    if flags.oob {
+        f |= libc::MSG_OOB;
+    }
+    // MSG_WAITALL: a call that may wait goes on until the buffers are
+    // full (the descriptor is nonblocking, so the kernel would not).
+    let waitall = flags.waitall && !flags.peek && block != Block::Never;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0;
+    loop {
+        let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+        msg.msg_iov = bufs.as_mut_ptr().cast();
+        msg.msg_iovlen = bufs.len();
+        // SAFETY: the iovecs are the caller's live slices (IoSliceMut is
+        // ABI-compatible with iovec).
+        let n = unsafe { real::recvmsg(fd, &mut msg, f) };
+        if n > 0 && waitall && done + (n as usize) < total {
+            done += n as usize;
+            IoSliceMut::advance_slices(&mut bufs, n as usize);
+            continue;
+        }
+        if n >= 0 {
+            return Ok(done + n as usize);
+        }
+        let waited = match real::errno() {
+            libc::EAGAIN if !flags.oob => sleep_on(fd, libc::POLLIN, block),
+            e => Err(e),
+        };
+        if let Err(e) = waited {
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+    }
+}
+
+/// A send on the kernel socket of a connection that fell back to TCP.
+fn kernel_send(
+    fd: RawFd,
+    mut bufs: &mut [IoSlice<'_>],
+    flags: SendFlags,
+    block: Block,
+) -> Result<usize, Errno> {
+    let mut f = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if flags.oob {
+        f |= libc::MSG_OOB;
+    }
+    if flags.more {
+        f |= libc::MSG_MORE;
+    }
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0;
+    loop {
+        let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
+        msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = bufs.len();
+        // SAFETY: as in kernel_recv; sendmsg only reads the buffers.
+        let n = unsafe { real::sendmsg(fd, &msg, f) };
+        if n >= 0 {
+            done += n as usize;
+            if block == Block::Never || done >= total {
+                return Ok(done);
+            }
+            IoSlice::advance_slices(&mut bufs, n as usize);
+            continue;
+        }
+        let e = real::errno();
+        let waited = match e {
+            libc::EAGAIN => sleep_on(fd, libc::POLLOUT, block),
+            e => Err(e),
+        };
+        if let Err(e) = waited {
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+    }
 }
 
 /// An int socket option of the kernel socket `fd`.
@@ -451,6 +639,9 @@ impl SdpEndpoint for Ep {
     }
 
     fn wake_fd(&self) -> WakeFd {
+        if let (Some(w), true) = (self.wake.get(), self.open.load(Ordering::Acquire)) {
+            return w.as_raw_fd();
+        }
         let _g = table::enter_gate();
         let mut st = self.lock();
         if matches!(*st, State::FellBack) {
@@ -463,9 +654,12 @@ impl SdpEndpoint for Ep {
             // Another process's connection: its stream is not touched
             // here (`Ownership::lost`); it polls ready at once
             // (`readiness`), and the kernel socket will do to sleep on.
-            State::Connected(_) if self.own.lost() => return self.fd,
-            State::Connected(s) => s
-                .readiness_fd()
+            State::Connected if self.own.lost() => return self.fd,
+            State::Connected => self
+                .live
+                .get()
+                .ok_or_else(|| io::Error::other("no stream"))
+                .and_then(|s| s.readiness_fd())
                 .and_then(|fd| fd.try_clone_to_owned())
                 .map(sdp_core::fds::high),
             State::Connecting { levels } => Levels::new().and_then(|l| {
@@ -493,76 +687,74 @@ impl SdpEndpoint for Ep {
         }
     }
 
-    fn wait(&self, events: i16, deadline: Option<Instant>) -> Option<Result<(), Errno>> {
-        let stream = self.blocking_stream()?;
-        let interest = if events & libc::POLLOUT != 0 {
-            Interest::Write
-        } else {
-            Interest::Read
-        };
-        match stream.wait_ready(interest, deadline) {
-            Ok(Waited::Woken) => Some(Ok(())),
-            Ok(Waited::TimedOut) => Some(Err(libc::EAGAIN)),
-            Ok(Waited::Busy) => None,
-            Err(e) => Some(Err(errno_of(&e))),
+    fn recv(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: RecvFlags,
+        block: Block,
+    ) -> Result<usize, Errno> {
+        let _busy = Busy::new(self);
+        loop {
+            let wake = {
+                let gate = table::enter_gate();
+                match self.access() {
+                    Access::Stream(s) => {
+                        // A call that may wait runs outside the gate (a
+                        // fork goes ahead; the waiting thread keeps the
+                        // connection to this process, `StreamHandle::watch`).
+                        if block != Block::Never {
+                            drop(gate);
+                        }
+                        return s
+                            .recv_vectored(bufs, recv_flags(flags), block)
+                            .map_err(|e| errno_of(&e));
+                    }
+                    // A receive on a connecting socket waits for the end
+                    // of the connect, and then for data.
+                    Access::Connecting if block != Block::Never => self.wake_fd(),
+                    Access::Connecting => return Err(libc::EAGAIN),
+                    Access::Failed => return Err(self.failed(libc::ENOTCONN)),
+                    Access::Lost => return Err(libc::ENOTCONN),
+                    Access::Closed => return Err(libc::EBADF),
+                    Access::FellBack => {
+                        drop(gate);
+                        return kernel_recv(self.fd, bufs, flags, block);
+                    }
+                }
+            };
+            // Writable once connected: the call goes round into the
+            // stream's own wait.
+            sleep_on(wake, libc::POLLIN | libc::POLLOUT, block)?;
         }
     }
 
-    fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: RecvFlags) -> Result<usize, Errno> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => recv_into(&s, bufs, flags).map_err(|e| errno_of(&e)),
-            Access::Connecting => Err(libc::EAGAIN),
-            Access::Failed => Err(self.failed(libc::ENOTCONN)),
-            Access::Lost => Err(libc::ENOTCONN),
-            Access::Closed => Err(libc::EBADF),
-            Access::FellBack => {
-                let mut f = libc::MSG_DONTWAIT;
-                if flags.peek {
-                    f |= libc::MSG_PEEK;
+    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags, block: Block) -> Result<usize, Errno> {
+        let _busy = Busy::new(self);
+        loop {
+            let wake = {
+                let gate = table::enter_gate();
+                match self.access() {
+                    Access::Stream(s) => {
+                        if block != Block::Never {
+                            drop(gate);
+                        }
+                        return s
+                            .send_vectored(bufs, send_flags(flags), block)
+                            .map_err(|e| errno_of(&e));
+                    }
+                    Access::Connecting if block != Block::Never => self.wake_fd(),
+                    Access::Connecting => return Err(libc::EAGAIN),
+                    Access::Failed => return Err(self.failed(libc::EPIPE)),
+                    Access::Lost => return Err(libc::ENOTCONN),
+                    Access::Closed => return Err(libc::EBADF),
+                    Access::FellBack => {
+                        drop(gate);
+                        let mut v = bufs.to_vec();
+                        return kernel_send(self.fd, &mut v, flags, block);
+                    }
                 }
-                if flags.oob {
-                    f |= libc::MSG_OOB;
-                }
-                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
-                msg.msg_iov = bufs.as_mut_ptr().cast();
-                msg.msg_iovlen = bufs.len();
-                // SAFETY: the iovecs are the caller's live slices (IoSliceMut
-                // is ABI-compatible with iovec).
-                let n = unsafe { real::recvmsg(self.fd, &mut msg, f) };
-                if n < 0 {
-                    Err(real::errno())
-                } else {
-                    Ok(n as usize)
-                }
-            }
-        }
-    }
-
-    fn send(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> Result<usize, Errno> {
-        let _g = table::enter_gate();
-        match self.access() {
-            Access::Stream(s) => send_from(&s, bufs, flags).map_err(|e| errno_of(&e)),
-            Access::Connecting => Err(libc::EAGAIN),
-            Access::Failed => Err(self.failed(libc::EPIPE)),
-            Access::Lost => Err(libc::ENOTCONN),
-            Access::Closed => Err(libc::EBADF),
-            Access::FellBack => {
-                let mut f = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-                if flags.oob {
-                    f |= libc::MSG_OOB;
-                }
-                let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
-                msg.msg_iov = bufs.as_ptr().cast_mut().cast();
-                msg.msg_iovlen = bufs.len();
-                // SAFETY: as in recv; sendmsg only reads the buffers.
-                let n = unsafe { real::sendmsg(self.fd, &msg, f) };
-                if n < 0 {
-                    Err(real::errno())
-                } else {
-                    Ok(n as usize)
-                }
-            }
+            };
+            sleep_on(wake, libc::POLLOUT, block)?;
         }
     }
 
@@ -594,11 +786,14 @@ impl SdpEndpoint for Ep {
     }
 
     fn close(&self, nonblocking: bool) {
-        let stream = {
+        {
             let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
-                State::Connected(s) => s,
+                State::Connected => {
+                    *self.closing.lock().unwrap_or_else(|p| p.into_inner()) = Some(nonblocking);
+                    self.open.store(false, Ordering::SeqCst);
+                }
                 // The table let go of a connection that fell back to TCP:
                 // the fd is the program's kernel socket now, and a call
                 // that took this endpoint just before goes to it.
@@ -609,61 +804,32 @@ impl SdpEndpoint for Ep {
                 // A connect under way learns it from the state and stops.
                 _ => return,
             }
-        };
-        match self.own.release() {
-            Release::Close { resume } => {
-                // The last holder after a fork: its progress was paused.
-                if resume {
-                    let _ = stream.resume_progress();
-                }
-            }
-            Release::LetGo => {
-                // Not ours after a fork: let go of the descriptors only.
-                let _g = table::enter_gate();
-                stream.detach();
-                return;
-            }
-            Release::Watch => {
-                // Another process holds a copy: it may take the connection
-                // or be gone without, and then this one closes it.
-                match self.own.orphan() {
-                    Some(o) => service::submit(Box::new(Orphaned(o, stream))),
-                    None => stream.detach(),
-                }
-                return;
-            }
         }
-        match linger(stream.socket_fd()) {
-            Some(t) if t.is_zero() => {
-                // SO_LINGER 0: abortive close (§8.2.2).
-                let _ = stream.set_linger(Some(Duration::ZERO));
-            }
-            // A blocking close waits for the close exchange, up to t.
-            Some(t) if !nonblocking => {
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_linger(Some(t));
-            }
-            _ => {}
+        // A data call still under way in another thread goes on with the
+        // connection, as a kernel socket stays while a call uses it: the
+        // last such call closes it ([`Busy`]).
+        if self.calls.load(Ordering::SeqCst) == 0 {
+            self.close_now();
         }
-        // The last handle: a graceful close the progress thread finishes
-        // (or, lingering, this thread), outside the gate.
-        drop(stream);
     }
 
     fn getsockopt(
         &self,
-        _level: c_int,
-        _name: c_int,
-        _value: &mut [u8],
+        level: c_int,
+        name: c_int,
+        value: &mut [u8],
     ) -> Option<Result<usize, Errno>> {
-        None
-    }
-
-    fn restore_error(&self, errno: Errno) {
-        let _g = table::enter_gate();
-        if let Access::Stream(s) = self.access() {
-            s.restore_error(&io::Error::from_raw_os_error(errno));
+        // TCP_NODELAY as the program set it: the TCP connection that
+        // carries SDP has it on whatever the program asked.
+        if (level, name) != (libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            || matches!(*self.lock(), State::FellBack)
+        {
+            return None;
         }
+        let v = c_int::from(self.nodelay()).to_ne_bytes();
+        let n = value.len().min(v.len());
+        value[..n].copy_from_slice(&v[..n]);
+        Some(Ok(n))
     }
 
     fn setsockopt(&self, level: c_int, name: c_int, value: &[u8]) -> Result<(), Errno> {
@@ -748,8 +914,11 @@ impl SdpEndpoint for Ep {
         // claim.
         let i = match &*self.lock() {
             // Another process goes on with it: nothing to report.
-            State::Connected(_) if self.own.lost() => return None,
-            State::Connected(s) => s.counters(),
+            State::Connected if self.own.lost() => return None,
+            State::Connected => match self.live.get() {
+                Some(s) => s.counters(),
+                None => return None,
+            },
             _ => {
                 return Some(Stats {
                     tx_mode: Mode::Combined,
@@ -791,7 +960,7 @@ impl SdpEndpoint for Ep {
 
     fn fork_prepare(&self, in_use: bool) {
         // The fork gate is closed: no lock is held by another thread.
-        if matches!(*self.lock(), State::Connected(_)) {
+        if matches!(*self.lock(), State::Connected) {
             self.own.fork_prepare(in_use);
         }
     }
@@ -802,7 +971,7 @@ impl SdpEndpoint for Ep {
 
     fn fork_parent(&self) {
         if self.own.is_pending() {
-            if let State::Connected(s) = &*self.lock() {
+            if let (State::Connected, Some(s)) = (&*self.lock(), self.live.get()) {
                 s.pause_progress();
             }
         }
@@ -810,13 +979,15 @@ impl SdpEndpoint for Ep {
 
     fn fork_child(&self) {
         self.own.fork_child();
+        // The threads that were in calls are not in the child.
+        self.calls.store(0, Ordering::SeqCst);
         // A connect under way goes on in the parent (its service thread).
         let mut st = self.lock();
         // Only a connection this process may claim forgets the parent's
         // waiters: one the parent keeps (a thread of the parent used it
         // across the fork, a Zcopy call with the stream's lock held, say)
         // is never touched here, its lock perhaps held for good.
-        if let (State::Connected(s), true) = (&*st, self.own.is_pending()) {
+        if let (State::Connected, Some(s), true) = (&*st, self.live.get(), self.own.is_pending()) {
             s.forget_waiters();
         }
         if matches!(*st, State::Connecting { .. }) {
@@ -842,7 +1013,13 @@ impl SdpEndpoint for Ep {
             let _g = table::enter_gate();
             let mut st = self.lock();
             match std::mem::replace(&mut *st, State::Closed) {
-                State::Connected(s) => s,
+                State::Connected => {
+                    self.open.store(false, Ordering::Release);
+                    match self.live.get() {
+                        Some(s) => s,
+                        None => return,
+                    }
+                }
                 other => {
                     *st = other;
                     return;
@@ -852,7 +1029,7 @@ impl SdpEndpoint for Ep {
         if resume {
             let _ = stream.resume_progress();
         }
-        drop(stream);
+        stream.close();
     }
 
     fn set_nonblocking(&self, on: bool) {
@@ -866,45 +1043,10 @@ impl SdpEndpoint for Ep {
     }
 
     fn zcopy_elsewhere(&self) -> bool {
-        match &*self.lock() {
-            State::Connected(_) if self.own.lost() => false,
-            State::Connected(s) => s.zcopy_elsewhere(),
-            _ => false,
-        }
-    }
-
-    fn send_zcopy(
-        &self,
-        buf: &[u8],
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
-        if buf.len() as u64 <= super::lend_threshold() {
-            return None;
-        }
-        let stream = self.blocking_stream()?;
-        let r = stream.write_zcopy(buf, deadline, lent)?;
-        Some(r.map_err(|e| errno_of(&e)))
-    }
-
-    fn recv_zcopy(
-        &self,
-        buf: &mut [u8],
-        waitall: bool,
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<Result<usize, Errno>> {
-        if buf.len() as u64 <= super::zcopy_threshold() {
-            return None;
-        }
-        let stream = self.blocking_stream()?;
-        let flags = if waitall {
-            SdpRecv::WAITALL
-        } else {
-            SdpRecv::EMPTY
-        };
-        let r = stream.read_zcopy(buf, flags, deadline, lent)?;
-        Some(r.map_err(|e| errno_of(&e)))
+        !self.own.lost()
+            && self
+                .stream_if_open()
+                .is_some_and(SdpStream::zcopy_elsewhere)
     }
 
     fn watch_socket(&self, on: bool) -> bool {
@@ -974,7 +1116,7 @@ impl Task for Orphaned {
                 // made, graceful, by this process's progress thread.
                 let Orphaned(_, stream) = *self;
                 let _ = stream.resume_progress();
-                drop(stream);
+                stream.close();
                 None
             }
         }
@@ -991,6 +1133,7 @@ fn unsafe_zeroed_msghdr() -> libc::msghdr {
 mod tests {
     use super::*;
     use sdp_core::stream::SdpListener;
+    use std::io::{Read, Write};
     use std::sync::{mpsc, Arc};
 
     /// A connected pair of streams over loopback.
@@ -1009,6 +1152,66 @@ mod tests {
             let _ = tx.send(f());
         });
         rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// A close while another thread's data call is under way leaves the
+    /// connection to that call, as a kernel socket stays while a call
+    /// uses it: the call gets the bytes that come, and the connection
+    /// closes when it returns (the peer then reads the end).
+    #[test]
+    fn a_close_waits_for_the_data_call_under_way() {
+        let (client, server) = pair();
+        let fd = client.socket_fd();
+        let ep = Arc::new(Ep::connected(client, fd).unwrap());
+        let (started, is_started) = mpsc::channel();
+        let reader = {
+            let ep = ep.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16];
+                // SAFETY: a plain call about the calling thread.
+                started.send(unsafe { libc::gettid() }).unwrap();
+                let n = ep.recv(
+                    &mut [IoSliceMut::new(&mut buf)],
+                    RecvFlags::default(),
+                    Block::Until(Some(Instant::now() + Duration::from_secs(10))),
+                );
+                n.map(|n| buf[..n].to_vec())
+            })
+        };
+        let tid = is_started.recv().unwrap();
+        // Wait until the reader sleeps in its call (in poll, /proc says).
+        let syscall = format!("/proc/self/task/{tid}/syscall");
+        let polls = [libc::SYS_poll.to_string(), libc::SYS_ppoll.to_string()];
+        let until = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&syscall)
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .is_some_and(|n| polls.iter().any(|p| p == n))
+        {
+            assert!(Instant::now() < until, "the reader never slept in its call");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ep.calls.load(Ordering::SeqCst), 1);
+        ep.close(false);
+        // Still open: the peer's bytes reach the reader.
+        (&server).write_all(b"after close").unwrap();
+        assert_eq!(reader.join().unwrap(), Ok(b"after close".to_vec()));
+        // Its return closed the connection: the peer reads the end.
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        (&server).read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        // A call after the close finds it closed.
+        let mut buf = [0u8; 4];
+        let r = ep.recv(
+            &mut [IoSliceMut::new(&mut buf)],
+            RecvFlags::default(),
+            Block::Never,
+        );
+        assert_eq!(r, Err(libc::EBADF));
     }
 
     /// The child of a fork that caught a thread of the parent inside a

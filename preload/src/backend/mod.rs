@@ -145,24 +145,6 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
         .clone()
 }
 
-/// The Bcopy Threshold of this process's connections (`u64::MAX` with
-/// Zcopy off): a call with no more bytes goes the Bcopy way at once,
-/// without a look at the stream.
-pub(crate) fn zcopy_threshold() -> u64 {
-    static THRESHOLD: OnceLock<u64> = OnceLock::new();
-    *THRESHOLD.get_or_init(|| sdp_config().bcopy_threshold)
-}
-
-/// The size above which a blocking send lends its buffer, for Zcopy or
-/// for Bcopy straight from it (`SDP_LEND_ABOVE`).
-pub(crate) fn lend_threshold() -> u64 {
-    static THRESHOLD: OnceLock<u64> = OnceLock::new();
-    *THRESHOLD.get_or_init(|| {
-        let c = sdp_config();
-        c.bcopy_threshold.min(c.lend_above)
-    })
-}
-
 impl SdpBackend for Backend {
     fn connect(
         &self,

@@ -5,8 +5,7 @@
 //! the connections it let go of after a fork for the last other holder's
 //! end (`owner`'s `Orphan`), and publishes the SDP connections'
 //! statistics to the state export every `SDP_STAT_INTERVAL_MS` (default
-//! 200; `0`: only after the program's own calls), so `sdp-stat` sees bytes
-//! move while the program sleeps.
+//! 200; `0`: never): the data calls only count, in place.
 //!
 //! It sleeps in `poll(2)` on the fds its tasks wait for; its work runs
 //! inside the fd table's fork gate, so a fork never finds it holding a

@@ -1,5 +1,8 @@
-//! Why a connection closed, and the protocol violations that close it
-//! abortively (draft §8.2).
+//! The close of a connection (draft §8.2): the application's `shutdown`,
+//! `close` and abortive close, the graceful exchange's end and the
+//! abortive one, the state of each half ([`Ending`], [`Reading`]) and of
+//! the LLP ([`Llp`]); why a connection closed, and the protocol
+//! violations that close it abortively.
 //!
 //! §8.2.2: "If an SDP protocol violation occurs, an implementation SHOULD
 //! abortively close the connection." Every [`Violation`] names the rule it
@@ -18,10 +21,212 @@
 //! ```
 
 use core::fmt;
+use std::time::Instant;
 
 use super::credit::CreditFault;
-use crate::verbs::ErrorKind;
+use super::{seq_ge, AbortConn, Conn, Shutdown, State};
+use crate::errno::Error;
+use crate::verbs::{ErrorKind, Teardown};
 use crate::wire::{self, Mid};
+
+/// Our half of the close (§8.2.1), one state for what was flags: the
+/// writer shut, its DisConn posted, and that DisConn's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// Writing goes on.
+    Open,
+    /// Shut for writing (`shutdown`, a close): the DisConn follows the
+    /// data accepted before.
+    Shut,
+    /// The DisConn was posted as MSeq `mseq` (`after_peer`: the peer's had
+    /// arrived); `done` once its Send completed.
+    DisConn {
+        mseq: u32,
+        after_peer: bool,
+        done: bool,
+    },
+}
+
+impl Ending {
+    /// `shutdown(SHUT_WR)` or a close: no more bytes are accepted.
+    pub fn shut(&mut self) {
+        if *self == Ending::Open {
+            *self = Ending::Shut;
+        }
+    }
+
+    pub fn disconn_sent(self) -> bool {
+        matches!(self, Ending::DisConn { .. })
+    }
+}
+
+/// The application's reading half: open, shut (`shutdown(SHUT_RD)`: no
+/// more bytes are read), or released (closed: nobody will read, and
+/// data that arrives ends the connection, as Linux TCP resets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    Open,
+    Shut,
+    Released,
+}
+
+/// The LLP connection under the session: up, to be closed by the next
+/// Op ([`Teardown`]), or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Llp {
+    Up,
+    Due(Teardown),
+    Down,
+}
+
+/// The close itself: the application's calls (§8.2.1 graceful, §8.2.2
+/// abortive) and the steps both closes share.
+impl Conn {
+    /// `shutdown(2)`. SHUT_WR sends DisConn once every accepted byte is
+    /// sent (§8.2.1); receiving goes on. ENOTCONN before setup finished or
+    /// after the connection closed.
+    pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
+        if self.state != State::Connected {
+            return Err(Error::NotConnected);
+        }
+        if matches!(how, Shutdown::Read | Shutdown::Both) && self.reading == Reading::Open {
+            self.reading = Reading::Shut;
+        }
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            self.ending.shut();
+        }
+        Ok(())
+    }
+
+    /// `close(2)` of the last descriptor: a graceful close that finishes
+    /// on its own (data out, DisConn, wait for the peer's DisConn and the
+    /// LLP teardown), aborted after [`Config::close_timeout`]. As Linux
+    /// TCP, unread received data turns it into an abortive close, and so
+    /// does data arriving afterwards.
+    pub fn close(&mut self, now: Instant) {
+        self.reading = Reading::Released;
+        match self.state {
+            State::Closed => {}
+            State::HelloSent | State::HelloReceived => {
+                self.reason.get_or_insert(CloseReason::LocalAbort);
+                self.finish(Teardown::Abortive);
+            }
+            State::Connected => {
+                if self.rx.queued() > 0 {
+                    self.abort_with(CloseReason::LocalAbort, None);
+                } else {
+                    self.ending.shut();
+                    if self.deadline.is_none() {
+                        self.deadline = Some(now + self.config.close_timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Abortive close by the application (`SO_LINGER` 0 then close):
+    /// AbortConn if a DisConn went out, else an immediate LLP reset
+    /// (§8.2.2).
+    pub fn abort(&mut self) {
+        self.reading = Reading::Released;
+        self.abort_local();
+    }
+
+    pub(super) fn abort_local(&mut self) {
+        if matches!(self.state, State::HelloSent | State::HelloReceived) {
+            self.reason.get_or_insert(CloseReason::LocalAbort);
+            self.finish(Teardown::Abortive);
+        } else {
+            self.abort_with(CloseReason::LocalAbort, None);
+        }
+    }
+
+    /// §8.2.1: both DisConns are out and ours completed.
+    pub(super) fn check_graceful(&mut self, now: Instant) {
+        if self.state != State::Connected || self.abort_conn != AbortConn::None {
+            return;
+        }
+        let (
+            Ending::DisConn {
+                mseq,
+                after_peer,
+                done: true,
+            },
+            Some(peer_ack),
+        ) = (self.ending, self.peer_disconn)
+        else {
+            return;
+        };
+        // The Remote Peer (which received the DisConn first) "MUST use the
+        // LLP connection teardown protocol to complete the teardown"
+        // (§8.2.1 Remote Peer step 4). If the two DisConns crossed, both
+        // are Remote Peers.
+        if after_peer || !seq_ge(peer_ack, mseq) {
+            self.reason.get_or_insert(CloseReason::Graceful);
+            self.finish(Teardown::Graceful);
+        } else if self.deadline.is_none() {
+            // Local Peer: wait for the LLP teardown (§8.2.1 steps 3–4).
+            self.deadline = Some(now + self.config.close_timeout);
+        }
+    }
+
+    /// A protocol violation: abortive close naming the rule (§8.2.2).
+    pub(super) fn violation(&mut self, v: Violation) {
+        self.abort_with(CloseReason::Violation(v), Some(Error::ConnectionReset));
+    }
+
+    /// Abortive close (§8.2.2).
+    pub(super) fn abort_with(&mut self, reason: CloseReason, error: Option<Error>) {
+        if self.state == State::Closed || self.abort_conn != AbortConn::None {
+            return;
+        }
+        self.reason.get_or_insert(reason);
+        if let Some(e) = error {
+            self.error.get_or_insert(e);
+        }
+        // §8.2.2: "An implementation MUST discard any unsent ULP data."
+        self.tx.discard_unsent();
+        self.control.clear();
+        self.hello_ack_due = false;
+        self.deadline = None;
+        if self.state == State::Connected && self.ending.disconn_sent() {
+            // §8.2.2: "If the LLP connection is still valid and a DisConn
+            // Message was previously sent, then an implementation MUST send
+            // an AbortConn Message and process its completion before
+            // terminating the LLP connection."
+            self.abort_conn = AbortConn::Pending;
+        } else {
+            // §8.2.2: "If the LLP connection is not valid, or if the LLP
+            // connection is valid and no DisConn Message was previously
+            // sent, an implementation MUST NOT attempt to send additional
+            // SDP Messages and MUST immediately terminate the LLP
+            // connection."
+            self.finish(Teardown::Abortive);
+        }
+    }
+
+    /// Ends the connection: the next Op is the LLP teardown.
+    pub(super) fn finish(&mut self, teardown: Teardown) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.state = State::Closed;
+        // A teardown gone out already (a resume's) stays the one.
+        if self.llp != Llp::Down {
+            self.llp = Llp::Due(teardown);
+        }
+        self.deadline = None;
+        // §8.2.1 step 4: "In either case, the Local Peer MUST complete all
+        // ULP receive buffers".
+        self.complete_posted();
+        self.to_post.clear();
+        self.control.clear();
+        self.hello_ack_due = false;
+        if teardown == Teardown::Abortive {
+            self.tx.discard_unsent();
+        }
+    }
+}
 
 /// A protocol violation by the peer (or a broken adapter), each naming the
 /// draft section it breaks.

@@ -70,6 +70,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub use close::{CloseReason, Violation};
+use close::{Ending, Llp, Reading};
 pub use recv::BufferPool;
 pub use setup::{Config, Pipelining};
 pub use zcopy::{Completion, ZcopyState, ZcopyStats};
@@ -146,6 +147,8 @@ impl SendFlags {
     pub const EMPTY: SendFlags = SendFlags(0);
     /// MSG_OOB: the last byte accepted is urgent (§9.5.3).
     pub const OOB: SendFlags = SendFlags(0x1);
+    /// More follows at once (`MSG_MORE`): the buffer is not lent.
+    pub const MORE: SendFlags = SendFlags(0x8000);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: SendFlags) -> bool {
@@ -218,22 +221,6 @@ enum PostKind {
     Fresh,
     /// Re-posted after holding a pure credit update.
     Pure,
-}
-
-/// Our DisConn (§8.2.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DisConn {
-    NotSent,
-    /// Posted as MSeq `mseq`; `after_peer`: the peer's DisConn had arrived.
-    Sent {
-        mseq: u32,
-        after_peer: bool,
-    },
-    /// Its Send completed.
-    Done {
-        mseq: u32,
-        after_peer: bool,
-    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,15 +392,14 @@ pub struct Conn {
     z: zcopy::Zcopy,
     rdma_out: VecDeque<RdmaOp>,
     resize: Resize,
-    send_closed: bool,
-    read_closed: bool,
-    orphaned: bool,
-    disconn: DisConn,
+    /// The application's reading half.
+    reading: Reading,
+    /// Our half of the close (§8.2.1).
+    ending: Ending,
     /// The MSeqAck of the peer's DisConn, once received.
     peer_disconn: Option<u32>,
     abort_conn: AbortConn,
-    teardown: Option<Teardown>,
-    torn_down: bool,
+    llp: Llp,
     reason: Option<CloseReason>,
     error: Option<Error>,
     deadline: Option<Instant>,
@@ -476,14 +462,11 @@ impl Conn {
             z: zcopy::Zcopy::default(),
             rdma_out: VecDeque::new(),
             resize: Resize::default(),
-            send_closed: false,
-            read_closed: false,
-            orphaned: false,
-            disconn: DisConn::NotSent,
+            reading: Reading::Open,
+            ending: Ending::Open,
             peer_disconn: None,
             abort_conn: AbortConn::None,
-            teardown: None,
-            torn_down: false,
+            llp: Llp::Up,
             reason: None,
             error: None,
             deadline: None,
@@ -628,12 +611,12 @@ impl Conn {
     /// Whether the LLP teardown Op went out: the adapter may drop the
     /// connection once the application is done with it.
     pub fn is_closed(&self) -> bool {
-        self.torn_down
+        self.llp == Llp::Down
     }
 
     /// Whether our DisConn went out.
     pub fn disconn_sent(&self) -> bool {
-        self.disconn != DisConn::NotSent
+        self.ending.disconn_sent()
     }
 
     /// Whether an abortive close is sending its AbortConn (§8.2.2).
@@ -657,7 +640,7 @@ impl Conn {
     /// a reset that loses what we have not read yet.
     pub fn credit_updates_due(&self) -> bool {
         self.peer_disconn.is_none()
-            || (self.disconn == DisConn::NotSent
+            || (!self.ending.disconn_sent()
                 && (!self.z.srcs.is_empty() || self.resize.asked.is_some()))
     }
 
@@ -718,12 +701,13 @@ impl Conn {
         if let Some(now) = now {
             self.hold.tick(now, self.config.coalesce);
         }
-        if self.torn_down {
-            return None;
-        }
-        if let Some(t) = self.teardown.take() {
-            self.torn_down = true;
-            return Some(Work::Op(Op::Teardown(t)));
+        match self.llp {
+            Llp::Down => return None,
+            Llp::Due(t) => {
+                self.llp = Llp::Down;
+                return Some(Work::Op(Op::Teardown(t)));
+            }
+            Llp::Up => {}
         }
         if let Some((buf, kind)) = self.to_post.pop_front() {
             match kind {
@@ -797,7 +781,7 @@ impl Conn {
         // (its kernel would answer anything more with a reset, losing
         // what we have not read yet). Nothing more is sent but an
         // AbortConn.
-        if self.peer_disconn.is_some() && self.disconn != DisConn::NotSent {
+        if self.peer_disconn.is_some() && self.ending.disconn_sent() {
             return None;
         }
         // §10.5: "If no credits are available, an implementation MUST NOT
@@ -909,8 +893,7 @@ impl Conn {
             }
         }
         // §8.2.1 steps 1–2: DisConn after all data posted before the close.
-        if self.send_closed
-            && self.disconn == DisConn::NotSent
+        if self.ending == Ending::Shut
             && self.tx.unsent() == 0
             && self.z.srcs.is_empty()
             && self.z.writing.is_none()
@@ -920,9 +903,10 @@ impl Conn {
             }
             let after_peer = self.peer_disconn.is_some();
             let op = self.emit(Body::DisConn, Flags::EMPTY, Sent::DisConn);
-            self.disconn = DisConn::Sent {
+            self.ending = Ending::DisConn {
                 mseq: self.credits.lsseq(),
                 after_peer,
+                done: false,
             };
             return Some(Work::Op(op));
         }
@@ -977,7 +961,7 @@ impl Conn {
         short
             && tail
             && !self.nodelay
-            && !self.send_closed
+            && self.ending == Ending::Open
             && !self.config.coalesce.is_zero()
             && !self.zsend_pending()
             && self.local_suspend == LocalSuspend::None
@@ -1147,7 +1131,8 @@ impl Conn {
         if self.state == State::Closed {
             return;
         }
-        if matches!(self.disconn, DisConn::Done { .. }) && self.peer_disconn.is_some() {
+        if matches!(self.ending, Ending::DisConn { done: true, .. }) && self.peer_disconn.is_some()
+        {
             // Both DisConns went; the peer never closed the LLP.
             self.reason.get_or_insert(CloseReason::Graceful);
             self.finish(Teardown::Graceful);
@@ -1175,8 +1160,8 @@ impl Conn {
             Sent::Write => self.on_write_done(),
             Sent::Read => self.on_read_done(),
             Sent::DisConn => {
-                if let DisConn::Sent { mseq, after_peer } = self.disconn {
-                    self.disconn = DisConn::Done { mseq, after_peer };
+                if let Ending::DisConn { done, .. } = &mut self.ending {
+                    *done = true;
                 }
                 self.check_graceful(now);
             }
@@ -1568,7 +1553,7 @@ impl Conn {
             self.violation(v);
             return false;
         }
-        if self.orphaned {
+        if self.reading == Reading::Released {
             // Nobody will read it: Linux TCP answers data after close()
             // with a reset.
             self.abort_with(CloseReason::LocalAbort, None);
@@ -1582,83 +1567,6 @@ impl Conn {
         // connection posts its own (see [`Conn::resume`]).
         if self.state != State::Closed && !self.suspend.ack_sent() {
             self.to_post.push_back((buf, kind));
-        }
-    }
-
-    /// §8.2.1: both DisConns are out and ours completed.
-    fn check_graceful(&mut self, now: Instant) {
-        if self.state != State::Connected || self.abort_conn != AbortConn::None {
-            return;
-        }
-        let (DisConn::Done { mseq, after_peer }, Some(peer_ack)) =
-            (self.disconn, self.peer_disconn)
-        else {
-            return;
-        };
-        // The Remote Peer (which received the DisConn first) "MUST use the
-        // LLP connection teardown protocol to complete the teardown"
-        // (§8.2.1 Remote Peer step 4). If the two DisConns crossed, both
-        // are Remote Peers.
-        if after_peer || !seq_ge(peer_ack, mseq) {
-            self.reason.get_or_insert(CloseReason::Graceful);
-            self.finish(Teardown::Graceful);
-        } else if self.deadline.is_none() {
-            // Local Peer: wait for the LLP teardown (§8.2.1 steps 3–4).
-            self.deadline = Some(now + self.config.close_timeout);
-        }
-    }
-
-    /// A protocol violation: abortive close naming the rule (§8.2.2).
-    fn violation(&mut self, v: Violation) {
-        self.abort_with(CloseReason::Violation(v), Some(Error::ConnectionReset));
-    }
-
-    /// Abortive close (§8.2.2).
-    fn abort_with(&mut self, reason: CloseReason, error: Option<Error>) {
-        if self.state == State::Closed || self.abort_conn != AbortConn::None {
-            return;
-        }
-        self.reason.get_or_insert(reason);
-        if let Some(e) = error {
-            self.error.get_or_insert(e);
-        }
-        // §8.2.2: "An implementation MUST discard any unsent ULP data."
-        self.tx.discard_unsent();
-        self.control.clear();
-        self.hello_ack_due = false;
-        self.deadline = None;
-        if self.state == State::Connected && self.disconn != DisConn::NotSent {
-            // §8.2.2: "If the LLP connection is still valid and a DisConn
-            // Message was previously sent, then an implementation MUST send
-            // an AbortConn Message and process its completion before
-            // terminating the LLP connection."
-            self.abort_conn = AbortConn::Pending;
-        } else {
-            // §8.2.2: "If the LLP connection is not valid, or if the LLP
-            // connection is valid and no DisConn Message was previously
-            // sent, an implementation MUST NOT attempt to send additional
-            // SDP Messages and MUST immediately terminate the LLP
-            // connection."
-            self.finish(Teardown::Abortive);
-        }
-    }
-
-    /// Ends the connection: the next Op is the LLP teardown.
-    fn finish(&mut self, teardown: Teardown) {
-        if self.state == State::Closed {
-            return;
-        }
-        self.state = State::Closed;
-        self.teardown = Some(teardown);
-        self.deadline = None;
-        // §8.2.1 step 4: "In either case, the Local Peer MUST complete all
-        // ULP receive buffers".
-        self.complete_posted();
-        self.to_post.clear();
-        self.control.clear();
-        self.hello_ack_due = false;
-        if teardown == Teardown::Abortive {
-            self.tx.discard_unsent();
         }
     }
 
@@ -1734,7 +1642,7 @@ impl Conn {
             State::Closed => return Err(Error::BrokenPipe),
             State::Connected => {}
         }
-        if self.send_closed || self.abort_conn != AbortConn::None {
+        if self.ending != Ending::Open || self.abort_conn != AbortConn::None {
             return Err(Error::BrokenPipe);
         }
         Ok(())
@@ -1899,7 +1807,7 @@ impl Conn {
 
     /// No more bytes will arrive.
     fn at_eof(&self) -> bool {
-        self.peer_disconn.is_some() || self.read_closed || self.state == State::Closed
+        self.peer_disconn.is_some() || self.reading != Reading::Open || self.state == State::Closed
     }
 
     /// `recv(MSG_OOB)` as Linux `tcp_recv_urg`.
@@ -2005,7 +1913,7 @@ impl Conn {
             State::Closed => true,
             State::Connected => {
                 self.error.is_some()
-                    || self.send_closed
+                    || self.ending != Ending::Open
                     || self.abort_conn != AbortConn::None
                     || self.send_room() > 0
             }
@@ -2022,66 +1930,5 @@ impl Conn {
     /// Bytes readable now (FIONREAD).
     pub fn bytes_readable(&self) -> u64 {
         self.rx.readable(self.config.oob_inline)
-    }
-
-    /// `shutdown(2)`. SHUT_WR sends DisConn once every accepted byte is
-    /// sent (§8.2.1); receiving goes on. ENOTCONN before setup finished or
-    /// after the connection closed.
-    pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
-        if self.state != State::Connected {
-            return Err(Error::NotConnected);
-        }
-        if matches!(how, Shutdown::Read | Shutdown::Both) {
-            self.read_closed = true;
-        }
-        if matches!(how, Shutdown::Write | Shutdown::Both) {
-            self.send_closed = true;
-        }
-        Ok(())
-    }
-
-    /// `close(2)` of the last descriptor: a graceful close that finishes
-    /// on its own (data out, DisConn, wait for the peer's DisConn and the
-    /// LLP teardown), aborted after [`Config::close_timeout`]. As Linux
-    /// TCP, unread received data turns it into an abortive close, and so
-    /// does data arriving afterwards.
-    pub fn close(&mut self, now: Instant) {
-        self.orphaned = true;
-        self.read_closed = true;
-        match self.state {
-            State::Closed => {}
-            State::HelloSent | State::HelloReceived => {
-                self.reason.get_or_insert(CloseReason::LocalAbort);
-                self.finish(Teardown::Abortive);
-            }
-            State::Connected => {
-                if self.rx.queued() > 0 {
-                    self.abort_with(CloseReason::LocalAbort, None);
-                } else {
-                    self.send_closed = true;
-                    if self.deadline.is_none() {
-                        self.deadline = Some(now + self.config.close_timeout);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Abortive close by the application (`SO_LINGER` 0 then close):
-    /// AbortConn if a DisConn went out, else an immediate LLP reset
-    /// (§8.2.2).
-    pub fn abort(&mut self) {
-        self.orphaned = true;
-        self.read_closed = true;
-        self.abort_local();
-    }
-
-    fn abort_local(&mut self) {
-        if matches!(self.state, State::HelloSent | State::HelloReceived) {
-            self.reason.get_or_insert(CloseReason::LocalAbort);
-            self.finish(Teardown::Abortive);
-        } else {
-            self.abort_with(CloseReason::LocalAbort, None);
-        }
     }
 }

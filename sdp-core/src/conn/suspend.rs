@@ -42,8 +42,9 @@
 //! implementation never sends one outside tests. The test-only Local
 //! Peer answers a crossing SuspComm as a violation.
 
+use super::close::Llp;
 use super::credit::Credits;
-use super::{setup, AbortConn, Conn, DisConn, PostKind, Received, Role, Sent, State, Violation};
+use super::{setup, AbortConn, Conn, PostKind, Received, Role, Sent, State, Violation};
 use crate::verbs::{Op, Teardown};
 use crate::wire::{Body, Flags, Mid, SuspCommRepr};
 
@@ -157,9 +158,8 @@ impl Conn {
         self.tx = old.tx;
         self.tx.renotify_urgent();
         self.urgent_notice = old.urgent_notice;
-        self.send_closed = old.send_closed;
-        self.read_closed = old.read_closed;
-        self.orphaned = old.orphaned;
+        self.ending = old.ending;
+        self.reading = old.reading;
         self.deadline = old.deadline;
         self.next_send_id = old.next_send_id;
         true
@@ -175,7 +175,7 @@ impl Conn {
         // test Local Peer's own (§13.1.2 cannot arise otherwise), is not
         // answered either.
         if self.peer_disconn.is_some()
-            || self.disconn != DisConn::NotSent
+            || self.ending.disconn_sent()
             || self.abort_conn != AbortConn::None
             || self.suspend != Suspend::None
             || self.local_suspend != LocalSuspend::None
@@ -269,7 +269,9 @@ impl Conn {
         if let Suspend::AckSent { port } = self.suspend {
             self.suspend = Suspend::Suspended { port };
             self.to_post.clear();
-            self.teardown = Some(Teardown::Resume { port });
+            if self.llp != Llp::Down {
+                self.llp = Llp::Due(Teardown::Resume { port });
+            }
         }
     }
 

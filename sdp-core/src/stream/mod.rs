@@ -40,13 +40,14 @@
 //!   write does not lose them. With `set_linger(Some(0))` the close is
 //!   abortive (§8.2.2).
 //!
-//! The link-level calls the preload needs are public here too:
+//! The calls the preload needs are public here too:
 //! [`SdpStream::from_parts`] wraps a [`Link`] and an [`Endpoint`] it set up
-//! on the application's own socket, and the nonblocking
-//! [`SdpStream::send_flags`] / [`SdpStream::recv_flags`], `readable`,
-//! `writable`, `bytes_readable`, `at_mark` and the readiness descriptor do
-//! the rest. [`Endpoint`] is the iWARP driver's socket pump
-//! (`iwarp::driver`).
+//! on the application's own socket; [`SdpStream::send_vectored`] and
+//! [`SdpStream::recv_vectored`] are `sendmsg` and `recvmsg` with the
+//! program's blocking rule ([`Block`]: a signal ends their wait, as a
+//! socket call's); `readable`, `writable`, `bytes_readable`, `at_mark`
+//! and the readiness descriptor do the rest. [`Endpoint`] is the iWARP
+//! driver's socket pump (`iwarp::driver`).
 //!
 //! ```
 //! use std::io::{Read, Write};
@@ -72,6 +73,7 @@
 //! ```
 
 pub mod accept;
+mod call;
 pub mod counters;
 pub mod progress;
 pub mod readiness;
@@ -80,7 +82,7 @@ pub mod shared;
 mod suspend;
 pub mod zcopy;
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,6 +99,8 @@ use crate::conn::{
 use crate::errno::Error;
 use crate::link::direct::CopyStats;
 use crate::link::{connection_config, Link};
+pub use call::Block;
+use call::Rule;
 use shared::{Locked, Shared};
 
 /// How long dropping a blocking stream waits for its accepted bytes to
@@ -111,7 +115,7 @@ fn would_block() -> io::Error {
     to_io(Error::WouldBlock)
 }
 
-/// The last handle closes the stream.
+/// The last handle closes the stream (or [`SdpStream::close`] did).
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
@@ -119,15 +123,20 @@ struct Handle {
     peer: SocketAddr,
     /// [`SdpStream::detach`]: dropping does nothing to the connection.
     detached: AtomicBool,
+    /// The close ran ([`Handle::close`]): once.
+    closed: AtomicBool,
 }
 
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let shared = &self.shared;
-        if self.detached.load(Ordering::Acquire) {
-            progress::deregister(shared.id);
+impl Handle {
+    /// The close of the connection: graceful (after the accepted bytes
+    /// reached the kernel, for a blocking stream), or abortive with a
+    /// zero `SO_LINGER`; a lingering blocking stream waits for the close
+    /// exchange.
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        let shared = &self.shared;
         shared.set_released();
         let mut g = shared.lock();
         let abort = g.linger == Some(Duration::ZERO);
@@ -160,6 +169,16 @@ impl Drop for Handle {
     }
 }
 
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.detached.load(Ordering::Acquire) {
+            progress::deregister(self.shared.id);
+            return;
+        }
+        self.close();
+    }
+}
+
 /// Pumps and waits until `done` holds; `Err(EAGAIN)` when `deadline`
 /// passes first.
 fn wait_until(
@@ -179,42 +198,130 @@ fn wait_until(
     }
 }
 
-/// The copying `send` of `bufs` (their concatenation) with the stream's
-/// blocking rule: the bytes accepted, EAGAIN when a nonblocking stream
-/// takes none (after one look at the socket for credit) or the write
-/// timeout passed first.
-fn send_loop(g: &mut Locked<'_>, bufs: &[&[u8]], flags: SendFlags) -> io::Result<usize> {
-    let deadline = g.write_timeout.map(|t| Instant::now() + t);
+/// The copying `send` of `bufs` (their concatenation) under `rule`: a
+/// call that may wait takes every byte (fewer only when its deadline or a
+/// signal cuts it short), one that may not takes what fits now, after one
+/// look at the socket for credit. EAGAIN or EINTR when no byte went.
+fn send_loop(
+    g: &mut Locked<'_>,
+    bufs: &[&[u8]],
+    flags: SendFlags,
+    rule: Rule,
+) -> io::Result<usize> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0;
     let mut pumped = false;
     loop {
-        match g.send_direct(Instant::now(), bufs, flags) {
-            Ok(n) => return Ok(n),
-            Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+        let r = if done == 0 {
+            g.send_direct(Instant::now(), bufs, flags)
+        } else {
+            g.send_direct(Instant::now(), &after(bufs, done), flags)
+        };
+        match r {
+            Ok(n) => {
+                done += n;
+                if !rule.waits() || done >= total {
+                    return Ok(done);
+                }
+            }
+            Err(Error::WouldBlock) if !rule.waits() && !pumped => {
                 // Credits or completions may be waiting in the socket.
                 g.pump(Instant::now());
                 pumped = true;
             }
-            Err(Error::WouldBlock) if g.nonblocking => return Err(would_block()),
+            Err(Error::WouldBlock) if !rule.waits() => return Err(would_block()),
             Err(Error::WouldBlock) => {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(would_block());
+                if rule.expired() {
+                    return moved_or(done, would_block());
                 }
-                g.wait(deadline)?;
+                if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
+                    return moved_or(done, e);
+                }
                 g.pump(Instant::now());
+            }
+            Err(e) if done > 0 => {
+                // The bytes taken go first; an error the connection keeps
+                // waits for the next call.
+                restore(g, &to_io(e));
+                return Ok(done);
             }
             Err(e) => return Err(to_io(e)),
         }
     }
 }
 
-/// The loop of [`SdpStream::recv_flags`]; `got` counts the bytes in `buf`.
+/// `bufs` without their first `n` bytes.
+fn after<'a>(bufs: &[&'a [u8]], mut n: usize) -> Vec<&'a [u8]> {
+    let mut rest = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if n >= b.len() {
+            n -= b.len();
+        } else {
+            rest.push(&b[n..]);
+            n = 0;
+        }
+    }
+    rest
+}
+
+/// The end of a call that met `e`: the bytes moved, if any, else `e`.
+fn moved_or(done: usize, e: io::Error) -> io::Result<usize> {
+    if done > 0 {
+        Ok(done)
+    } else {
+        Err(e)
+    }
+}
+
+/// One send under `rule`: one large buffer that may wait is lent
+/// ([`zcopy::write`]), the rest copied.
+fn send_in(g: &mut Locked<'_>, parts: &[&[u8]], flags: SendFlags, rule: Rule) -> io::Result<usize> {
+    if let [buf] = parts {
+        if rule.waits()
+            && !flags.contains(SendFlags::OOB)
+            && !flags.contains(SendFlags::MORE)
+            && zcopy::lends(g, buf.len())
+        {
+            if let Some(r) = zcopy::write(g, buf, rule) {
+                return r;
+            }
+        }
+    }
+    send_loop(g, parts, flags, rule)
+}
+
+/// One receive into `buf` under `rule`: by Zcopy when it fits and may
+/// wait ([`zcopy::read`]), else copied.
+fn recv_in(g: &mut Locked<'_>, buf: &mut [u8], flags: RecvFlags, rule: Rule) -> io::Result<usize> {
+    let mut got = 0;
+    let r = if rule.waits() && zcopy::read_fits(g, buf.len(), flags) {
+        zcopy::read(g, buf, flags, &mut got, rule)
+    } else {
+        recv_loop(g, buf, flags, &mut got, rule)
+    };
+    // A message that was landing in `buf[got..]` and is not whole goes
+    // back to the Private Buffers.
+    g.reader_leaves(Instant::now(), &buf[got..]);
+    r
+}
+
+/// `e`, met after some bytes moved, waits for the next call if the
+/// connection keeps it pending.
+fn restore(g: &mut Locked<'_>, e: &io::Error) {
+    if let Some(e) = e.raw_os_error().and_then(Error::pending_from_errno) {
+        g.link.conn_mut().restore_error(e);
+    }
+}
+
+/// The copying `recv` into `buf` under `rule`; `got` counts the bytes in
+/// `buf`.
 fn recv_loop(
     g: &mut Locked<'_>,
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
+    rule: Rule,
 ) -> io::Result<usize> {
-    let deadline = g.read_timeout.map(|t| Instant::now() + t);
     let mut pumped = false;
     // A plain read that waits lends its buffer: the next message's
     // payload may land in it directly (DESIGN §7).
@@ -257,36 +364,30 @@ fn recv_loop(
             }
             // A blocking call goes straight to poll(2), which sees what
             // the socket holds; a nonblocking one reads it first.
-            Err(Error::WouldBlock) if g.nonblocking && !pumped => {
+            Err(Error::WouldBlock) if !rule.waits() && !pumped => {
                 direct = pump_reader(g, lend, &mut buf[*got..]);
                 pumped = true;
             }
-            Err(Error::WouldBlock) if g.nonblocking => {
+            Err(Error::WouldBlock) if !rule.waits() => {
                 // A SendSm for a SrcAvail this read cannot take (§9.2
                 // step 2a) goes now: the caller may wait in epoll.
                 if g.link.conn().control_pending() {
                     g.pump_out(Instant::now());
                 }
-                return if *got > 0 {
-                    Ok(*got)
-                } else {
-                    Err(would_block())
-                };
+                return moved_or(*got, would_block());
             }
             Err(Error::WouldBlock) => {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return if *got > 0 {
-                        Ok(*got)
-                    } else {
-                        Err(would_block())
-                    };
+                if rule.expired() {
+                    return moved_or(*got, would_block());
                 }
                 if g.link.conn().tx().unsent() > 0 {
                     // A tail the reader's wait set free (the peer may
                     // wait for it before it answers).
                     g.pump_out(Instant::now());
                 }
-                g.wait(deadline)?;
+                if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
+                    return moved_or(*got, e);
+                }
                 direct = pump_reader(g, lend, &mut buf[*got..]);
             }
             Err(e) => return Err(to_io(e)),
@@ -304,26 +405,6 @@ fn pump_reader(g: &mut Locked<'_>, lend: bool, buf: &mut [u8]) -> usize {
         g.pump(now);
         0
     }
-}
-
-/// What [`SdpStream::wait_ready`] waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interest {
-    /// A read would make progress.
-    Read,
-    /// A write would take a byte.
-    Write,
-}
-
-/// How [`SdpStream::wait_ready`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
-    /// Ready, or something changed: try the call again.
-    Woken,
-    /// The deadline passed.
-    TimedOut,
-    /// Another thread waits on the stream already.
-    Busy,
 }
 
 /// What [`SdpStream::pump_quietly`] did.
@@ -432,6 +513,7 @@ impl SdpStream {
                 local,
                 peer,
                 detached: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -527,6 +609,18 @@ impl SdpStream {
         progress::deregister(self.shared().id);
     }
 
+    /// Closes the connection now, as dropping the last handle would (and
+    /// dropping it later does nothing more), whatever other handles there
+    /// are: for an owner that keeps a handle for its calls' fast path (the
+    /// preload's endpoint) and decides itself when the socket is closed. A
+    /// call on another handle meanwhile finds the stream closing, as a
+    /// call on a TCP socket that another thread shuts down.
+    pub fn close(&self) {
+        if !self.handle.detached.load(Ordering::Acquire) {
+            self.handle.close();
+        }
+    }
+
     /// Readiness and state at this moment, as the bits of `poll(2)`.
     pub fn poll_state(&self) -> PollState {
         let g = self.shared().lock();
@@ -563,40 +657,6 @@ impl SdpStream {
             copies: g.link.copy_stats(),
             zcopy: conn.zcopy_stats(),
         }
-    }
-
-    /// Blocks the calling thread until a read ([`Interest::Read`]) or a
-    /// write ([`Interest::Write`]) may make progress, whatever the
-    /// stream's nonblocking mode: for a caller that does its own blocking
-    /// (timeouts, signals) around nonblocking calls, such as the preload.
-    /// The thread waits as the stream's poller (see [`shared`]): in
-    /// `poll(2)` on the socket itself, with the progress thread keeping
-    /// off, and the call that follows reads the socket — no readiness
-    /// descriptor and no hand-off on the way.
-    ///
-    /// [`Waited::Woken`] when it may be ready (the caller tries its call
-    /// again; it may find nothing yet), [`Waited::TimedOut`] once
-    /// `deadline` passed, [`Waited::Busy`] at once when another thread
-    /// waits on the stream already (the caller then waits on
-    /// [`SdpStream::readiness_fd`]); `Err(Interrupted)` when a signal
-    /// interrupted the sleep.
-    pub fn wait_ready(&self, interest: Interest, deadline: Option<Instant>) -> io::Result<Waited> {
-        let mut g = self.shared().lock();
-        let ready = match interest {
-            Interest::Read => g.link.readable(),
-            Interest::Write => g.link.writable(),
-        };
-        if ready {
-            return Ok(Waited::Woken);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(Waited::TimedOut);
-        }
-        if g.waits_elsewhere() {
-            return Ok(Waited::Busy);
-        }
-        g.wait_interruptible(deadline)?;
-        Ok(Waited::Woken)
     }
 
     /// In a child of `fork`, before it uses the stream: marks left by
@@ -637,145 +697,158 @@ impl SdpStream {
         Ok(self.clone())
     }
 
-    /// `send(2)` with flags ([`SendFlags::OOB`]): blocking unless
-    /// nonblocking mode; returns the bytes accepted.
+    /// `send(2)` with flags ([`SendFlags::OOB`]) in the stream's mode
+    /// (blocking unless nonblocking, the write timeout); returns the
+    /// bytes accepted.
     pub fn send_flags(&self, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
-        let shared = self.shared();
-        let mut g = shared.lock();
-        if flags == SendFlags::EMPTY && zcopy::write_by_zcopy(&g, buf.len()) {
-            let call = zcopy::Call::plain(g.write_timeout.map(|t| Instant::now() + t));
-            if let Some(r) = zcopy::write(&mut g, buf, call) {
-                return r;
-            }
-        }
-        send_loop(&mut g, &[buf], flags)
+        let mut g = self.shared().lock();
+        let rule = Rule::of_mode(g.nonblocking, g.write_timeout);
+        send_in(&mut g, &[buf], flags, rule)
     }
 
-    /// `sendmsg(2)` of several buffers (`writev`): one operation on the
-    /// stream, as it is one on a TCP socket — the bytes go in as one `send`
-    /// of their concatenation would take them, its messages gathered
-    /// across the buffers without a copy, so a reader finds them together,
-    /// never a message per buffer. A call of more than
-    /// [`SEND_FROM_MAX`](crate::link::direct::SEND_FROM_MAX) buffers takes
-    /// from the first ones (a partial write, as from a socket short of
-    /// room); [`SendFlags::OOB`] marks the last byte of the whole. Returns
-    /// the bytes accepted, as [`SdpStream::send_flags`].
-    pub fn send_vectored_flags(&self, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
+    /// `sendmsg(2)` of several buffers (`writev`) under the caller's
+    /// blocking rule (`block`; a signal ends a wait as it ends a socket
+    /// call's): one operation on the stream, as it is one on a TCP
+    /// socket — the bytes go in as one `send` of their concatenation
+    /// would take them, its messages gathered across the buffers without
+    /// a copy, so a reader finds them together, never a message per
+    /// buffer. A call that may wait takes every byte (fewer only when its
+    /// deadline or a signal cuts it short: EAGAIN or EINTR if none went);
+    /// one that may not takes what fits now. The buffers go
+    /// [`SEND_FROM_MAX`](crate::link::direct::SEND_FROM_MAX) at a time
+    /// (a call that may not wait takes from the first ones only, a partial
+    /// write as from a socket short of room); [`SendFlags::OOB`] marks the
+    /// last byte of the whole. One large buffer that may wait is lent:
+    /// sent by Zcopy, or by Bcopy straight from it ([`zcopy`]), unless
+    /// [`SendFlags::MORE`].
+    pub fn send_vectored(
+        &self,
+        bufs: &[IoSlice<'_>],
+        flags: SendFlags,
+        block: Block,
+    ) -> io::Result<usize> {
         use crate::link::direct::SEND_FROM_MAX;
-        let mut parts: Vec<&[u8]> = bufs
+        let parts: Vec<&[u8]> = bufs
             .iter()
             .filter(|b| !b.is_empty())
             .map(|b| &b[..])
             .collect();
-        match parts.len() {
-            0 => self.send_flags(&[], flags),
-            1 => self.send_flags(parts[0], flags),
-            n => {
-                // The urgent byte is the last of the whole call.
-                let flags = if n > SEND_FROM_MAX {
-                    parts.truncate(SEND_FROM_MAX);
-                    SendFlags(flags.0 & !SendFlags::OOB.0)
-                } else {
-                    flags
-                };
-                send_loop(&mut self.shared().lock(), &parts, flags)
+        let rule = Rule::socket(block);
+        let mut g = self.shared().lock();
+        if parts.len() <= SEND_FROM_MAX {
+            return send_in(&mut g, &parts, flags, rule);
+        }
+        let mut done = 0;
+        for (k, chunk) in parts.chunks(SEND_FROM_MAX).enumerate() {
+            // The urgent byte is the last of the whole call.
+            let last = (k + 1) * SEND_FROM_MAX >= parts.len();
+            let f = if last {
+                flags
+            } else {
+                SendFlags(flags.0 & !SendFlags::OOB.0)
+            };
+            let want: usize = chunk.iter().map(|b| b.len()).sum();
+            match send_in(&mut g, chunk, f, rule) {
+                Ok(n) => {
+                    done += n;
+                    if n < want || !rule.waits() {
+                        break;
+                    }
+                }
+                Err(e) if done > 0 => {
+                    restore(&mut g, &e);
+                    break;
+                }
+                Err(e) => return Err(e),
             }
         }
+        Ok(done)
     }
 
-    /// A caller that made several calls for one (the preload's blocking
-    /// loops, a scattered read) and met an error after some bytes moved
-    /// returns the bytes; the error, if it is one a connection keeps
-    /// pending, is reported by the next call (see
-    /// [`Conn::restore_error`](crate::conn::Conn::restore_error)).
+    /// A caller that made several calls for one (a scattered read) and
+    /// met an error after some bytes moved returns the bytes; the error,
+    /// if it is one a connection keeps pending, is reported by the next
+    /// call (see [`Conn::restore_error`](crate::conn::Conn::restore_error)).
     pub fn restore_error(&self, e: &io::Error) {
-        if let Some(e) = e.raw_os_error().and_then(Error::pending_from_errno) {
-            self.shared().lock().link.conn_mut().restore_error(e);
-        }
+        restore(&mut self.shared().lock(), e);
     }
 
     /// `recv(2)` with flags ([`RecvFlags::OOB`], [`RecvFlags::PEEK`],
-    /// [`RecvFlags::WAITALL`]): blocking unless nonblocking mode.
+    /// [`RecvFlags::WAITALL`]) in the stream's mode.
     pub fn recv_flags(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
-        let shared = self.shared();
-        let mut g = shared.lock();
-        let mut got = 0;
-        if zcopy::read_by_zcopy(&g, buf.len(), flags) {
-            let call = zcopy::Call::plain(g.read_timeout.map(|t| Instant::now() + t));
-            let r = zcopy::read(&mut g, buf, flags, &mut got, call);
-            g.reader_leaves(Instant::now(), &buf[got..]);
-            return r;
-        }
-        let r = recv_loop(&mut g, buf, flags, &mut got);
-        // A message that was landing in `buf[got..]` and is not whole goes
-        // back to the Private Buffers.
-        g.reader_leaves(Instant::now(), &buf[got..]);
-        r
+        let mut g = self.shared().lock();
+        let rule = Rule::of_mode(g.nonblocking, g.read_timeout);
+        recv_in(&mut g, buf, flags, rule)
     }
 
-    /// A blocking `write` of `buf` by Zcopy, whatever the stream's
-    /// nonblocking mode, for a caller that does its own blocking around
-    /// nonblocking calls (the preload): `deadline` is its SO_SNDTIMEO, and
-    /// a signal ends the call once the buffer is taken back (see
-    /// [`zcopy`]). `Some` with the bytes in the stream (fewer than
-    /// `buf.len()` only after the deadline or a signal), EAGAIN when the
-    /// deadline passed before any, EINTR when a signal came first; `None`
-    /// when the write does not go by Zcopy (the Bcopy Threshold, not
-    /// connected) and the caller goes its usual way. `lent` is called,
-    /// without the stream's lock, once the buffer is lent and offered to
-    /// the peer, when the call first waits (to refresh exported
-    /// statistics: a long transfer shows while it is under way).
-    pub fn write_zcopy(
+    /// `recvmsg(2)` into several buffers (`readv`) under the caller's
+    /// blocking rule (`block`; a signal ends a wait as it ends a socket
+    /// call's: the bytes read by then, or EINTR): the buffers fill in
+    /// order, and the call returns once it has bytes and the next buffer
+    /// would wait, or with [`RecvFlags::WAITALL`] once all are full (or
+    /// the stream ended, the deadline passed, a signal came). The urgent
+    /// byte ([`RecvFlags::OOB`]) is never waited for, as TCP answers at
+    /// once. One large buffer that may wait is posted for Zcopy when the
+    /// connection uses it ([`zcopy`]).
+    pub fn recv_vectored(
         &self,
-        buf: &[u8],
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<io::Result<usize>> {
-        let shared = self.shared();
-        let mut g = shared.lock();
-        if !zcopy::lends(&g, buf.len()) {
-            return None;
-        }
-        let call = zcopy::Call {
-            deadline,
-            interruptible: true,
-            lent: Some(lent),
-        };
-        zcopy::write(&mut g, buf, call)
-    }
-
-    /// A blocking `read` into `buf` by Zcopy, whatever the stream's
-    /// nonblocking mode (see [`SdpStream::write_zcopy`]): with nothing
-    /// unread, `buf` is posted before the call waits, so that the peer's
-    /// next large write may go straight into it. `Some` with the bytes
-    /// read (0 at the end of the stream), EAGAIN when nothing came by the
-    /// deadline or the read went by Bcopy and found nothing yet (the
-    /// caller then waits its usual way), EINTR when a signal came first;
-    /// `None` when the read does not go by Zcopy (PEEK, OOB, the Bcopy
-    /// Threshold, Zcopy off, another Zcopy call under way). `lent` as for
-    /// [`SdpStream::write_zcopy`]: once the buffer is posted (and
-    /// advertised, if it is).
-    pub fn read_zcopy(
-        &self,
-        buf: &mut [u8],
+        bufs: &mut [IoSliceMut<'_>],
         flags: RecvFlags,
-        deadline: Option<Instant>,
-        lent: &mut dyn FnMut(),
-    ) -> Option<io::Result<usize>> {
-        let shared = self.shared();
-        let mut g = shared.lock();
-        if !zcopy::read_fits(&g, buf.len(), flags) {
-            return None;
-        }
-        let call = zcopy::Call {
-            deadline,
-            interruptible: true,
-            lent: Some(lent),
+        block: Block,
+    ) -> io::Result<usize> {
+        let mut g = self.shared().lock();
+        let rule = Rule::socket(block);
+        let now = Rule::socket(Block::Never);
+        // A peek takes what is there: WAITALL would wait for bytes that,
+        // peeked, never leave.
+        let flags = if flags.contains(RecvFlags::PEEK) {
+            RecvFlags(flags.0 & !RecvFlags::WAITALL.0)
+        } else {
+            flags
         };
-        let mut got = 0;
-        let r = zcopy::read(&mut g, buf, flags, &mut got, call);
-        g.reader_leaves(Instant::now(), &buf[got..]);
-        Some(r)
+        if flags.contains(RecvFlags::OOB) {
+            let one = match bufs.iter_mut().find(|b| !b.is_empty()) {
+                Some(b) => &mut b[..1],
+                None => &mut [],
+            };
+            return recv_in(&mut g, one, flags, now);
+        }
+        let filled = bufs.iter().filter(|b| !b.is_empty()).count();
+        if flags.contains(RecvFlags::PEEK) && filled > 1 {
+            // Peeked bytes stay: one look at them all, then scattered.
+            let mut all = vec![0u8; bufs.iter().map(|b| b.len()).sum()];
+            let n = recv_in(&mut g, &mut all, flags, rule)?;
+            let mut from = &all[..n];
+            for b in bufs.iter_mut() {
+                let k = from.len().min(b.len());
+                b[..k].copy_from_slice(&from[..k]);
+                from = &from[k..];
+            }
+            return Ok(n);
+        }
+        let mut done = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            // Once the call has bytes, only WAITALL waits for more.
+            let r = if done == 0 || flags.contains(RecvFlags::WAITALL) {
+                recv_in(&mut g, b, flags, rule)
+            } else {
+                recv_in(&mut g, b, flags, now)
+            };
+            match r {
+                Ok(n) => {
+                    done += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(e) if done > 0 => {
+                    restore(&mut g, &e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
     }
 
     /// The connection's whole state, for a test that hangs.

@@ -1016,11 +1016,20 @@ impl<'a> Locked<'a> {
             .is_some_and(|g| g.poller_active || g.zcopy_elsewhere())
     }
 
-    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
-        let shared = self.shared;
-        let Some(mut g) = self.guard.take() else {
-            return Ok(());
-        };
+    /// [`Locked::wait`] for a call with the caller's rule: `signals`, a
+    /// signal ends the sleep with [`io::ErrorKind::Interrupted`] — the
+    /// sleep of the stream's poller in `poll(2)`. A thread that waits while
+    /// another is the poller sleeps on the condition variable, which no
+    /// signal ends. (Sleeping in `poll` on the readiness descriptor
+    /// instead lost wake-ups under the soak's load: two threads each
+    /// reading and writing one stream, signals every few milliseconds.)
+    pub fn wait_for(&mut self, deadline: Option<Instant>, signals: bool) -> io::Result<()> {
+        self.wait_as(deadline, signals)
+    }
+
+    /// Before the lock goes for a sleep: what the others and the peer
+    /// must hear of first.
+    fn before_sleep(shared: &Shared, g: &mut Inner) {
         if g.link.conn().control_pending() {
             // What the link owes the peer (a SendSm answering a SrcAvail
             // that a read found, §9.2 step 2a) goes before the sleep.
@@ -1032,9 +1041,17 @@ impl<'a> Locked<'a> {
             // while it is away), and this release is not `Locked`'s drop:
             // the others hear of it here or sleep on. Only news wakes
             // them, or two waiting threads would wake each other in turn.
-            shared.wake_waiters(&mut g);
+            shared.wake_waiters(g);
         }
         shared.counters.store(g.snapshot());
+    }
+
+    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
+        let shared = self.shared;
+        let Some(mut g) = self.guard.take() else {
+            return Ok(());
+        };
+        Self::before_sleep(shared, &mut g);
         let timer = g.next_deadline(deadline);
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
         let zc_elsewhere = g.zcopy_elsewhere();

@@ -20,73 +20,48 @@
 //! While its buffer is lent, the call is the Zcopy owner of the socket
 //! (see [`super::shared`]).
 //!
-//! A caller that keeps the stream nonblocking and does its own blocking
-//! (the preload library, whose hooks keep the program's socket semantics)
-//! enters by [`SdpStream::write_zcopy`](super::SdpStream::write_zcopy) and
-//! [`SdpStream::read_zcopy`](super::SdpStream::read_zcopy): the deadline
-//! is its own, and a signal ends the call — the buffer is taken back
-//! first (a cancel, §9.5.4 and §9.5.5, when advertised) and the call
-//! returns what it moved, or EINTR.
+//! A socket call ([`SdpStream::send_vectored`](super::SdpStream::send_vectored),
+//! [`SdpStream::recv_vectored`](super::SdpStream::recv_vectored): the
+//! preload's) brings its own deadline, and a signal ends it — the buffer
+//! is taken back first (a cancel, §9.5.4 and §9.5.5, when advertised) and
+//! the call returns what it moved, or EINTR.
 
 use std::io;
 use std::time::{Duration, Instant};
 
+use super::call::{interrupted, is_interrupt, Rule};
 use super::shared::Locked;
 use super::{recv_loop, to_io, would_block};
 use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
-/// How one blocking Zcopy call waits.
-pub(super) struct Call<'c> {
-    /// SO_SNDTIMEO or SO_RCVTIMEO as a point in time.
-    pub deadline: Option<Instant>,
-    /// A signal ends the call (EINTR, or the bytes moved by then).
-    pub interruptible: bool,
-    /// Called without the lock once the buffer is lent and offered to the
-    /// peer, before the call first sleeps (a host refreshes its exported
-    /// statistics).
-    pub lent: Option<&'c mut dyn FnMut()>,
-}
-
-impl Call<'_> {
-    /// A call of [`super::SdpStream`]'s own blocking `read` or `write`.
-    pub fn plain(deadline: Option<Instant>) -> Call<'static> {
-        Call {
-            deadline,
-            interruptible: false,
-            lent: None,
-        }
+/// One wait of a call whose buffer is lent; the caller pumps and looks
+/// for the completion before and after. The first wait of a socket call
+/// only lets the lock go once, without a sleep, and the caller pumps again
+/// (as when the preload refreshed its export there: the soak's Write Zcopy
+/// streams stalled without it). A signal during the sleep of a call that
+/// hears of signals sets `signalled` and runs `take_back` once; later
+/// sleeps of the call wait for the completion regardless. Other errors end
+/// the call. `until`: the sleep ends then at the latest.
+fn wait_lent(
+    call: &Rule,
+    g: &mut Locked<'_>,
+    told: &mut bool,
+    signalled: &mut bool,
+    until: Option<Instant>,
+    take_back: impl FnOnce(&mut Locked<'_>),
+) -> io::Result<()> {
+    if call.signals && !std::mem::replace(told, true) {
+        g.unlocked(|| ());
+        return Ok(());
     }
-
-    /// One wait of a call whose buffer is lent; the caller pumps and looks
-    /// for the completion before and after. The first time, the host is
-    /// told instead (the lock was released: pump again before sleeping).
-    /// A signal during an interruptible call's sleep sets `signalled` and
-    /// runs `take_back` once; later sleeps of the call wait for the
-    /// completion regardless. Other errors end the call.
-    /// `until`: the sleep ends then at the latest.
-    fn wait_lent(
-        &mut self,
-        g: &mut Locked<'_>,
-        told: &mut bool,
-        signalled: &mut bool,
-        until: Option<Instant>,
-        take_back: impl FnOnce(&mut Locked<'_>),
-    ) -> io::Result<()> {
-        if !std::mem::replace(told, true) {
-            if let Some(f) = self.lent.as_mut() {
-                g.unlocked(f);
-                return Ok(());
-            }
+    match sleep(g, until, call.signals && !*signalled) {
+        Err(e) if is_interrupt(&e) => {
+            *signalled = true;
+            take_back(g);
+            Ok(())
         }
-        match sleep(g, until, self.interruptible && !*signalled) {
-            Err(e) if is_interrupt(&e) => {
-                *signalled = true;
-                take_back(g);
-                Ok(())
-            }
-            r => r,
-        }
+        r => r,
     }
 }
 
@@ -102,11 +77,6 @@ pub(super) fn lends(g: &Locked<'_>, len: usize) -> bool {
     g.link.is_connected() && (len as u64) > config.bcopy_threshold.min(config.lend_above)
 }
 
-/// Whether a blocking `write` of `len` bytes lends its buffer.
-pub(super) fn write_by_zcopy(g: &Locked<'_>, len: usize) -> bool {
-    !g.nonblocking && lends(g, len)
-}
-
 /// Whether a `read` into `len` bytes with `flags` may go by Zcopy: the
 /// connection takes the peer's buffers (Read Zcopy) or advertises ours
 /// (Write Zcopy).
@@ -118,11 +88,6 @@ pub(super) fn read_fits(g: &Locked<'_>, len: usize, flags: RecvFlags) -> bool {
         && !flags.contains(RecvFlags::OOB)
         && !g.link.zcopy_lent()
         && !g.zc_writer_waiting
-}
-
-/// Whether a blocking `read` into `len` bytes with `flags` goes by Zcopy.
-pub(super) fn read_by_zcopy(g: &Locked<'_>, len: usize, flags: RecvFlags) -> bool {
-    !g.nonblocking && read_fits(g, len, flags)
 }
 
 /// The error of a connection that ended while a Zcopy buffer was lent.
@@ -137,14 +102,6 @@ fn ended(g: &mut Locked<'_>) -> Option<io::Error> {
         .take_error()
         .unwrap_or(Error::ConnectionReset);
     Some(to_io(e))
-}
-
-fn interrupted() -> io::Error {
-    io::Error::from_raw_os_error(rustix::io::Errno::INTR.raw_os_error())
-}
-
-fn is_interrupt(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::Interrupted
 }
 
 /// Sleeps as the call may: a signal ends an interruptible call's sleep.
@@ -162,18 +119,18 @@ fn sleep(g: &mut Locked<'_>, deadline: Option<Instant>, interruptible: bool) -> 
 /// once if unused; after the SinkAvailCancel exchange, §9.5.5, if
 /// advertised; after the RDMA Read under way) and that read goes on by
 /// Bcopy.
-pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io::Result<usize>> {
+pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Rule) -> Option<io::Result<usize>> {
     if g.zcopy_elsewhere() {
         if !g.link.cancel_recv_zcopy() {
             return None;
         }
         g.zc_writer_waiting = true;
         while g.zcopy_elsewhere() {
-            if let Err(e) = sleep(g, call.deadline, call.interruptible) {
+            if let Err(e) = sleep(g, call.deadline(), call.signals) {
                 g.zc_writer_waiting = false;
                 return Some(Err(e));
             }
-            if call.deadline.is_some_and(|d| Instant::now() >= d) {
+            if call.expired() {
                 g.zc_writer_waiting = false;
                 return Some(Err(would_block()));
             }
@@ -189,18 +146,21 @@ pub(super) fn write(g: &mut Locked<'_>, buf: &[u8], call: Call<'_>) -> Option<io
 /// before it reads, which a copy lets go on as TCP's socket buffers would.
 pub const LENT_STALL: Duration = Duration::from_millis(20);
 
-fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result<usize> {
+fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Rule) -> io::Result<usize> {
     let bcopy = buf.len() as u64 <= g.link.conn().config().bcopy_threshold;
     loop {
-        match g.link.send_zcopy(buf.len(), call.deadline, Instant::now()) {
+        match g
+            .link
+            .send_zcopy(buf.len(), call.deadline(), Instant::now())
+        {
             Ok(_) => break,
             Err(Error::WouldBlock) => {
                 // A Zcopy buffer of another thread, or a stream cut by a
                 // cancel the application has not seen yet.
-                if call.deadline.is_some_and(|d| Instant::now() >= d) {
+                if call.expired() {
                     return Err(would_block());
                 }
-                sleep(g, call.deadline, call.interruptible)?;
+                sleep(g, call.deadline(), call.signals)?;
                 g.pump(Instant::now());
             }
             Err(e) => return Err(to_io(e)),
@@ -249,7 +209,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
         let take_back = |g: &mut Locked<'_>| {
             g.link.cancel_send_zcopy(Instant::now());
         };
-        if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, stall_at, take_back) {
+        if let Err(e) = wait_lent(&call, g, &mut told, &mut signalled, stall_at, take_back) {
             break Err(e);
         }
     };
@@ -263,12 +223,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], mut call: Call<'_>) -> io::Result
 /// The rest of a stalled lent write (from `done`), by the copying `send`
 /// with the call's blocking rule: all of it, or what went in by the
 /// deadline or a signal.
-fn copy_rest(
-    g: &mut Locked<'_>,
-    buf: &[u8],
-    mut done: usize,
-    call: &Call<'_>,
-) -> io::Result<usize> {
+fn copy_rest(g: &mut Locked<'_>, buf: &[u8], mut done: usize, call: &Rule) -> io::Result<usize> {
     while done < buf.len() {
         match g.send_direct(
             Instant::now(),
@@ -277,10 +232,10 @@ fn copy_rest(
         ) {
             Ok(n) => done += n,
             Err(Error::WouldBlock) => {
-                if call.deadline.is_some_and(|d| Instant::now() >= d) {
+                if call.expired() {
                     break;
                 }
-                match sleep(g, call.deadline, call.interruptible) {
+                match sleep(g, call.deadline(), call.signals) {
                     Ok(()) => {
                         g.pump(Instant::now());
                     }
@@ -300,7 +255,7 @@ fn copy_rest(
         }
     }
     match done {
-        0 if call.deadline.is_some_and(|d| Instant::now() >= d) => Err(would_block()),
+        0 if call.expired() => Err(would_block()),
         0 => Err(interrupted()),
         n => Ok(n),
     }
@@ -312,9 +267,9 @@ pub(super) fn read(
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
-    mut call: Call<'_>,
+    call: Rule,
 ) -> io::Result<usize> {
-    let deadline = call.deadline;
+    let deadline = call.deadline();
     let waitall = flags.contains(RecvFlags::WAITALL);
     // Posts returned unused in a row (a Mode change, a cancel for Bcopy
     // bytes): after a few, the read goes by Bcopy.
@@ -349,11 +304,11 @@ pub(super) fn read(
         }
         let rest = buf.len() - *got;
         if !fits(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
-            return recv_loop(g, buf, flags, got);
+            return recv_loop(g, buf, flags, got, call);
         }
         let len = u32::try_from(rest).unwrap_or(u32::MAX);
         if g.link.post_recv_zcopy(len, flags, deadline).is_err() {
-            return recv_loop(g, buf, flags, got);
+            return recv_loop(g, buf, flags, got, call);
         }
         g.zcopy_begin();
         let into = buf.get_mut(*got..).unwrap_or_default();
@@ -385,7 +340,7 @@ pub(super) fn read(
             let take_back = |g: &mut Locked<'_>| {
                 g.link.cancel_recv_zcopy();
             };
-            if let Err(e) = call.wait_lent(g, &mut told, &mut signalled, None, take_back) {
+            if let Err(e) = wait_lent(&call, g, &mut told, &mut signalled, None, take_back) {
                 break Err(e);
             }
             canceled |= signalled;
