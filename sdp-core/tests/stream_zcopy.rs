@@ -445,3 +445,115 @@ fn a_srcavail_wakes_a_reader_sleeping_on_readiness() {
     assert_eq!(zc.send_sms, 2, "{zc:?}");
     assert_eq!(c.info().zcopy.src_avails, 2);
 }
+
+/// Both ends write and read at once, each with a writer and a reader
+/// thread, in Pipelined Mode with Write Zcopy (the soak's duplex
+/// connections), with signals landing in the calls every 2 ms: every
+/// byte arrives in order at both ends. A side that stops moving for 20 s
+/// has both connections' states printed.
+#[test]
+fn duplex_write_zcopy_moves_both_ways() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::{Arc, Mutex};
+    install_sigusr1();
+    let mut config = Config::default();
+    sdp_core::stream::zcopy::ZcopyMode::Write.apply(&mut config, 256 * 1024);
+    // The workers' threads, signalled while they run.
+    let live: Arc<Mutex<Vec<libc::pthread_t>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let signaller = {
+        let (live, stop) = (live.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                for &t in live.lock().unwrap().iter() {
+                    // SAFETY: a registered thread is alive until it
+                    // takes itself out under this lock.
+                    unsafe { libc::pthread_kill(t, libc::SIGUSR1) };
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let enter = |live: &Mutex<Vec<libc::pthread_t>>| {
+        // SAFETY: the calling thread's handle.
+        live.lock().unwrap().push(unsafe { libc::pthread_self() });
+    };
+    let leave = |live: &Mutex<Vec<libc::pthread_t>>| {
+        // SAFETY: the calling thread's handle.
+        let me = unsafe { libc::pthread_self() };
+        live.lock().unwrap().retain(|&t| t != me);
+    };
+    for round in 0..12u32 {
+        let (c, s) = pair_with(&config, &config);
+        let len = 8 * MIB + round as usize * 4099;
+        let moved = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+        for (i, end) in [c.clone(), s.clone()].into_iter().enumerate() {
+            let out = data(len, round * 2 + i as u32);
+            let (w, m, l) = (end.clone(), moved.clone(), live.clone());
+            threads.push(std::thread::spawn(move || {
+                enter(&l);
+                let sizes = [1024, 60_000, 300_000, MIB, 4 * MIB];
+                let (mut off, mut k) = (0, round as usize + i);
+                while off < out.len() {
+                    let n = sizes[k % sizes.len()].min(out.len() - off);
+                    k += 1;
+                    std::thread::sleep(Duration::from_micros((k as u64 * 377) % 1500));
+                    match send_blocking(&w, &out[off..off + n], None) {
+                        Ok(sent) => {
+                            off += sent;
+                            m.fetch_add(sent as u64, Relaxed);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+                leave(&l);
+            }));
+            let (r, m, l) = (end.clone(), moved.clone(), live.clone());
+            let want = data(len, round * 2 + (1 - i) as u32);
+            threads.push(std::thread::spawn(move || {
+                enter(&l);
+                let mut got = vec![0u8; len];
+                let sizes = [1000, 100_000, MIB, 4 * MIB];
+                let (mut at, mut k) = (0, round as usize);
+                while at < len {
+                    let n = sizes[k % sizes.len()].min(len - at);
+                    k += 1;
+                    std::thread::sleep(Duration::from_micros((k as u64 * 613) % 1500));
+                    match recv_blocking(&r, &mut got[at..at + n], None) {
+                        Ok(0) => panic!("end of stream after {at} of {len}"),
+                        Ok(n) => {
+                            at += n;
+                            m.fetch_add(n as u64, Relaxed);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => panic!("recv: {e}"),
+                    }
+                }
+                leave(&l);
+                assert!(got == want, "round {round}: the bytes differ");
+            }));
+        }
+        let mut last = (0, Instant::now());
+        while threads.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = moved.load(Relaxed);
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() > Duration::from_secs(20) {
+                stop.store(true, Relaxed);
+                panic!(
+                    "round {round}: stuck after {now} bytes\nclient: {}\nserver: {}",
+                    c.debug_state(),
+                    s.debug_state()
+                );
+            }
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    stop.store(true, Relaxed);
+    signaller.join().unwrap();
+}

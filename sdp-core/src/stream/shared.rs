@@ -36,7 +36,8 @@
 //! (receives already in the Private Buffers can be read, credit updates
 //! get posted); a thread that must wait leaves the socket to the owner
 //! and sleeps on the condition variable, which the owner signals after
-//! each of its pumps.
+//! each of its pumps. Before it sleeps it wakes the owner if its own
+//! pumps left the owner something to do: bytes to write, a completion.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -1056,9 +1057,19 @@ impl<'a> Locked<'a> {
         let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
         let zc_elsewhere = g.zcopy_elsewhere();
         if zc_elsewhere {
-            // The socket is the Zcopy owner's: let it pump.
-            shared.cond.notify_all();
-            if g.poller_active && !g.wake_pending {
+            // The socket is the Zcopy owner's: only it writes what our
+            // pumps queued (a SendSm, a credit update) and takes the
+            // completion they brought it, and while nobody polls, the
+            // owner (asleep on the condition variable) must come and
+            // poll. Otherwise a poller is woken by the socket or by news
+            // (above): waking it with nothing for it to do would have it
+            // wake us in turn, and the two threads would take turns at
+            // the lock until the peer moved.
+            let owed = g.ep.wants_send() || g.link.conn().completion_ready();
+            if owed || !g.poller_active {
+                shared.cond.notify_all();
+            }
+            if owed && g.poller_active && !g.wake_pending {
                 g.wake_pending = true;
                 let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
             }
