@@ -1552,7 +1552,7 @@ def spawn(a, name, role, mode, args, procs):
     # threads, the heaps then grow for a long time: fixed, RSS shows what
     # is kept.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
-    env.update({"SDP_ZCOPY": mode, "SDP_LOG": "info",
+    env.update({"SDP_ZCOPY": mode, "SDP_LOG": os.environ.get("SOAK_SDP_LOG", "info"),
                 "SDP_LOG_FILE": os.path.join(logs, f"{name}.preload.log"),
                 "SDP_STAT_DIR": os.path.join(a.work, "stat"), "PYTHONUNBUFFERED": "1",
                 "PYTHONFAULTHANDLER": "1"})

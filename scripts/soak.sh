@@ -97,7 +97,7 @@ trap 'echo "soak: SIGTERM: stopping" >&2; status=143; exit 143' TERM
 
 # A port mapper of our own on a free UDP port.
 "$bin/sdp-portmapper" --port 0 --control "$work/pm.sock" --stats-interval-ms 0 \
-    --log-level warn >"$work/logs/portmapper.log" 2>&1 &
+    --log-level info >"$work/logs/portmapper.log" 2>&1 &
 pm=$!
 for _ in $(seq 100); do
     grep -q "^ready " "$work/logs/portmapper.log" 2>/dev/null && break
