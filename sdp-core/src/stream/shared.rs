@@ -996,19 +996,6 @@ impl<'a> Locked<'a> {
         self.wait_as(deadline, true)
     }
 
-    /// Runs `f` with the lock released (it may call the stream's own
-    /// methods); the caller pumps afterwards, as after a wait.
-    pub fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        if let Some(g) = self.guard.take() {
-            if g.cond_waiters > 0 {
-                self.shared.cond.notify_all();
-            }
-        }
-        let r = f();
-        self.guard = Some(self.shared.lock_inner());
-        r
-    }
-
     /// Another thread is the poller, or owns the socket for Zcopy: a wait
     /// now would sleep on the condition variable.
     pub fn waits_elsewhere(&self) -> bool {

@@ -36,25 +36,17 @@ use crate::conn::{Completion, Config, RecvFlags, State};
 use crate::errno::Error;
 
 /// One wait of a call whose buffer is lent; the caller pumps and looks
-/// for the completion before and after. The first wait of a socket call
-/// only lets the lock go once, without a sleep, and the caller pumps again
-/// (as when the preload refreshed its export there: the soak's Write Zcopy
-/// streams stalled without it). A signal during the sleep of a call that
-/// hears of signals sets `signalled` and runs `take_back` once; later
-/// sleeps of the call wait for the completion regardless. Other errors end
-/// the call. `until`: the sleep ends then at the latest.
+/// for the completion before and after. A signal during the sleep of a
+/// call that hears of signals sets `signalled` and runs `take_back` once;
+/// later sleeps of the call wait for the completion regardless. Other
+/// errors end the call. `until`: the sleep ends then at the latest.
 fn wait_lent(
     call: &Rule,
     g: &mut Locked<'_>,
-    told: &mut bool,
     signalled: &mut bool,
     until: Option<Instant>,
     take_back: impl FnOnce(&mut Locked<'_>),
 ) -> io::Result<()> {
-    if call.signals && !std::mem::replace(told, true) {
-        g.unlocked(|| ());
-        return Ok(());
-    }
     match sleep(g, until, call.signals && !*signalled) {
         Err(e) if is_interrupt(&e) => {
             *signalled = true;
@@ -168,7 +160,6 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Rule) -> io::Result<usize> 
     }
     g.zcopy_begin();
     let mut signalled = false;
-    let mut told = false;
     // A Bcopy write stalls once no byte went into a Send for LENT_STALL.
     let mut sent = g.link.conn().tx().sent();
     let mut stall_at = bcopy.then(|| Instant::now() + LENT_STALL);
@@ -209,7 +200,7 @@ fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Rule) -> io::Result<usize> 
         let take_back = |g: &mut Locked<'_>| {
             g.link.cancel_send_zcopy(Instant::now());
         };
-        if let Err(e) = wait_lent(&call, g, &mut told, &mut signalled, stall_at, take_back) {
+        if let Err(e) = wait_lent(&call, g, &mut signalled, stall_at, take_back) {
             break Err(e);
         }
     };
@@ -314,7 +305,6 @@ pub(super) fn read(
         let into = buf.get_mut(*got..).unwrap_or_default();
         let mut canceled = false;
         let mut signalled = false;
-        let mut told = false;
         let c = loop {
             g.pump_zcopy(Instant::now(), None, Some(&mut *into));
             if let Some(c) = g.poll_zcopy() {
@@ -340,7 +330,7 @@ pub(super) fn read(
             let take_back = |g: &mut Locked<'_>| {
                 g.link.cancel_recv_zcopy();
             };
-            if let Err(e) = wait_lent(&call, g, &mut told, &mut signalled, None, take_back) {
+            if let Err(e) = wait_lent(&call, g, &mut signalled, None, take_back) {
                 break Err(e);
             }
             canceled |= signalled;
