@@ -541,8 +541,9 @@ fn socket_calls_wait_as_their_block_says() {
     writer.join().unwrap();
     assert_eq!((n, &x, &y), (10, b"hel", b"loworld"));
 
-    // A reader asleep in poll (the stream's poller): a signal ends its
-    // wait with EINTR, and the next read gets the bytes.
+    // A reader asleep in poll (the stream's poller) and a second one
+    // asleep beside it: a signal ends either's wait with EINTR, and the
+    // next read gets the bytes.
     // SAFETY: a plain handler without SA_RESTART; an all-zero sigaction
     // is valid before it is filled in.
     unsafe {
@@ -570,20 +571,41 @@ fn socket_calls_wait_as_their_block_says() {
     };
     let (first, (first_thread, first_tid)) = reader(b.clone());
     let until = Instant::now() + Duration::from_secs(10);
-    while !matches!(syscall_of(first_tid), Some(n) if n == libc::SYS_poll || n == libc::SYS_ppoll) {
-        assert!(Instant::now() < until, "the reader never slept in poll");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    while !first.is_finished() {
-        assert!(Instant::now() < until, "the signal never ended the wait");
-        // SAFETY: the thread is alive (not finished).
-        unsafe { libc::pthread_kill(first_thread, libc::SIGUSR1) };
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let sleeps_in = |tid, calls: &[i64], what: &str| {
+        while !matches!(syscall_of(tid), Some(n) if calls.contains(&n)) {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let interrupt = |t: &std::thread::JoinHandle<_>, thread| {
+        while !t.is_finished() {
+            assert!(Instant::now() < until, "the signal never ended the wait");
+            // SAFETY: the thread is alive (not finished).
+            unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    sleeps_in(
+        first_tid,
+        &[libc::SYS_poll, libc::SYS_ppoll],
+        "the reader never slept in poll",
+    );
+    // A second reader meanwhile sleeps on the stream's bell (a futex): a
+    // signal ends its wait as well, while the first polls on.
+    let (second, (second_thread, second_tid)) = reader(b.clone());
+    sleeps_in(
+        second_tid,
+        &[libc::SYS_futex],
+        "the second reader never slept on the bell",
+    );
+    interrupt(&second, second_thread);
+    assert_eq!(second.join().unwrap(), Err(Some(libc::EINTR)));
+    assert!(!first.is_finished());
+    interrupt(&first, first_thread);
     assert_eq!(first.join().unwrap(), Err(Some(libc::EINTR)));
-    let (second, _) = reader(b.clone());
+    let (third, _) = reader(b.clone());
     a.write_all(b"ping").unwrap();
-    assert_eq!(second.join().unwrap(), Ok(b"ping".to_vec()));
+    assert_eq!(third.join().unwrap(), Ok(b"ping".to_vec()));
 }
 
 /// A blocking write larger than `Config::lend_above` sends its Data

@@ -14,7 +14,8 @@
 //! on the stream's wake-up eventfd, with the nearest deadline as timeout.
 //! It then reads the socket itself — no hand-off through another thread on
 //! the blocking path. Other application threads that must wait meanwhile
-//! sleep on a condition variable and are woken whenever the lock is
+//! sleep on the stream's bell (a condition variable a signal interrupts,
+//! [`bell`]) and are woken whenever the lock is
 //! released after a change — also by a thread that goes to sleep itself
 //! after its pumps moved something: a writer without credit that polls
 //! may receive what the reader waits for.
@@ -42,19 +43,21 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
+use self::bell::Bell;
 use super::counters::{Counters, Snapshot};
 use super::readiness::Readiness;
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
 
+mod bell;
 mod resume;
 #[cfg(test)]
 mod tests;
@@ -569,7 +572,8 @@ impl Inner {
 #[derive(Debug)]
 pub struct Shared {
     inner: Mutex<Inner>,
-    cond: Condvar,
+    /// Where the waiters that are not the poller sleep.
+    bell: Bell,
     poller: AtomicBool,
     /// The figures for observability, copied in at each unlock.
     counters: Counters,
@@ -663,7 +667,7 @@ impl Shared {
         }
         Ok(Shared {
             inner: Mutex::new(inner),
-            cond: Condvar::new(),
+            bell: Bell::default(),
             poller: AtomicBool::new(false),
             counters: Counters::default(),
             kick: AtomicBool::new(false),
@@ -949,7 +953,7 @@ impl Shared {
             let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         }
         if g.cond_waiters > 0 {
-            self.cond.notify_all();
+            self.bell.ring();
         }
     }
 
@@ -1007,8 +1011,8 @@ impl<'a> Locked<'a> {
     /// [`Locked::wait`] for a call with the caller's rule: `signals`, a
     /// signal ends the sleep with [`io::ErrorKind::Interrupted`] — the
     /// sleep of the stream's poller in `poll(2)`. A thread that waits while
-    /// another is the poller sleeps on the condition variable, which no
-    /// signal ends. (Sleeping in `poll` on the readiness descriptor
+    /// another is the poller sleeps on the stream's bell, which a signal
+    /// ends the same way. (Sleeping in `poll` on the readiness descriptor
     /// instead lost wake-ups under the soak's load: two threads each
     /// reading and writing one stream, signals every few milliseconds.)
     pub fn wait_for(&mut self, deadline: Option<Instant>, signals: bool) -> io::Result<()> {
@@ -1053,8 +1057,8 @@ impl<'a> Locked<'a> {
             // wake us in turn, and the two threads would take turns at
             // the lock until the peer moved.
             let owed = g.ep.wants_send() || g.link.conn().completion_ready();
-            if owed || !g.poller_active {
-                shared.cond.notify_all();
+            if (owed || !g.poller_active) && g.cond_waiters > 0 {
+                shared.bell.ring();
             }
             if owed && g.poller_active && !g.wake_pending {
                 g.wake_pending = true;
@@ -1068,19 +1072,16 @@ impl<'a> Locked<'a> {
         }
         if g.poller_active || zc_elsewhere {
             g.cond_waiters += 1;
-            g = match timeout {
-                Some(t) => {
-                    shared
-                        .cond
-                        .wait_timeout(g, t)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
-                }
-                None => shared.cond.wait(g).unwrap_or_else(|p| p.into_inner()),
-            };
+            let seen = shared.bell.seen();
+            drop(g);
+            let r = shared.bell.wait(seen, timeout);
+            let mut g = shared.lock_inner();
             g.cond_waiters -= 1;
             self.guard = Some(g);
-            return Ok(());
+            return match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => Ok(()),
+                r => r,
+            };
         }
         g.poller_active = true;
         shared.poller.store(true, Ordering::SeqCst);
@@ -1114,7 +1115,7 @@ impl<'a> Locked<'a> {
         if g.zc_owner.is_some() && g.cond_waiters > 0 {
             // They may read what the owner's pump brings, or take the
             // socket over.
-            shared.cond.notify_all();
+            shared.bell.ring();
         }
         if g.wake_pending {
             let mut buf = [0u8; 8];
