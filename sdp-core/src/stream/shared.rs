@@ -123,6 +123,9 @@ pub struct Inner {
     /// The receive stream's length at the last readiness update.
     rx_seen: u64,
     poller_active: bool,
+    /// The poller's `poll` asks for socket space too: it wakes by itself
+    /// when bytes can go.
+    polling_out: bool,
     cond_waiters: u32,
     wake_pending: bool,
     /// A pump moved something (socket, timers) that the waiting threads
@@ -643,6 +646,7 @@ impl Shared {
             readiness: None,
             rx_seen: 0,
             poller_active: false,
+            polling_out: false,
             cond_waiters: 0,
             wake_pending: false,
             news: false,
@@ -1055,8 +1059,10 @@ impl<'a> Locked<'a> {
             // poll. Otherwise a poller is woken by the socket or by news
             // (above): waking it with nothing for it to do would have it
             // wake us in turn, and the two threads would take turns at
-            // the lock until the peer moved.
-            let owed = g.ep.wants_send() || g.link.conn().completion_ready();
+            // the lock until the peer moved — also while the socket is
+            // full, when a poller asking for space wakes by itself.
+            let bytes = g.ep.wants_send() && !(g.poller_active && g.polling_out);
+            let owed = bytes || g.link.conn().completion_ready();
             if (owed || !g.poller_active) && g.cond_waiters > 0 {
                 shared.bell.ring();
             }
@@ -1091,6 +1097,7 @@ impl<'a> Locked<'a> {
         if !g.ep.connection().txq().is_empty() {
             flags |= PollFlags::OUT;
         }
+        g.polling_out = flags.contains(PollFlags::OUT);
         drop(g);
         let ts = timeout.map(|t| Timespec {
             tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
