@@ -1,5 +1,7 @@
-//! The receive Private Buffer pool and the received byte stream (draft
-//! §9.1 Bcopy at the Data Sink, §10).
+//! The receive half of a connection: the receive Private Buffer pool, the
+//! received byte stream (draft §9.1 Bcopy at the Data Sink, §10), what
+//! each arriving message does ([`Conn`]'s `on_message`), [`Conn::recv`]
+//! and readability.
 //!
 //! Every SDP Message lands in a posted receive Private Buffer. A message
 //! without payload gives its buffer back at once; a Data Message keeps its
@@ -22,6 +24,17 @@
 //! ```
 
 use std::collections::VecDeque;
+
+use std::time::Instant;
+
+use super::close::Reading;
+use super::send::OOB_PEND_REACH;
+use super::setup::PeerParams;
+use super::suspend::LocalSuspend;
+use super::{setup, CloseReason, Conn, Control, PostKind, RecvFlags, Role, State, Violation};
+use crate::errno::Error;
+use crate::verbs::{Teardown, WrId};
+use crate::wire::{self, Body, Flags, MessageRepr, Mid};
 
 /// The receive Private Buffers of one connection: `count` buffers of
 /// `buf_size` bytes in one allocation. Kept apart from the rest of the
@@ -349,6 +362,557 @@ impl RxStream {
             *in_seg = 0;
         }
         true
+    }
+}
+
+// ----- The receive half of a connection --------------------------------
+
+/// A received message, parsed and copied out of its buffer.
+#[derive(Debug, Clone)]
+pub(super) struct Received {
+    pub(super) bufs: u16,
+    pub(super) flags: Flags,
+    pub(super) mseq: u32,
+    pub(super) mseq_ack: u32,
+    pub(super) mid: Mid,
+    /// Payload bytes inside the buffer.
+    pub(super) payload: core::ops::Range<usize>,
+    /// Last payload byte (the OOB byte with OOB_PRES).
+    pub(super) last: u8,
+    /// HelloAck parameters, when this is the expected HelloAck.
+    pub(super) hello_ack: Option<PeerParams>,
+    /// The Len of an RdmaRdCompl or RdmaWrCompl, the ActSz of a
+    /// ChRcvBufAck.
+    pub(super) compl_len: u32,
+    pub(super) sink_avail: Option<wire::SinkAvailRepr>,
+    pub(super) src_avail: Option<wire::SrcAvailRepr>,
+    pub(super) mode_change: Option<wire::ModeChangeRepr>,
+    /// The Destination TCP Port of a SuspComm (§6.5.1.1).
+    pub(super) susp_port: Option<u16>,
+}
+
+impl Conn {
+    pub(super) fn on_recv(
+        &mut self,
+        now: Instant,
+        wr_id: WrId,
+        len: usize,
+        invalidated: Option<u32>,
+    ) {
+        if self.state == State::Closed {
+            return;
+        }
+        match self.posted.front() {
+            Some(&buf) if buf as u64 == wr_id.0 => {}
+            _ => return self.violation(Violation::BadCompletion),
+        }
+        let Some(buf) = self.posted.pop_front() else {
+            return;
+        };
+        // §10 constraint 3: "A Local Peer MUST NOT send SDP Messages larger
+        // than the size of the Remote Peer's receive Private Buffers."
+        let size = self.pool.buf_size();
+        if len > size {
+            return self.violation(Violation::MessageTooLarge { len, size });
+        }
+        match self.parse(buf, len) {
+            Ok(msg) => self.on_message(now, buf, msg, invalidated),
+            Err(v) => self.violation(v),
+        }
+    }
+
+    /// Parses and checks the message in `buf` (§6 rules needing no state).
+    pub(super) fn parse(&self, buf: usize, len: usize) -> Result<Received, Violation> {
+        let bytes = self
+            .pool
+            .buffer(buf)
+            .and_then(|b| b.get(..len))
+            .ok_or(Violation::BadCompletion)?;
+        let msg = MessageRepr::parse(bytes)?;
+        if let Body::Other { mid, .. } = msg.body {
+            // §6.1.1 Figure 3: reserved and experimental values define no
+            // message.
+            return Err(Violation::ReservedMid(mid));
+        }
+        msg.validate()?;
+        let hello_ack = if self.state == State::HelloSent || self.resuming {
+            // §8.1.1 step 2: the Accepting Peer's first iWARP Message is the
+            // HelloAck; step 7a checks.
+            Some(setup::check_hello_ack(&msg)?)
+        } else {
+            None
+        };
+        let susp_port = match msg.body {
+            Body::SuspComm(sch) => Some(sch.port),
+            _ => None,
+        };
+        let payload = msg.body.payload();
+        let start = msg.header_len();
+        let compl_len = match msg.body {
+            Body::RdmaRdCompl(r) => r.len,
+            Body::RdmaWrCompl(r) => r.len,
+            Body::ChRcvBufAck(r) => r.act_sz,
+            _ => 0,
+        };
+        let (sink_avail, src_avail) = match msg.body {
+            Body::SinkAvail { header, .. } => (Some(header), None),
+            Body::SrcAvail { header, .. } => (None, Some(header)),
+            _ => (None, None),
+        };
+        let mode_change = match msg.body {
+            Body::ModeChange(m) => Some(m),
+            _ => None,
+        };
+        Ok(Received {
+            compl_len,
+            sink_avail,
+            src_avail,
+            mode_change,
+            bufs: msg.bufs,
+            flags: msg.flags,
+            mseq: msg.mseq,
+            mseq_ack: msg.mseq_ack,
+            mid: msg.body.mid(),
+            payload: start..start + payload.len(),
+            last: payload.last().copied().unwrap_or(0),
+            hello_ack,
+            susp_port,
+        })
+    }
+
+    /// The Accepting Peer's HelloAck parameters take effect (§8.1.1
+    /// step 7): its Bufs as our send credits, IRD/ORD, minor version.
+    pub(super) fn take_hello_ack(&mut self, peer: PeerParams) {
+        // §6.2.2: "MSeq = set to zero and not checked on receive".
+        self.credits.hello_ack_received(peer.bufs);
+        let (ird, ord) = setup::adjust_ird_ord(&self.config, &peer);
+        self.ird = ird;
+        self.ord = ord;
+        self.minor = setup::minor_version(&peer);
+        self.peer = Some(peer);
+    }
+
+    pub(super) fn on_message(
+        &mut self,
+        now: Instant,
+        buf: usize,
+        msg: Received,
+        invalidated: Option<u32>,
+    ) {
+        if self.resuming {
+            return self.on_resumed_hello_ack(buf, &msg);
+        }
+        match self.state {
+            State::HelloSent => {
+                let Some(peer) = msg.hello_ack else {
+                    return self.violation(Violation::UnexpectedMessage(msg.mid));
+                };
+                self.take_hello_ack(peer);
+                // §8.1.1 step 7e: Combined Mode, data may flow.
+                self.state = State::Connected;
+                self.repost(buf, PostKind::Fresh);
+                return;
+            }
+            // §8.1.1 step 2: "The Connecting Peer MUST NOT send any iWARP
+            // Messages until a HelloAck Message is received".
+            State::HelloReceived => return self.violation(Violation::UnexpectedMessage(msg.mid)),
+            State::Connected => {}
+            State::Closed => return,
+        }
+        let has_payload = !msg.payload.is_empty();
+        let credit_before = self.credits.send_credit();
+        if let Err(fault) = self
+            .credits
+            .on_receive(msg.mseq, msg.mseq_ack, msg.bufs, has_payload)
+        {
+            return self.violation(Violation::Credit(fault));
+        }
+        if self.credits.send_credit() > credit_before {
+            self.on_credit(now);
+        }
+        self.on_mseq_ack(msg.mseq_ack);
+        // RFC 5040 §6.1: only the completions of §9.2 and §9.3 invalidate
+        // our STags.
+        if let Some(stag) = invalidated {
+            if !matches!(msg.mid, Mid::RDMA_RD_COMPL | Mid::RDMA_WR_COMPL) {
+                return self.violation(Violation::WrongStag {
+                    mid: msg.mid,
+                    got: stag,
+                });
+            }
+        }
+        if msg.flags.contains(Flags::OOB_PEND) {
+            // §9.5.3: the OOB byte follows within 65,535 bytes.
+            if self.oob_pend.len() >= usize::from(u16::MAX) {
+                return self.violation(Violation::OobPendTooFar);
+            }
+            self.oob_pend.push_back(self.rx.total());
+            self.urgent_notice = true;
+        }
+        match msg.mid {
+            Mid::DATA => self.on_data(buf, &msg),
+            Mid::SRC_AVAIL => self.on_src_avail(buf, &msg),
+            Mid::SINK_AVAIL => {
+                let Some(header) = msg.sink_avail else {
+                    return;
+                };
+                if !self.on_sink_avail(header, !msg.payload.is_empty()) {
+                    return;
+                }
+                // §9.4: "the Data Source MUST process the ULP payload
+                // normally regardless of whether the SinkAvail was
+                // discarded".
+                self.take_payload(buf, &msg);
+            }
+            Mid::SEND_SM => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_send_sm(msg.mseq_ack);
+            }
+            Mid::RDMA_RD_COMPL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_rdma_rd_compl(msg.compl_len, msg.flags, invalidated);
+            }
+            Mid::RDMA_WR_COMPL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_rdma_wr_compl(msg.compl_len, msg.flags, invalidated);
+            }
+            Mid::SRC_AVAIL_CANCEL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_src_avail_cancel(msg.mseq);
+            }
+            Mid::SINK_AVAIL_CANCEL => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_sink_avail_cancel();
+            }
+            Mid::SINK_CANCEL_ACK => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_sink_cancel_ack();
+            }
+            Mid::MODE_CHANGE => {
+                self.repost(buf, PostKind::Fresh);
+                if let Some(mch) = msg.mode_change {
+                    self.on_mode_change(mch);
+                }
+            }
+            Mid::CH_RCV_BUF_ACK => {
+                self.repost(buf, PostKind::Fresh);
+                self.on_ch_rcv_buf_ack(msg.compl_len);
+            }
+            Mid::DIS_CONN => {
+                // A second DisConn.
+                if self.peer_disconn.is_some() {
+                    return self.violation(Violation::UnexpectedMessage(Mid::DIS_CONN));
+                }
+                // §8.2.1 (Remote Peer) step 1: complete receives and report
+                // the end of the stream; our SinkAvails count as canceled.
+                self.peer_disconn = Some(msg.mseq_ack);
+                self.on_peer_disconn();
+                self.repost(buf, PostKind::Fresh);
+                self.check_graceful(now);
+            }
+            Mid::ABORT_CONN => {
+                // §8.2.2: AbortConn "tells the Remote Peer to ignore an
+                // earlier DisConn Message (if received) and to consider
+                // socket teardown as abortive".
+                self.reason.get_or_insert(CloseReason::PeerAbort);
+                self.error.get_or_insert(Error::ConnectionReset);
+                self.finish(Teardown::Abortive);
+            }
+            Mid::CH_RCV_BUF => {
+                // §10.6.1: "If both peers concurrently send each other
+                // ChRcvBuf Messages, then the Accepting Peer MUST disregard
+                // the ChRcvBuf Message."
+                if !(self.role == Role::Accepting && self.resize.asked.is_some()) {
+                    self.control.push_back(Control::ChRcvBufAck);
+                    // "The Connecting Peer MAY re-send its ChRcvBuf Message
+                    // after sending the ChRcvBufAck Message": ours crossed
+                    // this one and the Accepting Peer disregards it.
+                    if let Some(size) = self.resize.asked {
+                        self.control.push_back(Control::ChRcvBuf { size });
+                    }
+                }
+                self.repost(buf, PostKind::Fresh);
+            }
+            Mid::SUSP_COMM => self.on_susp_comm(buf, msg.susp_port),
+            Mid::SUSP_COMM_ACK if self.local_suspend == LocalSuspend::Sent => {
+                self.on_local_susp_comm_ack(buf)
+            }
+            // Hello and HelloAck after setup; SuspCommAck answers something
+            // we never sent (a SuspCommAck is expected only by the
+            // test-only Local Peer, see [`suspend`]).
+            mid => self.violation(Violation::UnexpectedMessage(mid)),
+        }
+        if self.state == State::Connected {
+            if let Some(&at) = self.oob_pend.front() {
+                if self.rx.total().saturating_sub(at) >= OOB_PEND_REACH {
+                    self.violation(Violation::OobPendTooFar);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_data(&mut self, buf: usize, msg: &Received) {
+        if msg.payload.is_empty() {
+            // A gratuitous credit update (§6.3.1), maybe with OOB_PEND.
+            let kind = if msg.flags.is_empty() {
+                PostKind::Pure
+            } else {
+                PostKind::Fresh
+            };
+            return self.repost(buf, kind);
+        }
+        if !self.accept_payload(Mid::DATA, msg) {
+            return;
+        }
+        self.on_payload_received(msg.payload.len());
+        if !msg.flags.contains(Flags::OOB_PRES) {
+            self.rx.push(buf, msg.payload.start, msg.payload.end);
+            return;
+        }
+        // §9.5.3: OOB_PEND "MUST be set on an SDP Message that is sent no
+        // later than the SDP Message containing the Out-Of-Band data byte".
+        let Some(pend_at) = self.oob_pend.pop_front() else {
+            return self.violation(Violation::OobPresWithoutPend);
+        };
+        let offset = self.rx.total() + (msg.payload.len() as u64 - 1);
+        // §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent
+        // between the flag and its associated Out-Of-Band data byte".
+        if (offset + 1).saturating_sub(pend_at) > OOB_PEND_REACH {
+            return self.violation(Violation::OobPendTooFar);
+        }
+        self.rx.push(buf, msg.payload.start, msg.payload.end);
+        let mut freed = core::mem::take(&mut self.freed);
+        self.rx
+            .set_mark(offset, msg.last, self.config.oob_inline, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+    }
+
+    /// §9.2, §11.2, §11.3: a SrcAvail; in Combined Mode it carries the
+    /// first bytes of the buffer as stream data.
+    pub(super) fn on_src_avail(&mut self, buf: usize, msg: &Received) {
+        let Some(header) = msg.src_avail else {
+            return;
+        };
+        if !msg.payload.is_empty() && !self.accept_payload(Mid::SRC_AVAIL, msg) {
+            return;
+        }
+        if !self.on_src_avail_z(header, msg.payload.len()) {
+            return;
+        }
+        if msg.payload.is_empty() {
+            self.repost(buf, PostKind::Fresh);
+        } else {
+            self.on_payload_received(msg.payload.len());
+            self.rx.push(buf, msg.payload.start, msg.payload.end);
+        }
+    }
+
+    /// The ULP payload of a SinkAvail (§9.4), or its buffer back.
+    pub(super) fn take_payload(&mut self, buf: usize, msg: &Received) {
+        if msg.payload.is_empty() {
+            return self.repost(buf, PostKind::Fresh);
+        }
+        if !self.accept_payload(Mid::SINK_AVAIL, msg) {
+            return;
+        }
+        self.on_payload_received(msg.payload.len());
+        self.rx.push(buf, msg.payload.start, msg.payload.end);
+    }
+
+    /// Whether ULP payload may arrive now; closes the connection if not.
+    pub(super) fn accept_payload(&mut self, mid: Mid, msg: &Received) -> bool {
+        if self.peer_disconn.is_some() {
+            self.violation(Violation::DataAfterDisConn);
+            return false;
+        }
+        // §11.2: after a SrcAvail the Data Source "MUST NOT send any SDP
+        // Messages containing a ULP payload until ... a RdmaRdCompl or
+        // SendSm Message is received"; §11.3 likewise.
+        if let Err(v) = self.zcopy_payload_ok(mid, msg.mseq_ack, msg.payload.len()) {
+            self.violation(v);
+            return false;
+        }
+        if self.reading == Reading::Released {
+            // Nobody will read it: Linux TCP answers data after close()
+            // with a reset.
+            self.abort_with(CloseReason::LocalAbort, None);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn repost(&mut self, buf: usize, kind: PostKind) {
+        // After a SuspCommAck, buffers freed stay unposted: the new LLP
+        // connection posts its own (see [`Conn::resume`]).
+        if self.state != State::Closed && !self.suspend.ack_sent() {
+            self.to_post.push_back((buf, kind));
+        }
+    }
+
+    /// Copies received bytes into `buf` and gives emptied receive buffers
+    /// back to the peer (re-posted, credited on the next message). Never
+    /// blocks: EAGAIN when nothing is there; 0 at the end of the stream
+    /// (the peer's DisConn, SHUT_RD, or after the connection closed and a
+    /// pending error was reported).
+    ///
+    /// Linux TCP semantics: a read stops at the urgent mark; the urgent
+    /// byte is skipped unless SO_OOBINLINE. [`RecvFlags::PEEK`] copies
+    /// without consuming. [`RecvFlags::OOB`] reads the urgent byte: EINVAL
+    /// with SO_OOBINLINE or when there is none, EAGAIN while it is
+    /// announced (OOB_PEND) but not here. [`RecvFlags::WAITALL`] returns
+    /// what is there like a plain read — the blocking caller repeats until
+    /// its buffer is full, the stream ends or an error comes — except
+    /// with PEEK, where it reports EAGAIN until `buf.len()` bytes are there
+    /// (or no more can come because every receive buffer holds data).
+    pub fn recv(&mut self, buf: &mut [u8], flags: RecvFlags) -> Result<usize, Error> {
+        let peek = flags.contains(RecvFlags::PEEK);
+        if flags.contains(RecvFlags::OOB) {
+            return self.recv_oob(buf, peek);
+        }
+        if matches!(self.state, State::HelloSent | State::HelloReceived) {
+            return Err(Error::WouldBlock);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let inline = self.config.oob_inline;
+        if peek && flags.contains(RecvFlags::WAITALL) && !self.at_eof() {
+            let full = self.rx.held_buffers() + 2 >= self.pool.len();
+            if self.rx.readable(inline) < buf.len() as u64 && !full {
+                return Err(Error::WouldBlock);
+            }
+        }
+        let mut freed = core::mem::take(&mut self.freed);
+        let n = self.rx.read(&self.pool, buf, peek, inline, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+        if n > 0 {
+            self.sink_progress();
+            return Ok(n);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if self.at_eof() {
+            return Ok(0);
+        }
+        if self.state == State::Connected && self.rx.queued() == 0 {
+            // The peer may wait for what we hold before it answers.
+            self.hold.push();
+            self.recv_would_block();
+        }
+        Err(Error::WouldBlock)
+    }
+
+    /// Whether a reader that waits now would get the next message's
+    /// payload first: connected, nothing received unread, no urgent mark,
+    /// more may come. A link may then place that payload straight into the
+    /// reader's buffer (DESIGN §7) and report it with
+    /// [`Conn::consume_placed`].
+    pub fn rx_waiting(&self) -> bool {
+        self.state == State::Connected
+            && self.rx.queued() == 0
+            && self.rx.mark.is_none()
+            && !self.at_eof()
+    }
+
+    /// The first `n` unread bytes were placed in the reader's buffer by the
+    /// transport: they are the first bytes of the message just received,
+    /// with `payload` bytes, the stream having been empty before it
+    /// ([`Conn::rx_waiting`]). They count as read — buffers emptied are
+    /// re-posted and credited as by [`Conn::recv`]. False (nothing
+    /// consumed) unless exactly that message's bytes are unread and no mark
+    /// is set.
+    pub fn consume_placed(&mut self, n: usize, payload: usize) -> bool {
+        if n > payload || self.rx.queued() != payload as u64 || self.rx.mark.is_some() {
+            return false;
+        }
+        let mut freed = core::mem::take(&mut self.freed);
+        self.rx.consume(n, &mut freed);
+        for b in freed.drain(..) {
+            self.repost(b, PostKind::Fresh);
+        }
+        self.freed = freed;
+        true
+    }
+
+    /// No more bytes will arrive.
+    pub(super) fn at_eof(&self) -> bool {
+        self.peer_disconn.is_some() || self.reading != Reading::Open || self.state == State::Closed
+    }
+
+    /// `recv(MSG_OOB)` as Linux `tcp_recv_urg`.
+    pub(super) fn recv_oob(&mut self, buf: &mut [u8], peek: bool) -> Result<usize, Error> {
+        if self.config.oob_inline {
+            return Err(Error::InvalidInput);
+        }
+        match self.rx.mark.as_mut() {
+            Some(mark) if !mark.read => {
+                if !peek {
+                    mark.read = true;
+                }
+                match buf.first_mut() {
+                    Some(b) => {
+                        *b = mark.byte;
+                        Ok(1)
+                    }
+                    None => Ok(0),
+                }
+            }
+            _ if !self.oob_pend.is_empty() => {
+                if self.at_eof() {
+                    Ok(0)
+                } else {
+                    Err(Error::WouldBlock)
+                }
+            }
+            _ => Err(Error::InvalidInput),
+        }
+    }
+
+    /// SIOCATMARK: the next byte to read is the urgent byte.
+    pub fn at_mark(&self) -> bool {
+        self.rx.at_mark()
+    }
+
+    /// An urgent byte waits to be read (POLLPRI).
+    pub fn urgent_ready(&self) -> bool {
+        self.rx.mark.is_some_and(|m| !m.read)
+    }
+
+    /// Whether an OOB_PEND arrived since the last call (for SIGURG).
+    pub fn take_urgent_notice(&mut self) -> bool {
+        core::mem::take(&mut self.urgent_notice)
+    }
+
+    /// SO_OOBINLINE.
+    pub fn set_oob_inline(&mut self, inline: bool) {
+        self.config.oob_inline = inline;
+    }
+
+    /// Readable (POLLIN): data (a SrcAvail waiting for a reader too), end
+    /// of stream, or a pending error.
+    pub fn readable(&self) -> bool {
+        match self.state {
+            State::HelloSent | State::HelloReceived => false,
+            _ => {
+                self.rx.readable(self.config.oob_inline) > 0
+                    || self.completion_ready()
+                    || self.error.is_some()
+                    || self.at_eof()
+                    || self.src_avail_unanswered()
+            }
+        }
+    }
+
+    /// Bytes readable now (FIONREAD).
+    pub fn bytes_readable(&self) -> u64 {
+        self.rx.readable(self.config.oob_inline)
     }
 }
 

@@ -1,4 +1,8 @@
-//! The send stream at the Data Source (draft §9.1 Bcopy, §9.5.3 OOB).
+//! The transmit half of a connection: the send stream at the Data Source
+//! (draft §9.1 Bcopy, §9.5.3 OOB), [`Conn::send`] and writability, and
+//! the choice of the next message (§10.5: control first, then the Zcopy
+//! advertisements, Data Messages, DisConn, credit updates), with the Send
+//! completions that release the stream.
 //!
 //! The connection never holds payload. The application's bytes are named
 //! by their send stream offset: `send` accepts bytes up to the send buffer
@@ -33,6 +37,17 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::wire::Flags;
+
+use super::close::Ending;
+use super::credit::{CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
+use super::suspend::LocalSuspend;
+use super::{
+    setup, AbortConn, Conn, Control, SendFlags, SendRecord, Sent, State, Violation, ASK_GAP_MAX,
+    ASK_GAP_MIN, SEND_WR_BIT,
+};
+use crate::errno::Error;
+use crate::verbs::{Op, SendHeader, SendKind, Teardown, Work, WrId, MAX_HEADER_LEN};
+use crate::wire::{self, Body, Bsdh, BsdhRepr, ChRcvBufAckRepr, ChRcvBufRepr, MessageRepr, Mid};
 
 /// §9.5.3: "no more than 65,535 (2^16-1) bytes of data are sent between the
 /// flag and its associated Out-Of-Band data byte".
@@ -290,6 +305,500 @@ impl Hold {
     /// When the held tail goes unless a write fills it first.
     pub fn deadline(&self) -> Option<Instant> {
         self.until
+    }
+}
+
+// ----- The transmit half of a connection -------------------------------
+
+impl Conn {
+    /// The next SDP Message to send, if §10.5 allows one.
+    pub(super) fn next_message(&mut self, now: Option<Instant>) -> Option<Work> {
+        let credit = self.credits.send_credit();
+        let gain = self.credits.gain();
+        // §10.5: "If one credit is available, an implementation MUST only
+        // send SDP Messages that provide additional credits and do not
+        // contain ULP payload."
+        let control_ok = credit >= CONTROL_MIN_CREDIT || (credit >= 1 && gain > 0);
+        match self.abort_conn {
+            AbortConn::Pending if control_ok => {
+                self.abort_conn = AbortConn::Sent;
+                return Some(Work::Op(self.emit(
+                    Body::AbortConn,
+                    Flags::EMPTY,
+                    Sent::AbortConn,
+                )));
+            }
+            AbortConn::Pending => {
+                // No credit for the AbortConn: the LLP reset says the same.
+                self.finish(Teardown::Abortive);
+                return self.work(now);
+            }
+            AbortConn::Sent => return None,
+            AbortConn::None => {}
+        }
+        if let Some(op) = self.suspend_gate(control_ok) {
+            return op.map(Work::Op);
+        }
+        // §8.2.1: once our DisConn went and the peer's arrived, both
+        // halves are closed and the peer may already have closed the LLP
+        // (its kernel would answer anything more with a reset, losing
+        // what we have not read yet). Nothing more is sent but an
+        // AbortConn.
+        if self.peer_disconn.is_some() && self.ending.disconn_sent() {
+            return None;
+        }
+        // §10.5: "If no credits are available, an implementation MUST NOT
+        // send any type of SDP Message."
+        if credit <= 0 {
+            return None;
+        }
+        if self.hello_ack_due {
+            // §8.1.1 step 5: "Send the HelloAck Message using the iWARP
+            // Send with SE Message." The credit is the Hello's Bufs, ≥ 3.
+            self.hello_ack_due = false;
+            let hah = setup::hello_ack_repr(&self.config, self.ird, self.ord);
+            return Some(Work::Op(self.emit(
+                Body::HelloAck(hah),
+                Flags::EMPTY,
+                Sent::Other,
+            )));
+        }
+        if let Some(&control) = self.control.front() {
+            if !control_ok {
+                return None;
+            }
+            self.control.pop_front();
+            let op = match control {
+                Control::SendSm { cancel } => {
+                    if cancel.is_some() {
+                        // §9.5.4: the SendSm completing a cancel is the
+                        // first message whose MSeqAck reaches the
+                        // SrcAvailCancel's MSeq — that is how the Data
+                        // Source tells it from an earlier SendSm.
+                        self.credits.hold_ack(None);
+                    }
+                    let op = self.emit(Body::SendSm, Flags::EMPTY, Sent::Other);
+                    let mseq = self.credits.lsseq();
+                    self.on_send_sm_sent(mseq, cancel);
+                    op
+                }
+                Control::RdmaRdCompl { len, invalidate } => {
+                    let flags = self.req_pipe_flag();
+                    let mut op = self.emit(Conn::rd_compl(len), flags, Sent::Other);
+                    if let Op::Send { kind, .. } = &mut op {
+                        *kind = Conn::compl_kind(invalidate);
+                    }
+                    op
+                }
+                Control::RdmaWrCompl { len, stag } => {
+                    // §9.3: "The Data Source SHOULD send the RdmaWrCompl
+                    // Message using Send with SE and Invalidate".
+                    let flags = self.req_pipe_flag();
+                    let mut op = self.emit(Conn::wr_compl(len), flags, Sent::Other);
+                    if let Op::Send { kind, .. } = &mut op {
+                        *kind = Conn::compl_kind(Some(stag));
+                    }
+                    op
+                }
+                Control::SinkCancelAck => self.emit(Body::SinkCancelAck, Flags::EMPTY, Sent::Other),
+                Control::SrcAvailCancel => {
+                    let op = self.emit(Body::SrcAvailCancel, Flags::EMPTY, Sent::Other);
+                    self.credits.peer_may_hold(self.credits.lsseq());
+                    if self.z.src_cancel.is_some() {
+                        self.z.src_cancel = Some(Some(self.credits.lsseq()));
+                    }
+                    op
+                }
+                Control::SinkAvailCancel => {
+                    self.emit(Body::SinkAvailCancel, Flags::EMPTY, Sent::Other)
+                }
+                Control::ModeChange { send, mode } => {
+                    let op = self.emit(
+                        Conn::mode_change_body(send, mode),
+                        Flags::EMPTY,
+                        Sent::Other,
+                    );
+                    let mseq = self.credits.lsseq();
+                    self.on_mode_change_sent(mseq, send, mode);
+                    op
+                }
+                Control::ChRcvBuf { size } => {
+                    let crbh = ChRcvBufRepr { des_sz: size };
+                    self.emit(Body::ChRcvBuf(crbh), Flags::EMPTY, Sent::Other)
+                }
+                Control::ChRcvBufAck => {
+                    // §10.6: "If the Remote Peer is unable to resize its
+                    // receive Private Buffers, it MUST specify in the
+                    // ChRcvBufAck Message the original receive Private
+                    // Buffer size."
+                    let crbah = ChRcvBufAckRepr {
+                        act_sz: self.config.buf_size,
+                    };
+                    self.emit(Body::ChRcvBufAck(crbah), Flags::EMPTY, Sent::Other)
+                }
+            };
+            return Some(Work::Op(op));
+        }
+        if let Some(w) = self.next_src_avail(credit, control_ok) {
+            return Some(w);
+        }
+        if let Some(w) = self.next_sink_avail(credit, control_ok) {
+            return Some(w);
+        }
+        // §10.5: "If two credits are available, an implementation MUST only
+        // send SDP Messages that do not contain ULP payload."
+        if credit >= PAYLOAD_MIN_CREDIT {
+            let limit = self.bcopy_limit();
+            if let Some(chunk) = self.tx.next_chunk_until(self.max_payload(), limit) {
+                if !self.holds(&chunk, now) {
+                    return Some(Work::Op(self.emit_data(chunk)));
+                }
+            }
+        }
+        // §8.2.1 steps 1–2: DisConn after all data posted before the close.
+        if self.ending == Ending::Shut
+            && self.tx.unsent() == 0
+            && self.z.srcs.is_empty()
+            && self.z.writing.is_none()
+        {
+            if !control_ok {
+                return None;
+            }
+            let after_peer = self.peer_disconn.is_some();
+            let op = self.emit(Body::DisConn, Flags::EMPTY, Sent::DisConn);
+            self.ending = Ending::DisConn {
+                mseq: self.credits.lsseq(),
+                after_peer,
+                done: false,
+            };
+            return Some(Work::Op(op));
+        }
+        // §9.5.3: "It is RECOMMENDED that this notification be accomplished
+        // in an expeditious fashion"; "an implementation MAY send an SDP
+        // Message with the OOB_PEND flag using a reserved credit".
+        if control_ok && self.tx.pend_due() {
+            self.tx.on_pend_sent();
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::OOB_PEND,
+                Sent::Other,
+            )));
+        }
+        // §10.4: gratuitous credit update.
+        if self.credits.should_update(self.config.bufs) && self.credit_updates_due() {
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::EMPTY,
+                Sent::Other,
+            )));
+        }
+        // Two credits and data waiting: the peer may have buffers it has
+        // not told us about but cannot see that we are stuck. One empty
+        // Data Message (allowed with two credits) lowers our credit as the
+        // peer sees it and so triggers its update.
+        if credit == CONTROL_MIN_CREDIT
+            && !self.asked
+            && (self.tx.unsent() > 0 || self.credit_wanted)
+        {
+            self.asked = true;
+            return Some(Work::Op(self.emit(
+                Body::Data { payload: &[] },
+                Flags::EMPTY,
+                Sent::Other,
+            )));
+        }
+        None
+    }
+
+    /// Whether `chunk` waits for the next write to fill its message
+    /// ([`Hold`]): the short tail of a stream of large writes, while no
+    /// reader of ours waits for the peer, no urgent byte, close, lent
+    /// buffer or socket duplication needs it in a Send, and the program
+    /// did not set TCP_NODELAY.
+    pub(super) fn holds(&mut self, chunk: &Chunk, now: Option<Instant>) -> bool {
+        let Some(now) = now else {
+            return false;
+        };
+        let short = chunk.range.end - chunk.range.start < self.max_payload();
+        let tail = chunk.range.end == self.tx.accepted() && chunk.flags.is_empty();
+        short
+            && tail
+            && !self.nodelay
+            && self.ending == Ending::Open
+            && !self.config.coalesce.is_zero()
+            && !self.zsend_pending()
+            && self.local_suspend == LocalSuspend::None
+            && self.hold.holds(now, self.config.coalesce)
+    }
+
+    /// Bytes wait to be sent that only credit holds back (not a short tail
+    /// waiting for the next write, [`Conn::holds`]).
+    pub fn waits_for_credit(&self) -> bool {
+        let unsent = self.tx.unsent();
+        unsent > 0 && !(self.hold.holding() && unsent < self.max_payload())
+    }
+
+    /// New send credit came. Enough for payload: a credit request may go
+    /// again whenever we are stuck. Less: the peer's message may have
+    /// lifted its view of our credit above one, where §10.5 no longer
+    /// makes it send the buffer its application frees next (this
+    /// implementation sends it anyway, [`Credits::should_update`], another
+    /// may not), so the request goes again — but not at once: two peers
+    /// stuck at two credits each, their applications holding every other
+    /// buffer, would answer each other's requests for ever, each request
+    /// giving back the buffer of the one before. It waits 1 ms, doubling
+    /// while requests bring nothing more, and after 64 ms gives up until
+    /// credit for payload comes.
+    pub(super) fn on_credit(&mut self, now: Instant) {
+        if self.credits.send_credit() >= PAYLOAD_MIN_CREDIT {
+            self.asked = false;
+            self.ask_again = None;
+            self.ask_gap = Duration::ZERO;
+        } else if self.asked && self.ask_again.is_none() && self.ask_gap < ASK_GAP_MAX {
+            self.ask_gap = (self.ask_gap * 2).max(ASK_GAP_MIN);
+            self.ask_again = Some(now + self.ask_gap);
+        }
+    }
+
+    /// The largest Data Message payload: the peer's receive Private Buffer
+    /// minus the BSDH (§9.1, §10 constraint 3).
+    pub(super) fn max_payload(&self) -> u64 {
+        self.peer.map_or(0, |p| {
+            let size = self
+                .resize
+                .smaller
+                .map_or(p.rcv_size, |s| s.min(p.rcv_size));
+            u64::from(size).saturating_sub(wire::BSDH_LEN as u64)
+        })
+    }
+
+    pub(super) fn next_wr(&mut self) -> u64 {
+        let id = SEND_WR_BIT | self.next_send_id;
+        self.next_send_id = self.next_send_id.wrapping_add(1) & !SEND_WR_BIT;
+        id
+    }
+
+    /// Emits a message without payload.
+    pub(super) fn emit(&mut self, body: Body<'_>, flags: Flags, what: Sent) -> Op {
+        let (mseq, bufs, mseq_ack) = self.credits.on_send();
+        let repr = MessageRepr {
+            bufs,
+            flags,
+            mseq,
+            mseq_ack,
+            body,
+        };
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        let len = repr.header_len().min(MAX_HEADER_LEN);
+        repr.emit_header(&mut buf[..len]);
+        let header = SendHeader::from_array(buf, len);
+        let at = self.tx.sent();
+        self.post_send(body.mid(), flags, header, at..at, what)
+    }
+
+    /// Emits a Data Message with payload.
+    pub(super) fn emit_data(&mut self, chunk: Chunk) -> Op {
+        let (mseq, bufs, mseq_ack) = self.credits.on_send();
+        let payload_len = chunk.range.end.saturating_sub(chunk.range.start);
+        // max_payload keeps this below 2^31.
+        let len = u32::try_from(payload_len + wire::BSDH_LEN as u64).unwrap_or(u32::MAX);
+        let bsdh = BsdhRepr {
+            mid: Mid::DATA,
+            flags: chunk.flags,
+            bufs,
+            len,
+            mseq,
+            mseq_ack,
+        };
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        bsdh.emit(&mut Bsdh::new_unchecked(&mut buf[..wire::BSDH_LEN]));
+        let header = SendHeader::from_array(buf, wire::BSDH_LEN);
+        self.tx.on_chunk_sent(&chunk);
+        self.on_payload_sent(payload_len);
+        self.post_send(Mid::DATA, chunk.flags, header, chunk.range, Sent::Other)
+    }
+
+    pub(super) fn post_send(
+        &mut self,
+        mid: Mid,
+        flags: Flags,
+        header: SendHeader,
+        payload: core::ops::Range<u64>,
+        what: Sent,
+    ) -> Op {
+        let wr_id = self.next_wr();
+        self.sends.push_back(SendRecord {
+            wr_id,
+            stream_end: payload.end,
+            what,
+        });
+        Op::Send {
+            wr_id: WrId(wr_id),
+            kind: SendKind::for_message(mid, flags),
+            header,
+            payload,
+        }
+    }
+
+    pub(super) fn on_send_done(&mut self, now: Instant, wr_id: WrId, kind: Sent) {
+        if self.state == State::Closed {
+            return;
+        }
+        // Send Queue work requests complete in order (RFC 5040 §5), each
+        // with its own kind of completion.
+        match self.sends.front() {
+            Some(s) if s.wr_id == wr_id.0 && s.what.completes_as() == kind => {}
+            _ => return self.violation(Violation::BadCompletion),
+        }
+        let Some(record) = self.sends.pop_front() else {
+            return;
+        };
+        self.tx.release(record.stream_end);
+        match record.what {
+            Sent::Other => {}
+            Sent::Write => self.on_write_done(),
+            Sent::Read => self.on_read_done(),
+            Sent::DisConn => {
+                if let Ending::DisConn { done, .. } = &mut self.ending {
+                    *done = true;
+                }
+                self.check_graceful(now);
+            }
+            // §8.2.2: "Once the AbortConn Message completion event occurs,
+            // an SDP implementation MUST use the normal LLP connection
+            // teardown protocol to complete the teardown."
+            Sent::AbortConn => self.finish(Teardown::Graceful),
+            Sent::SuspCommAck => self.on_susp_comm_ack_done(),
+        }
+    }
+
+    /// Offers `len` more bytes of the send stream. Returns how many are
+    /// accepted (limited by [`Config::send_buffer`]); they get the next
+    /// send stream offsets, `tx().accepted() - n .. tx().accepted()`, and
+    /// the adapter keeps them until their Sends complete. With
+    /// [`SendFlags::OOB`] the last accepted byte is urgent (§9.5.3).
+    ///
+    /// Errors: EAGAIN while the send buffer is full or before setup
+    /// finished; a pending connection error once (ECONNRESET, ETIMEDOUT,
+    /// ...); then EPIPE after shutdown(SHUT_WR), close or abort (§8.2.1:
+    /// "MUST reject any send data posted by the ULP after the ULP close
+    /// call").
+    pub fn send(&mut self, len: usize, flags: SendFlags) -> Result<usize, Error> {
+        self.send_allowed()?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // A ULP buffer handed to send_zcopy is still in flight: its call
+        // has not returned (a cancel may take back its tail, §9.5.4).
+        if self.zsend_pending() {
+            return Err(Error::WouldBlock);
+        }
+        self.large_writes = len as u64 >= self.max_payload();
+        let room = self.send_room();
+        self.credit_wanted = self.credit_bound && room < len as u64;
+        if room == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let n = (len as u64).min(room);
+        let oob = flags.contains(SendFlags::OOB);
+        self.tx.accept(n, oob);
+        self.hold.wrote(self.large_writes, oob);
+        Ok(n as usize)
+    }
+
+    /// How many bytes a send takes now: what the send buffer has room
+    /// for, and for a credit-bound conn ([`Conn::set_credit_bound`])
+    /// writing a message's worth or more at a time, no more than the
+    /// peer's credits carry beyond the bytes already waiting for them.
+    /// Smaller writes still wait for credit in the send buffer, where they
+    /// gather into full messages (one message each would spend a credit, a
+    /// whole Private Buffer of the peer, on a few bytes). Writability
+    /// follows the same rule for the same kind of write as the last, so a
+    /// program that polls before each write never finds POLLOUT and then
+    /// EAGAIN twice in a row.
+    pub(super) fn send_room(&self) -> u64 {
+        let room = self.config.send_buffer.saturating_sub(self.tx.buffered());
+        if !self.credit_bound || !self.large_writes {
+            return room;
+        }
+        room.min(self.credited_room())
+    }
+
+    /// Payload bytes the send credit lets go now (§10.5: a Data Message
+    /// with payload needs three credits) beyond the bytes waiting for it.
+    pub(super) fn credited_room(&self) -> u64 {
+        let messages = self.credits.send_credit() - (PAYLOAD_MIN_CREDIT - 1);
+        let carried = u64::try_from(messages).unwrap_or(0) * self.max_payload();
+        carried.saturating_sub(self.tx.unsent())
+    }
+
+    /// The checks every send call makes.
+    pub(super) fn send_allowed(&mut self) -> Result<(), Error> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        match self.state {
+            State::HelloSent | State::HelloReceived => return Err(Error::WouldBlock),
+            State::Closed => return Err(Error::BrokenPipe),
+            State::Connected => {}
+        }
+        if self.ending != Ending::Open || self.abort_conn != AbortConn::None {
+            return Err(Error::BrokenPipe);
+        }
+        Ok(())
+    }
+
+    /// Whether sends take only what the peer's credits carry now, for a
+    /// program that waits for POLLOUT itself (O_NONBLOCK) instead of in
+    /// the call: a write that finds no credit is refused (EAGAIN), its
+    /// bytes stay in the program's buffer, and POLLOUT comes with the
+    /// credit, when they go from that buffer to the socket without the
+    /// copy into the send buffer that would otherwise hold them meanwhile
+    /// (DESIGN §7 "Copies"). Writes smaller than a message still gather
+    /// in the send buffer behind missing credit (see `Conn::send_room`).
+    /// Off: sends fill the send buffer whatever the credit, for calls that
+    /// wait.
+    pub fn set_credit_bound(&mut self, on: bool) {
+        self.credit_bound = on;
+    }
+
+    /// TCP_NODELAY: every message goes as soon as credit allows; no short
+    /// tail of a write waits for the next write ([`Conn::holds`]).
+    pub fn set_nodelay(&mut self, on: bool) {
+        self.nodelay = on;
+    }
+
+    /// Whether TCP_NODELAY is set ([`Conn::set_nodelay`]).
+    pub fn nodelay(&self) -> bool {
+        self.nodelay
+    }
+
+    /// SO_SNDBUF: how many accepted bytes may wait for their Sends to
+    /// complete from now on (bytes already accepted stay).
+    pub fn set_send_buffer(&mut self, bytes: u64) {
+        self.config.send_buffer = bytes.max(1);
+    }
+
+    /// Writable (POLLOUT): a send would accept at least one byte, or fail
+    /// at once.
+    pub fn writable(&self) -> bool {
+        match self.state {
+            State::HelloSent | State::HelloReceived => false,
+            State::Closed => true,
+            State::Connected => {
+                self.error.is_some()
+                    || self.ending != Ending::Open
+                    || self.abort_conn != AbortConn::None
+                    || self.send_room() > 0
+            }
+        }
+    }
+
+    /// Whether control messages wait to be sent (a SendSm that a `recv`
+    /// finding nothing queued, say): whoever goes to sleep drives the link
+    /// first, or the peer would wait for it.
+    pub fn control_pending(&self) -> bool {
+        !self.control.is_empty()
     }
 }
 

@@ -44,7 +44,8 @@
 
 use super::close::Llp;
 use super::credit::Credits;
-use super::{setup, AbortConn, Conn, PostKind, Received, Role, Sent, State, Violation};
+use super::recv::Received;
+use super::{setup, AbortConn, Conn, PostKind, Role, Sent, State, Violation};
 use crate::verbs::{Op, Teardown};
 use crate::wire::{Body, Flags, Mid, SuspCommRepr};
 

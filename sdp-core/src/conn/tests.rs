@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::testing::{Pair, Rng, StreamHash};
-use crate::verbs::{Event, Op, Teardown, WrId};
+use crate::verbs::{Event, Op, SendKind, Teardown, WrId};
 use crate::wire::{Body, Flags, HelloAckRepr, MessageRepr};
 
 fn small() -> Config {
