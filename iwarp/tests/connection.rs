@@ -27,6 +27,7 @@ fn recv(pair: &mut Pair<Connection>, dir: Dir, wr_id: u64, len: usize) -> Region
     };
     let r = side.mem.add(vec![0; len]);
     side.ep
+        .datapath_mut()
         .post_recv(RecvWr {
             wr_id,
             sge: Sge {
@@ -40,13 +41,14 @@ fn recv(pair: &mut Pair<Connection>, dir: Dir, wr_id: u64, len: usize) -> Region
 }
 
 fn send(ep: &mut Connection, wr_id: u64, data: &[u8]) {
-    ep.post_send(SendWr {
-        wr_id,
-        kind: SendKind::Send,
-        payload: Payload::Inline(data.to_vec()),
-        signaled: true,
-    })
-    .unwrap();
+    ep.datapath_mut()
+        .post_send(SendWr {
+            wr_id,
+            kind: SendKind::Send,
+            payload: Payload::Inline(data.to_vec()),
+            signaled: true,
+        })
+        .unwrap();
 }
 
 /// The frame at the front of `stream`, and its length.

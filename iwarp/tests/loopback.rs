@@ -103,6 +103,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
                 // An STag of ours for the peer to invalidate (RFC 5040 §5.3).
                 let inv = ep
                     .connection_mut()
+                    .datapath_mut()
                     .register_with(
                         r,
                         0,
@@ -116,6 +117,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
                     len: len + GUARD,
                 };
                 ep.connection_mut()
+                    .datapath_mut()
                     .post_recv(RecvWr { wr_id: 1, sge })
                     .unwrap();
                 dst = Some((r, inv));
@@ -125,6 +127,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
                 let r = mem.add(vec![FILL; len + 2 * GUARD]);
                 let stag = ep
                     .connection_mut()
+                    .datapath_mut()
                     .register(r, 0, (len + 2 * GUARD) as u64, Access::REMOTE_WRITE)
                     .unwrap();
                 post_fence_recv(&mut ep, &mut mem);
@@ -136,6 +139,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
                 let r = mem.add(data);
                 let stag = ep
                     .connection_mut()
+                    .datapath_mut()
                     .register(r, 0, len, Access::REMOTE_READ)
                     .unwrap();
                 post_fence_recv(&mut ep, &mut mem);
@@ -145,7 +149,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
             Order::Check { want } => {
                 let mut got = None;
                 let r = ep.drive_until(&mut mem, Some(Instant::now() + PATIENCE), &mut |ep| {
-                    got = got.or_else(|| ep.connection_mut().poll_completion());
+                    got = got.or_else(|| ep.connection_mut().datapath_mut().poll_completion());
                     got.is_some()
                 });
                 let result = match (r, got) {
@@ -159,7 +163,7 @@ fn passive(mut ep: Endpoint, orders: mpsc::Receiver<Order>, reports: mpsc::Sende
                             Some(want) => check(&bytes, GUARD, want),
                             None => Ok(()),
                         };
-                        let _ = ep.connection_mut().deregister(stag);
+                        let _ = ep.connection_mut().datapath_mut().deregister(stag);
                         checked.and_then(|()| {
                             if events.is_empty() {
                                 Ok(c)
@@ -186,6 +190,7 @@ fn post_fence_recv(ep: &mut Endpoint, mem: &mut VecMemory) {
         len: 0,
     };
     ep.connection_mut()
+        .datapath_mut()
         .post_recv(RecvWr { wr_id: 2, sge })
         .unwrap();
 }
@@ -266,7 +271,7 @@ impl Link {
         let mut got = None;
         self.ep
             .drive_until(&mut self.mem, Some(Instant::now() + PATIENCE), &mut |ep| {
-                got = got.or_else(|| ep.connection_mut().poll_completion());
+                got = got.or_else(|| ep.connection_mut().datapath_mut().poll_completion());
                 got.is_some()
             })
             .unwrap();
@@ -285,6 +290,7 @@ impl Link {
     fn fence(&mut self) {
         self.ep
             .connection_mut()
+            .datapath_mut()
             .post_send(SendWr {
                 wr_id: 99,
                 kind: SendKind::Send,
@@ -311,6 +317,7 @@ impl Link {
                 let src = self.mem.add(data.clone());
                 self.ep
                     .connection_mut()
+                    .datapath_mut()
                     .post_send(SendWr {
                         wr_id: 5,
                         kind,
@@ -342,6 +349,7 @@ impl Link {
                 let src = self.mem.add(data.clone());
                 self.ep
                     .connection_mut()
+                    .datapath_mut()
                     .post_write(WriteWr {
                         wr_id: 6,
                         remote_stag: stag,
@@ -368,10 +376,12 @@ impl Link {
                 let sink_stag = self
                     .ep
                     .connection_mut()
+                    .datapath_mut()
                     .register(sink, 0, (len + 2 * GUARD) as u64, Access::LOCAL_WRITE)
                     .unwrap();
                 self.ep
                     .connection_mut()
+                    .datapath_mut()
                     .post_read(ReadWr {
                         wr_id: 7,
                         local_stag: sink_stag,
@@ -395,7 +405,11 @@ impl Link {
                 if let Err(e) = check(&got, GUARD, &data) {
                     panic!("{what}: {e}");
                 }
-                self.ep.connection_mut().deregister(sink_stag).unwrap();
+                self.ep
+                    .connection_mut()
+                    .datapath_mut()
+                    .deregister(sink_stag)
+                    .unwrap();
                 self.fence();
                 let c = self.report();
                 assert_eq!((c.wr_id, c.byte_len), (2, 0), "{what}");
@@ -626,6 +640,7 @@ fn terminate_closes_both_sides() {
     let mut mem = VecMemory::new();
     let src = mem.add(vec![1; 100]);
     ep.connection_mut()
+        .datapath_mut()
         .post_write(WriteWr {
             wr_id: 1,
             remote_stag: Stag(0x1234_5600),
@@ -673,6 +688,7 @@ fn peer_close_fails_outstanding_work() {
     let mut mem = VecMemory::new();
     let r = mem.add(vec![0; 10]);
     ep.connection_mut()
+        .datapath_mut()
         .post_recv(RecvWr {
             wr_id: 3,
             sge: Sge {
@@ -696,7 +712,11 @@ fn peer_close_fails_outstanding_work() {
         "{e}"
     );
     assert_eq!(ep.connection().state(), State::Error);
-    let c = ep.connection_mut().poll_completion().unwrap();
+    let c = ep
+        .connection_mut()
+        .datapath_mut()
+        .poll_completion()
+        .unwrap();
     assert_eq!((c.wr_id, c.status), (3, Status::Flushed));
     assert_eq!(
         ep.connection_mut().poll_event(),

@@ -65,16 +65,14 @@ use core::fmt;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::mem::{Access, Memory, MrAttrs, Pd, RegError, RegionId};
+use crate::mem::{Memory, Pd};
 use crate::mpa::startup::{Negotiated, Rtr, Startup, StartupConfig, StartupError, StartupEvent};
-use crate::wire::ddp::Stag;
 use crate::wire::mpa::{Frame, HEADER_LEN as FRAME_HEADER_LEN, MAX_PRIVATE_DATA};
 use crate::wire::terminate::TermCode;
 
 use super::qp::{DataPath, Params, RecvTarget, RtrKind, RtrRole, State};
-use super::rebase::Rebase;
 use super::txq::TxQueue;
-use super::wr::{Completion, Event, PostError, ReadWr, RecvWr, SendWr, WriteWr};
+use super::wr::Event;
 
 /// Everything a connection is made with.
 #[derive(Clone)]
@@ -487,16 +485,6 @@ impl Connection {
         self.dp.tx_advance(n)
     }
 
-    /// See [`DataPath::region_low_water`].
-    pub fn region_low_water(&self, region: RegionId) -> Option<usize> {
-        self.dp.region_low_water(region)
-    }
-
-    /// See [`DataPath::rebase_region`].
-    pub fn rebase_region(&mut self, rb: &Rebase<'_>) {
-        self.dp.rebase_region(rb)
-    }
-
     /// The startup deadline, if the startup is running.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.startup.as_ref().and_then(|s| s.poll_timeout())
@@ -515,11 +503,6 @@ impl Connection {
         self.events.pop_front().or_else(|| self.dp.poll_event())
     }
 
-    /// The next work completion.
-    pub fn poll_completion(&mut self) -> Option<Completion> {
-        self.dp.poll_completion()
-    }
-
     /// The EMSS FPDUs are sized for.
     pub fn emss(&self) -> usize {
         self.emss
@@ -534,58 +517,6 @@ impl Connection {
     }
 
     // ---- verbs ----------------------------------------------------------
-
-    /// Posts a Send (see [`DataPath::post_send`]).
-    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        self.dp.post_send(wr)
-    }
-
-    /// Posts an RDMA Write (see [`DataPath::post_write`]).
-    pub fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError> {
-        self.dp.post_write(wr)
-    }
-
-    /// Posts an RDMA Read (see [`DataPath::post_read`]).
-    pub fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError> {
-        self.dp.post_read(wr)
-    }
-
-    /// Posts a receive buffer (see [`DataPath::post_recv`]).
-    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        self.dp.post_recv(wr)
-    }
-
-    /// Registers memory in the connection's protection domain.
-    pub fn register(
-        &mut self,
-        region: RegionId,
-        offset: usize,
-        len: u64,
-        access: Access,
-    ) -> Result<Stag, RegError> {
-        self.dp.register(region, offset, len, access)
-    }
-
-    /// Registers memory with full attributes.
-    pub fn register_with(
-        &mut self,
-        region: RegionId,
-        offset: usize,
-        len: u64,
-        attrs: MrAttrs,
-    ) -> Result<Stag, RegError> {
-        self.dp.register_with(region, offset, len, attrs)
-    }
-
-    /// Local invalidation (see [`DataPath::invalidate`]).
-    pub fn invalidate(&mut self, stag: Stag) -> Result<(), RegError> {
-        self.dp.invalidate(stag)
-    }
-
-    /// Removes a registration.
-    pub fn deregister(&mut self, stag: Stag) -> Result<(), RegError> {
-        self.dp.deregister(stag)
-    }
 
     /// The startup event handler, exposed for tests of what the data path
     /// does with each startup outcome.

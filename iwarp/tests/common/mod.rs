@@ -433,28 +433,42 @@ impl Endpoint for Connection {
         Connection::handle_timeout(self, now)
     }
     fn poll_completion(&mut self) -> Option<Completion> {
-        Connection::poll_completion(self)
+        self.datapath_mut().poll_completion()
     }
     fn poll_event(&mut self) -> Option<Event> {
         Connection::poll_event(self)
     }
 }
 
-/// The verbs both endpoints offer, for tests that run on either.
+/// The verbs both endpoints offer, for tests that run on either: a
+/// connection's are its queue pair's.
 pub trait Verbs: Endpoint {
     fn dp(&self) -> &DataPath;
-    fn post_send(&mut self, wr: SendWr) -> Result<(), PostError>;
-    fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError>;
-    fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError>;
-    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>;
+    fn dp_mut(&mut self) -> &mut DataPath;
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.dp_mut().post_send(wr)
+    }
+    fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError> {
+        self.dp_mut().post_write(wr)
+    }
+    fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError> {
+        self.dp_mut().post_read(wr)
+    }
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        self.dp_mut().post_recv(wr)
+    }
     fn register_with(
         &mut self,
         region: RegionId,
         offset: usize,
         len: u64,
         attrs: MrAttrs,
-    ) -> Result<Stag, RegError>;
-    fn deregister(&mut self, stag: Stag) -> Result<(), RegError>;
+    ) -> Result<Stag, RegError> {
+        self.dp_mut().register_with(region, offset, len, attrs)
+    }
+    fn deregister(&mut self, stag: Stag) -> Result<(), RegError> {
+        self.dp_mut().deregister(stag)
+    }
     fn register(
         &mut self,
         region: RegionId,
@@ -467,50 +481,23 @@ pub trait Verbs: Endpoint {
     }
 }
 
-fn dp_of_dp(d: &DataPath) -> &DataPath {
-    d
+impl Verbs for DataPath {
+    fn dp(&self) -> &DataPath {
+        self
+    }
+    fn dp_mut(&mut self) -> &mut DataPath {
+        self
+    }
 }
 
-fn dp_of_conn(c: &Connection) -> &DataPath {
-    c.datapath()
+impl Verbs for Connection {
+    fn dp(&self) -> &DataPath {
+        self.datapath()
+    }
+    fn dp_mut(&mut self) -> &mut DataPath {
+        self.datapath_mut()
+    }
 }
-
-macro_rules! verbs {
-    ($t:ty, $dp:expr) => {
-        impl Verbs for $t {
-            fn dp(&self) -> &DataPath {
-                $dp(self)
-            }
-            fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-                <$t>::post_send(self, wr)
-            }
-            fn post_write(&mut self, wr: WriteWr) -> Result<(), PostError> {
-                <$t>::post_write(self, wr)
-            }
-            fn post_read(&mut self, wr: ReadWr) -> Result<(), PostError> {
-                <$t>::post_read(self, wr)
-            }
-            fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-                <$t>::post_recv(self, wr)
-            }
-            fn register_with(
-                &mut self,
-                region: RegionId,
-                offset: usize,
-                len: u64,
-                attrs: MrAttrs,
-            ) -> Result<Stag, RegError> {
-                <$t>::register_with(self, region, offset, len, attrs)
-            }
-            fn deregister(&mut self, stag: Stag) -> Result<(), RegError> {
-                <$t>::deregister(self, stag)
-            }
-        }
-    };
-}
-
-verbs!(DataPath, dp_of_dp);
-verbs!(Connection, dp_of_conn);
 
 /// Connection parameters with the given framing wishes (both C bits, both
 /// M bits) and EMSS.

@@ -493,7 +493,9 @@ impl Link {
         let keep_from = send
             .parts()
             .filter_map(|(region, start, _)| {
-                qp.region_low_water(region).map(|low| start + low as u64)
+                qp.datapath()
+                    .region_low_water(region)
+                    .map(|low| start + low as u64)
             })
             .fold(unposted, u64::min);
         for ((_, start, len), b) in send.parts().zip(data) {
@@ -512,7 +514,7 @@ impl Link {
                 let pos = (start.wrapping_add(off as u64) % cap) as usize;
                 (pos, cap as usize - pos)
             };
-            qp.rebase_region(&Rebase {
+            qp.datapath_mut().rebase_region(&Rebase {
                 from: region,
                 to: staging::PAYLOAD_REGION,
                 map: &map,
@@ -668,7 +670,7 @@ impl Link {
             self.established = true;
             self.conn.handle_event(now, Event::Established);
         }
-        while let Some(c) = qp.poll_completion() {
+        while let Some(c) = qp.datapath_mut().poll_completion() {
             if c.opcode == WcOpcode::Recv && self.lent_completion(now, &c, qp, recv_into) {
                 continue;
             }
@@ -814,7 +816,7 @@ impl Link {
                     },
                 };
                 // Refused only once the stream failed; its event follows.
-                let _ = qp.post_recv(wr);
+                let _ = qp.datapath_mut().post_recv(wr);
             }
             Op::Send {
                 wr_id,
@@ -838,7 +840,7 @@ impl Link {
                     payload: Payload::Sges(sges),
                     signaled: true,
                 };
-                if qp.post_send(wr).is_ok() {
+                if qp.datapath_mut().post_send(wr).is_ok() {
                     self.sends.push_back((wr_id.0, slot));
                 } else {
                     self.staging.free_header(slot);

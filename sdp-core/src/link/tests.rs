@@ -382,6 +382,7 @@ fn hostile(name: &str, rule: &str, msgs: impl FnOnce(u32, u32, u16) -> Vec<Vec<u
         .enumerate()
     {
         side.qp
+            .datapath_mut()
             .post_send(SendWr {
                 wr_id: 1000 + i as u64,
                 kind: QpSendKind::Send,
@@ -524,11 +525,18 @@ fn direct_send_stages_exactly_what_the_socket_did_not_take() {
     let side = &mut pair.sides[0];
     let link = side.link.as_mut().unwrap();
     assert_eq!(
-        side.qp.region_low_water(super::direct::SEND_FROM),
+        side.qp
+            .datapath()
+            .region_low_water(super::direct::SEND_FROM),
         Some(2 * 496 + 64)
     );
     link.finish_direct(&[&data], &mut side.qp);
-    assert_eq!(side.qp.region_low_water(super::direct::SEND_FROM), None);
+    assert_eq!(
+        side.qp
+            .datapath()
+            .region_low_water(super::direct::SEND_FROM),
+        None
+    );
     let st = link.copy_stats();
     assert_eq!(st.bytes_sent_direct, 2 * 496 + 64);
     assert_eq!(st.bytes_staged, payload as u64 - (2 * 496 + 64));

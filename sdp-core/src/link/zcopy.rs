@@ -190,7 +190,7 @@ impl Link {
             return;
         }
         self.drop_region_regs(qp, SEND_ZCOPY);
-        if qp.region_low_water(SEND_ZCOPY).is_some() {
+        if qp.datapath().region_low_water(SEND_ZCOPY).is_some() {
             // Queued work still refers to the buffer (a peer that
             // acknowledged bytes it had not read): it cannot be sent.
             self.log("Zcopy send buffer still referred to at its completion".to_string());
@@ -214,7 +214,7 @@ impl Link {
                 .get(r.stag)
                 .is_some_and(|mr| mr.region == region);
             if here {
-                let _ = qp.deregister(r.stag);
+                let _ = qp.datapath_mut().deregister(r.stag);
                 self.zc.regs.remove(i);
             } else {
                 i += 1;
@@ -254,16 +254,17 @@ impl Link {
             } => {
                 let local = self.zc.regs.iter().find(|r| r.recv == Some(into));
                 let posted = local.ok_or(None).and_then(|r| {
-                    qp.post_read(ReadWr {
-                        wr_id: wr_id.0,
-                        local_stag: r.stag,
-                        local_to: u64::from(offset),
-                        remote_stag: Stag(stag),
-                        remote_to: to,
-                        len,
-                        signaled: true,
-                    })
-                    .map_err(Some)
+                    qp.datapath_mut()
+                        .post_read(ReadWr {
+                            wr_id: wr_id.0,
+                            local_stag: r.stag,
+                            local_to: u64::from(offset),
+                            remote_stag: Stag(stag),
+                            remote_to: to,
+                            len,
+                            signaled: true,
+                        })
+                        .map_err(Some)
                 });
                 if let Err(e) = posted {
                     if qp.datapath().error().is_none() {
@@ -290,7 +291,7 @@ impl Link {
                     payload: Payload::Sges(sges),
                     signaled: true,
                 };
-                if qp.post_write(wr).is_err() && qp.datapath().error().is_none() {
+                if qp.datapath_mut().post_write(wr).is_err() && qp.datapath().error().is_none() {
                     self.log("RDMA Write refused".to_string());
                     self.conn.abort();
                 }
@@ -300,7 +301,7 @@ impl Link {
                     let r = self.zc.regs.remove(i);
                     // Invalidated by the peer already (Send with
                     // Invalidate) or not: it goes either way.
-                    let _ = qp.deregister(r.stag);
+                    let _ = qp.datapath_mut().deregister(r.stag);
                 }
             }
         }
@@ -343,7 +344,10 @@ impl Link {
         // Scoped to this stream: the peer's Send with Invalidate may
         // invalidate it (RFC 5040 §8.1.1 item 7; draft §9.2, §9.3).
         let attrs = MrAttrs::new(qp.datapath().pd(), rights).with_scope(Scope::Stream);
-        let stag = qp.register_with(region, offset, len, attrs).ok()?;
+        let stag = qp
+            .datapath_mut()
+            .register_with(region, offset, len, attrs)
+            .ok()?;
         self.zc.regs.push(Reg { mem, stag, recv });
         Some(stag)
     }

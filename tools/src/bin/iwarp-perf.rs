@@ -470,7 +470,9 @@ fn completions(
 ) -> io::Result<Vec<Completion>> {
     let mut got = Vec::new();
     ep.drive_until(mem, Some(Instant::now() + timeout), &mut |ep| {
-        got.extend(std::iter::from_fn(|| ep.connection_mut().poll_completion()));
+        got.extend(std::iter::from_fn(|| {
+            ep.connection_mut().datapath_mut().poll_completion()
+        }));
         !got.is_empty()
     })?;
     Ok(got)
@@ -520,11 +522,12 @@ impl Session {
                         offset: k * size,
                         len: size,
                     };
-                    conn.post_recv(RecvWr {
-                        wr_id: k as u64,
-                        sge,
-                    })
-                    .map_err(|e| refuse(&e))?;
+                    conn.datapath_mut()
+                        .post_recv(RecvWr {
+                            wr_id: k as u64,
+                            sge,
+                        })
+                        .map_err(|e| refuse(&e))?;
                 }
             }
             Op::Write | Op::Read => {
@@ -534,6 +537,7 @@ impl Session {
                     Access::REMOTE_READ
                 };
                 reply.stag = conn
+                    .datapath_mut()
                     .register(bufs, 0, total as u64, access)
                     .map_err(|e| refuse(&e))?;
                 for k in 0..depth as usize {
@@ -542,11 +546,12 @@ impl Session {
                         offset: k * CTRL_LEN,
                         len: CTRL_LEN,
                     };
-                    conn.post_recv(RecvWr {
-                        wr_id: WR_CTRL + k as u64,
-                        sge,
-                    })
-                    .map_err(|e| refuse(&e))?;
+                    conn.datapath_mut()
+                        .post_recv(RecvWr {
+                            wr_id: WR_CTRL + k as u64,
+                            sge,
+                        })
+                        .map_err(|e| refuse(&e))?;
                 }
                 if req.op == Op::Read {
                     pattern.prepare(region_mut(mem, bufs));
@@ -598,11 +603,12 @@ impl Session {
                     offset: slot.start,
                     len: self.size,
                 };
-                conn.post_recv(RecvWr {
-                    wr_id: c.wr_id,
-                    sge,
-                })
-                .map_err(|e| e.to_string())?;
+                conn.datapath_mut()
+                    .post_recv(RecvWr {
+                        wr_id: c.wr_id,
+                        sge,
+                    })
+                    .map_err(|e| e.to_string())?;
                 ok
             }
             Op::Write | Op::Read => {
@@ -633,24 +639,27 @@ impl Session {
                     offset: at,
                     len: CTRL_LEN,
                 };
-                conn.post_recv(RecvWr {
-                    wr_id: c.wr_id,
-                    sge,
-                })
-                .map_err(|e| e.to_string())?;
+                conn.datapath_mut()
+                    .post_recv(RecvWr {
+                        wr_id: c.wr_id,
+                        sge,
+                    })
+                    .map_err(|e| e.to_string())?;
                 ok
             }
         };
         self.handled += 1;
         self.bad += u64::from(!ok);
-        conn.post_send(ctrl_send(WR_SEND_CTRL, Ctrl::Ack { iter, ok }, false))
+        conn.datapath_mut()
+            .post_send(ctrl_send(WR_SEND_CTRL, Ctrl::Ack { iter, ok }, false))
             .map_err(|e| e.to_string())?;
         if self.handled == self.req.iters {
             let report = Ctrl::Report {
                 handled: self.handled,
                 bad: self.bad,
             };
-            conn.post_send(ctrl_send(WR_REPORT, report, true))
+            conn.datapath_mut()
+                .post_send(ctrl_send(WR_REPORT, report, true))
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
@@ -690,6 +699,7 @@ fn session(stream: TcpStream) -> Result<String, String> {
     let idle = Duration::from_secs(60);
     if s.req.iters == 0 {
         ep.connection_mut()
+            .datapath_mut()
             .post_send(ctrl_send(
                 WR_REPORT,
                 Ctrl::Report { handled: 0, bad: 0 },
@@ -843,7 +853,8 @@ fn run_client(a: &ClientArgs) -> Result<Outcome, String> {
     }
     let conn = ep.connection_mut();
     let sink = if a.op == Op::Read {
-        conn.register(bufs, 0, (size * depth as usize) as u64, Access::LOCAL_WRITE)
+        conn.datapath_mut()
+            .register(bufs, 0, (size * depth as usize) as u64, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?
     } else {
         Stag(0)
@@ -854,11 +865,12 @@ fn run_client(a: &ClientArgs) -> Result<Outcome, String> {
             offset: k * CTRL_LEN,
             len: CTRL_LEN,
         };
-        conn.post_recv(RecvWr {
-            wr_id: WR_CTRL + k as u64,
-            sge,
-        })
-        .map_err(|e| e.to_string())?;
+        conn.datapath_mut()
+            .post_recv(RecvWr {
+                wr_id: WR_CTRL + k as u64,
+                sge,
+            })
+            .map_err(|e| e.to_string())?;
     }
 
     let mut posted_at = Vec::with_capacity(a.iters as usize);
@@ -875,38 +887,42 @@ fn run_client(a: &ClientArgs) -> Result<Outcome, String> {
             match a.op {
                 Op::Send => {
                     pattern.fill(next, &mut region_mut(&mut mem, bufs)[at..at + size]);
-                    conn.post_send(SendWr {
-                        wr_id: u64::from(next),
-                        kind: SendKind::Send,
-                        payload: Payload::region(bufs, at, size),
-                        signaled: false,
-                    })
-                    .map_err(|e| e.to_string())?;
+                    conn.datapath_mut()
+                        .post_send(SendWr {
+                            wr_id: u64::from(next),
+                            kind: SendKind::Send,
+                            payload: Payload::region(bufs, at, size),
+                            signaled: false,
+                        })
+                        .map_err(|e| e.to_string())?;
                 }
                 Op::Write => {
                     pattern.fill(next, &mut region_mut(&mut mem, bufs)[at..at + size]);
-                    conn.post_write(WriteWr {
-                        wr_id: u64::from(next),
-                        remote_stag: reply.stag,
-                        remote_to: reply.base_to + at as u64,
-                        payload: Payload::region(bufs, at, size),
-                        signaled: false,
-                    })
-                    .map_err(|e| e.to_string())?;
-                    conn.post_send(ctrl_send(WR_SEND_CTRL, Ctrl::Done { iter: next }, false))
+                    conn.datapath_mut()
+                        .post_write(WriteWr {
+                            wr_id: u64::from(next),
+                            remote_stag: reply.stag,
+                            remote_to: reply.base_to + at as u64,
+                            payload: Payload::region(bufs, at, size),
+                            signaled: false,
+                        })
+                        .map_err(|e| e.to_string())?;
+                    conn.datapath_mut()
+                        .post_send(ctrl_send(WR_SEND_CTRL, Ctrl::Done { iter: next }, false))
                         .map_err(|e| e.to_string())?;
                 }
                 Op::Read => {
-                    conn.post_read(ReadWr {
-                        wr_id: u64::from(next),
-                        local_stag: sink,
-                        local_to: at as u64,
-                        remote_stag: reply.stag,
-                        remote_to: reply.base_to + at as u64,
-                        len: size as u32,
-                        signaled: true,
-                    })
-                    .map_err(|e| e.to_string())?;
+                    conn.datapath_mut()
+                        .post_read(ReadWr {
+                            wr_id: u64::from(next),
+                            local_stag: sink,
+                            local_to: at as u64,
+                            remote_stag: reply.stag,
+                            remote_to: reply.base_to + at as u64,
+                            len: size as u32,
+                            signaled: true,
+                        })
+                        .map_err(|e| e.to_string())?;
                 }
             }
             posted_at.push(Instant::now());
@@ -929,6 +945,7 @@ fn run_client(a: &ClientArgs) -> Result<Outcome, String> {
                         len: CTRL_LEN,
                     };
                     ep.connection_mut()
+                        .datapath_mut()
                         .post_recv(RecvWr {
                             wr_id: c.wr_id,
                             sge,
@@ -960,6 +977,7 @@ fn run_client(a: &ClientArgs) -> Result<Outcome, String> {
                         local_bad += 1;
                     }
                     ep.connection_mut()
+                        .datapath_mut()
                         .post_send(ctrl_send(WR_SEND_CTRL, Ctrl::Done { iter }, false))
                         .map_err(|e| e.to_string())?;
                 }
