@@ -103,11 +103,11 @@ impl DataPath {
         to_offset: usize,
         len: usize,
     ) -> Option<u64> {
-        let placing = matches!(self.seg.target, Target::Place { stag: None, .. });
-        if self.state != State::Rts || self.rx_dropping || self.rx_send.is_some() || placing {
+        let placing = matches!(self.rx.seg.target, Target::Place { stag: None, .. });
+        if self.state != State::Rts || self.rx.dropping || self.rx.send.is_some() || placing {
             return None;
         }
-        let wr = self.rq.front()?;
+        let wr = self.rx.rq.front()?;
         let room = wr.sge.len.checked_sub(skip)?;
         let from = Sge {
             region: wr.sge.region,
@@ -117,7 +117,7 @@ impl DataPath {
         if from.len == 0 {
             return None;
         }
-        self.overlay = Some(RecvOverlay {
+        self.rx.overlay = Some(RecvOverlay {
             wr_id: wr.wr_id,
             from,
             to,
@@ -132,7 +132,7 @@ impl DataPath {
 
     /// The overlay, if one is set.
     pub fn overlay(&self) -> Option<&RecvOverlay> {
-        self.overlay.as_ref()
+        self.rx.overlay.as_ref()
     }
 
     /// The message of `msg_len` octets into receive `wr_id` was delivered.
@@ -144,22 +144,22 @@ impl DataPath {
     /// for the next receive right behind it, so that consecutive messages
     /// land one after the other.
     pub(crate) fn overlay_delivered(&mut self, wr_id: u64, msg_len: usize) {
-        let Some(ov) = self.overlay else {
+        let Some(ov) = self.rx.overlay else {
             return;
         };
         if ov.wr_id != wr_id {
             return;
         }
-        self.overlay = None;
+        self.rx.overlay = None;
         let (skip, to, len) = (ov.skip, ov.to, ov.from.len);
         if ov.placed == 0 && ov.parked_end <= ov.from.offset {
             self.overlay_next_recv(skip, to, ov.to_offset, len);
-            if let Some(next) = &mut self.overlay {
+            if let Some(next) = &mut self.rx.overlay {
                 next.active = ov.active;
             }
             return;
         }
-        self.overlays_done.push_back(ov);
+        self.rx.overlays_done.push_back(ov);
         let used = msg_len.saturating_sub(skip);
         if ov.active && used <= len && used > 0 && ov.placed == used {
             self.overlay_next_recv(skip, to, ov.to_offset.saturating_add(used), len - used);
@@ -170,23 +170,23 @@ impl DataPath {
     /// octets in the overlay (oldest first; `None` if the oldest is
     /// another receive's).
     pub fn take_overlay_done(&mut self, wr_id: u64) -> Option<RecvOverlay> {
-        if self.overlays_done.front()?.wr_id != wr_id {
+        if self.rx.overlays_done.front()?.wr_id != wr_id {
             return None;
         }
-        self.overlays_done.pop_front()
+        self.rx.overlays_done.pop_front()
     }
 
     /// Overlays done and not yet taken: 0 once every completion was
     /// polled and its overlay taken.
     pub fn overlays_done(&self) -> usize {
-        self.overlays_done.len()
+        self.rx.overlays_done.len()
     }
 
     /// Removes every overlay, done or not (oldest first): the caller takes
     /// its memory back.
     pub fn take_overlays(&mut self) -> Vec<RecvOverlay> {
-        let mut all: Vec<RecvOverlay> = self.overlays_done.drain(..).collect();
-        all.extend(self.overlay.take());
+        let mut all: Vec<RecvOverlay> = self.rx.overlays_done.drain(..).collect();
+        all.extend(self.rx.overlay.take());
         all
     }
 
@@ -194,7 +194,7 @@ impl DataPath {
     /// caller's memory is not there for a while (it keeps what was placed
     /// in it so far).
     pub fn park_overlay(&mut self) {
-        if let Some(ov) = &mut self.overlay {
+        if let Some(ov) = &mut self.rx.overlay {
             ov.active = false;
         }
     }
@@ -205,7 +205,7 @@ impl DataPath {
     /// overlay target at `to_offset + placed` (the old value), so that the
     /// target holds the message from its start again; `placed` covers them.
     pub fn resume_overlay(&mut self) -> Option<(usize, usize)> {
-        let ov = self.overlay.as_mut()?;
+        let ov = self.rx.overlay.as_mut()?;
         ov.active = true;
         let from = ov.from.offset.saturating_add(ov.placed);
         let n = ov.parked_end.saturating_sub(from);
@@ -216,7 +216,7 @@ impl DataPath {
 
     /// Removes the overlay and returns it (with how far it was placed).
     pub fn take_overlay(&mut self) -> Option<RecvOverlay> {
-        self.overlay.take()
+        self.rx.overlay.take()
     }
 
     /// Where up to `len` octets of an untagged placement at `offset` of
@@ -229,7 +229,7 @@ impl DataPath {
             overlaid: false,
             parked: false,
         };
-        let Some(ov) = &self.overlay else {
+        let Some(ov) = &self.rx.overlay else {
             return direct;
         };
         if region != ov.from.region {
@@ -264,7 +264,7 @@ impl DataPath {
     /// Records `n` octets placed at landing `l`.
     pub(crate) fn overlay_placed(&mut self, l: &Landing, n: usize) {
         let end = l.offset.saturating_add(n);
-        if let Some(ov) = &mut self.overlay {
+        if let Some(ov) = &mut self.rx.overlay {
             if l.overlaid {
                 ov.placed = ov.placed.max(end.saturating_sub(ov.to_offset));
             } else if l.parked {

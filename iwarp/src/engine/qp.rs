@@ -24,11 +24,10 @@ use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, ReadRequestRepr};
 use crate::wire::terminate::TermCode;
 
-use super::overlay::RecvOverlay;
 use super::rebase::{self, Rebase};
 use super::rx::Deframer;
-use super::sink::{RecvInProgress, RxSeg};
-use super::terminate::{self, Echo, TERM_CAP};
+use super::sink::Placement;
+use super::terminate::{self, Echo};
 use super::tx::{Framer, MsgKind, OutMsg, Source};
 use super::txq::{Mark, MissingRegion, TxChunk, TxQueue};
 use super::wr::{
@@ -222,20 +221,8 @@ pub struct DataPath {
     pub(super) ird_inflight: usize,
     prefer_responses: bool,
 
-    pub(super) rx: Deframer,
-    /// After an error, everything received is dropped (RFC 5041 §7.1: "DDP
-    /// MUST silently drop any subsequent incoming DDP Segments"; RFC 5044
-    /// §8: "it MUST NOT pass or deliver any additional FPDUs").
-    pub(super) rx_dropping: bool,
-    pub(super) rq: VecDeque<RecvWr>,
-    pub(super) rx_msn: [u32; 3],
-    pub(super) rx_send: Option<RecvInProgress>,
-    pub(super) term_buf: [u8; TERM_CAP],
-    pub(super) seg: RxSeg,
-    /// Part of the next receive buffer placed elsewhere ([`super::overlay`]).
-    pub(super) overlay: Option<RecvOverlay>,
-    /// Overlays whose messages were delivered, oldest first.
-    pub(super) overlays_done: VecDeque<RecvOverlay>,
+    /// The receive side: deframing and placement ([`super::sink`]).
+    pub(super) rx: Placement,
 
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
@@ -273,15 +260,7 @@ impl DataPath {
             reads_in: VecDeque::new(),
             ird_inflight: 0,
             prefer_responses: true,
-            rx: Deframer::new(false, true),
-            rx_dropping: false,
-            rq: VecDeque::new(),
-            rx_msn: [INITIAL_MSN; 3],
-            rx_send: None,
-            term_buf: [0; TERM_CAP],
-            seg: RxSeg::default(),
-            overlay: None,
-            overlays_done: VecDeque::new(),
+            rx: Placement::new(),
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,
@@ -300,7 +279,7 @@ impl DataPath {
             markers: params.tx_markers,
             crc: params.crc,
         };
-        self.rx = Deframer::new(params.rx_markers, params.crc);
+        self.rx.deframer = Deframer::new(params.rx_markers, params.crc);
         self.ird = params.ird;
         self.ord = params.ord;
         self.gated = params.gated;
@@ -483,13 +462,13 @@ impl DataPath {
     /// Posts a receive buffer for one incoming Send (RFC 5041 §5.1.2).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         self.accepting()?;
-        self.rq.push_back(wr);
+        self.rx.rq.push_back(wr);
         Ok(())
     }
 
     /// Receive buffers posted and not yet consumed.
     pub fn recv_posted(&self) -> usize {
-        self.rq.len() + usize::from(self.rx_send.is_some())
+        self.rx.rq.len() + usize::from(self.rx.send.is_some())
     }
 
     /// Work requests posted and not yet completed.
@@ -1011,7 +990,7 @@ impl DataPath {
         if self.error.is_none() {
             self.error = Some((code, remote));
         }
-        self.rx_dropping = true;
+        self.rx.dropping = true;
         self.cur = None;
         self.rtr_send = None;
         self.reads_in.clear();
@@ -1027,7 +1006,7 @@ impl DataPath {
             }
         }
         self.drain_sq();
-        if let Some(p) = self.rx_send.take() {
+        if let Some(p) = self.rx.send.take() {
             self.cq.push_back(Completion {
                 wr_id: p.wr.wr_id,
                 opcode: WcOpcode::Recv,
@@ -1037,7 +1016,7 @@ impl DataPath {
                 solicited: false,
             });
         }
-        while let Some(wr) = self.rq.pop_front() {
+        while let Some(wr) = self.rx.rq.pop_front() {
             self.cq.push_back(Completion {
                 wr_id: wr.wr_id,
                 opcode: WcOpcode::Recv,

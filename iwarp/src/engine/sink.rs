@@ -19,16 +19,58 @@
 //! So a corrupted FPDU is never acted on, and the error reported for it is
 //! the CRC's (code 2) even when the damage also broke a header.
 
+use std::collections::VecDeque;
+
 use crate::mem::{Access, Memory, RegionId};
-use crate::wire::ddp::{self, BufferModel, QueueNumber, Segment, Stag};
+use crate::wire::ddp::{self, BufferModel, QueueNumber, Segment, Stag, INITIAL_MSN};
 use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, RdmapRepr, ReadRequestRepr, READ_REQUEST_LEN};
 use crate::wire::terminate::TermCode;
 
+use super::overlay::RecvOverlay;
 use super::qp::{DataPath, ReadJob, RecvTarget, RtrKind, State};
-use super::rx::{RxEvent, HDR_CAP};
+use super::rx::{Deframer, RxEvent, HDR_CAP};
 use super::terminate::{self, Echo, TERM_CAP};
 use super::wr::{Completion, RecvWr, Status, WcOpcode};
+
+/// The receive side of a queue pair: what the deframer found, where it
+/// lands, and the Receive Queue it consumes. The rest of the queue pair
+/// (registry, Read queues, completions) is shared with the send side.
+#[derive(Debug)]
+pub(crate) struct Placement {
+    pub deframer: Deframer,
+    /// After an error, everything received is dropped (RFC 5041 §7.1: "DDP
+    /// MUST silently drop any subsequent incoming DDP Segments"; RFC 5044
+    /// §8: "it MUST NOT pass or deliver any additional FPDUs").
+    pub dropping: bool,
+    pub rq: VecDeque<RecvWr>,
+    /// The MSN the next DDP Message on each untagged queue carries (RFC
+    /// 5041 §4.3: one at first, one more per message).
+    pub msn: [u32; 3],
+    pub send: Option<RecvInProgress>,
+    pub term_buf: [u8; TERM_CAP],
+    pub seg: RxSeg,
+    /// Part of the next receive buffer placed elsewhere ([`super::overlay`]).
+    pub overlay: Option<RecvOverlay>,
+    /// Overlays whose messages were delivered, oldest first.
+    pub overlays_done: VecDeque<RecvOverlay>,
+}
+
+impl Placement {
+    pub fn new() -> Placement {
+        Placement {
+            deframer: Deframer::new(false, true),
+            dropping: false,
+            rq: VecDeque::new(),
+            msn: [INITIAL_MSN; 3],
+            send: None,
+            term_buf: [0; TERM_CAP],
+            seg: RxSeg::default(),
+            overlay: None,
+            overlays_done: VecDeque::new(),
+        }
+    }
+}
 
 /// The Send message being received on QN 0 and the buffer it consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,18 +149,18 @@ impl DataPath {
             return 0;
         }
         while !data.is_empty() {
-            if self.rx_dropping {
+            if self.rx.dropping {
                 return total;
             }
-            let run = self.rx.payload_run();
+            let run = self.rx.deframer.payload_run();
             if run > 0 {
                 let n = run.min(data.len());
                 self.place_copy(&data[..n], mem);
-                self.rx.consume_payload(&data[..n]);
+                self.rx.deframer.consume_payload(&data[..n]);
                 data = &data[n..];
                 continue;
             }
-            let (n, ev) = self.rx.consume_control(data);
+            let (n, ev) = self.rx.deframer.consume_control(data);
             data = &data[n..];
             self.on_event(ev);
         }
@@ -129,11 +171,11 @@ impl DataPath {
     /// buffer for [`DataPath::handle_input`], or straight into place for
     /// [`DataPath::placed`] (DESIGN §3.2).
     pub fn recv_target(&self) -> RecvTarget {
-        if self.state == State::Idle || self.rx_dropping {
+        if self.state == State::Idle || self.rx.dropping {
             return RecvTarget::Scratch { max: 64 * 1024 };
         }
-        let run = self.rx.payload_run();
-        match self.seg.target {
+        let run = self.rx.deframer.payload_run();
+        match self.rx.seg.target {
             Target::Place {
                 region,
                 offset,
@@ -149,7 +191,7 @@ impl DataPath {
             // Discarded payload: through the scratch buffer too.
             _ if run > 0 => RecvTarget::Scratch { max: run },
             _ => RecvTarget::Scratch {
-                max: self.rx.scratch_max(),
+                max: self.rx.deframer.scratch_max(),
             },
         }
     }
@@ -158,11 +200,11 @@ impl DataPath {
     /// [`RecvTarget::Place`]) straight into place: the CRC runs over them
     /// where they landed.
     pub fn placed(&mut self, n: usize, mem: &mut dyn Memory) {
-        if n == 0 || self.rx_dropping || self.state == State::Idle {
+        if n == 0 || self.rx.dropping || self.state == State::Idle {
             return;
         }
-        let run = self.rx.payload_run();
-        let landing = match self.seg.target {
+        let run = self.rx.deframer.payload_run();
+        let landing = match self.rx.seg.target {
             Target::Place {
                 region,
                 offset,
@@ -181,16 +223,16 @@ impl DataPath {
             // The driver placed more than it was offered, or into memory
             // that is not there: the stream is out of step, our side's
             // failure (RFC 5041 §7.2 Local Catastrophic).
-            self.seg.target = Target::Discard;
+            self.rx.seg.target = Target::Discard;
             self.raise(TermCode::DDP_LOCAL_CATASTROPHIC, &Echo::NONE);
             return;
         };
-        self.rx.consume_payload(bytes);
+        self.rx.deframer.consume_payload(bytes);
         self.advance_target(n);
     }
 
     fn advance_target(&mut self, n: usize) {
-        if let Target::Place { offset, .. } = &mut self.seg.target {
+        if let Target::Place { offset, .. } = &mut self.rx.seg.target {
             *offset += n;
         }
     }
@@ -222,7 +264,7 @@ impl DataPath {
                 region,
                 offset,
                 stag,
-            } = self.seg.target
+            } = self.rx.seg.target
             else {
                 return;
             };
@@ -239,9 +281,9 @@ impl DataPath {
                 }
                 None => {
                     // Registered memory that the Memory no longer has: ours.
-                    self.seg.target = Target::Discard;
-                    self.seg.pending = Some(TermCode::DDP_LOCAL_CATASTROPHIC);
-                    self.seg.echo = Echo::NONE;
+                    self.rx.seg.target = Target::Discard;
+                    self.rx.seg.pending = Some(TermCode::DDP_LOCAL_CATASTROPHIC);
+                    self.rx.seg.echo = Echo::NONE;
                     return;
                 }
             }
@@ -254,11 +296,11 @@ impl DataPath {
             None => {}
             Some(RxEvent::Header) => {
                 let mut hdr = [0u8; HDR_CAP];
-                let h = self.rx.header();
+                let h = self.rx.deframer.header();
                 let hlen = h.len();
                 hdr[..hlen].copy_from_slice(h);
-                let ulpdu_len = self.rx.ulpdu_len();
-                self.seg = self.classify(&hdr[..hlen], ulpdu_len);
+                let ulpdu_len = self.rx.deframer.ulpdu_len();
+                self.rx.seg = self.classify(&hdr[..hlen], ulpdu_len);
             }
             Some(RxEvent::End { crc_ok, markers_ok }) => self.on_end(crc_ok, markers_ok),
         }
@@ -272,11 +314,14 @@ impl DataPath {
         if let Target::Place {
             stag: Some(current),
             ..
-        } = self.seg.target
+        } = self.rx.seg.target
         {
-            if current == stag && self.rx.payload_left() > 0 {
-                self.seg.target = Target::Discard;
-                self.seg.pending.get_or_insert(TermCode::DDP_INVALID_STAG);
+            if current == stag && self.rx.deframer.payload_left() > 0 {
+                self.rx.seg.target = Target::Discard;
+                self.rx
+                    .seg
+                    .pending
+                    .get_or_insert(TermCode::DDP_INVALID_STAG);
             }
         }
     }
@@ -431,11 +476,11 @@ impl DataPath {
     ) -> Result<(Target, Action), TermCode> {
         // Check 5: segments arrive in order, so the only legal MSN is that
         // of the message in progress or, between messages, the next one.
-        if msn != self.rx_msn[0] {
+        if msn != self.rx.msn[0] {
             return Err(TermCode::DDP_INVALID_MSN_RANGE);
         }
         if self.rtr_expect == Some(RtrKind::Send)
-            && self.rx_send.is_none()
+            && self.rx.send.is_none()
             && len == 0
             && mo == 0
             && repr.last
@@ -452,9 +497,9 @@ impl DataPath {
                 .map_err(|e| e.code())?;
         }
         // Check 2: "The QN and MSN have an associated buffer".
-        let buf = match &self.rx_send {
+        let buf = match &self.rx.send {
             Some(p) => p.wr.sge,
-            None => self.rq.front().ok_or(TermCode::DDP_NO_BUFFER)?.sge,
+            None => self.rx.rq.front().ok_or(TermCode::DDP_NO_BUFFER)?.sge,
         };
         // Check 3: "The MO falls in the range of legal offsets".
         if mo as usize > buf.len {
@@ -483,7 +528,7 @@ impl DataPath {
                 mo,
                 len: len as u32,
                 inv,
-                first: self.rx_send.is_none(),
+                first: self.rx.send.is_none(),
             },
         ))
     }
@@ -498,7 +543,7 @@ impl DataPath {
         mo: u32,
         len: usize,
     ) -> Result<(Target, Action), TermCode> {
-        if msn != self.rx_msn[1] {
+        if msn != self.rx.msn[1] {
             return Err(TermCode::DDP_INVALID_MSN_RANGE);
         }
         // RFC 5040 §6.1: "For inbound RDMA Read Requests, the RDMAP layer
@@ -528,7 +573,7 @@ impl DataPath {
         mo: u32,
         len: usize,
     ) -> Result<(Target, Action), TermCode> {
-        if msn != self.rx_msn[2] {
+        if msn != self.rx.msn[2] {
             return Err(TermCode::DDP_INVALID_MSN_RANGE);
         }
         let mo = mo as usize;
@@ -544,13 +589,13 @@ impl DataPath {
         // FPDU is verified.
         let payload = hdr.get(ddp::UNTAGGED_HEADER_LEN..).unwrap_or_default();
         let n = payload.len().min(len);
-        self.term_buf[mo..mo + n].copy_from_slice(&payload[..n]);
+        self.rx.term_buf[mo..mo + n].copy_from_slice(&payload[..n]);
         Ok((Target::Discard, Action::Terminate { last, end }))
     }
 
     /// The FPDU is complete: verify, then raise or act (module docs).
     fn on_end(&mut self, crc_ok: bool, markers_ok: bool) {
-        let seg = core::mem::take(&mut self.seg);
+        let seg = core::mem::take(&mut self.rx.seg);
         // RFC 5044 §6: the FPDU is verified before DDP sees it; §8 code 2.
         if !crc_ok {
             self.raise(TermCode::MPA_CRC, &Echo::NONE);
@@ -577,7 +622,7 @@ impl DataPath {
         match seg.action {
             Action::None | Action::Write => {}
             Action::RtrSend => {
-                self.rx_msn[0] = ddp::next_msn(self.rx_msn[0]);
+                self.rx.msn[0] = ddp::next_msn(self.rx.msn[0]);
                 self.rtr_expect = None;
             }
             Action::Send {
@@ -589,8 +634,8 @@ impl DataPath {
                 first,
             } => {
                 if first {
-                    match self.rq.pop_front() {
-                        Some(wr) => self.rx_send = Some(RecvInProgress { wr }),
+                    match self.rx.rq.pop_front() {
+                        Some(wr) => self.rx.send = Some(RecvInProgress { wr }),
                         None => return,
                     }
                 }
@@ -609,10 +654,10 @@ impl DataPath {
                 } else {
                     None
                 };
-                let Some(p) = self.rx_send.take() else {
+                let Some(p) = self.rx.send.take() else {
                     return;
                 };
-                self.rx_msn[0] = ddp::next_msn(self.rx_msn[0]);
+                self.rx.msn[0] = ddp::next_msn(self.rx.msn[0]);
                 self.overlay_delivered(p.wr.wr_id, mo as usize + len as usize);
                 // RFC 5041 §5.4: the ULP Message Length is "the MO and the
                 // ULP Payload length in the last DDP Segment".
@@ -626,7 +671,7 @@ impl DataPath {
                 });
             }
             Action::ReadRequest(rr) => {
-                self.rx_msn[1] = ddp::next_msn(self.rx_msn[1]);
+                self.rx.msn[1] = ddp::next_msn(self.rx.msn[1]);
                 // RFC 5040 §5.2.1 / §7.2 check 4: a non-zero-length Read is
                 // validated against the Data Source STag; a zero-length one
                 // "MUST NOT" be.
@@ -665,8 +710,8 @@ impl DataPath {
             }
             Action::Terminate { last, end } => {
                 if last {
-                    self.rx_msn[2] = ddp::next_msn(self.rx_msn[2]);
-                    let info = terminate::parse(&self.term_buf[..end]);
+                    self.rx.msn[2] = ddp::next_msn(self.rx.msn[2]);
+                    let info = terminate::parse(&self.rx.term_buf[..end]);
                     self.terminated_by_peer(info);
                 }
             }
