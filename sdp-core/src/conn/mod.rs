@@ -80,18 +80,16 @@ pub use recv::BufferPool;
 pub use setup::{Config, Pipelining};
 pub use zcopy::{Completion, ZcopyState, ZcopyStats};
 
-use credit::{Credits, PAYLOAD_MIN_CREDIT};
+use credit::Credits;
 use recv::RxStream;
 use resize::Resize;
-use send::{Chunk, Hold, TxStream};
+use send::{Hold, TxStream};
 use setup::PeerParams;
 use suspend::{LocalSuspend, Suspend};
 
 use crate::errno::Error;
-use crate::verbs::{
-    ErrorKind, Event, Op, RdmaOp, SendHeader, Teardown, Work, WrId, MAX_HEADER_LEN,
-};
-use crate::wire::{self, MessageRepr, HELLO_MSG_LEN};
+use crate::verbs::{ErrorKind, Event, Op, RdmaOp, Teardown, Work, WrId};
+use crate::wire::{self, HELLO_MSG_LEN};
 
 /// Which end of the connection setup this is (§5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
