@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -42,23 +43,36 @@ def strace_totals(path):
     return calls, futex
 
 
+def listening(port):
+    """Whether some socket listens on TCP `port` (a probe connection would
+    use up `iperf3 -s -1`)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
 def wait_listening(port, proc, deadline=10.0):
     end = time.monotonic() + deadline
-    while time.monotonic() < end:
+    while not listening(port):
         if proc.poll() is not None:
             sys.exit(f"server exited early ({proc.returncode})")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if time.monotonic() > end:
+            sys.exit(f"nothing listens on {port}")
         time.sleep(0.05)
-    sys.exit(f"nothing listens on {port}")
 
 
 def run_pair(work, name, prefix, env, server_argv, client_argv, port):
     srv_out = os.path.join(work, f"{name}-server.strace")
     cli_out = os.path.join(work, f"{name}-client.strace")
+    # A session of its own: the server is stopped by a SIGINT to its group,
+    # so that strace sees it exit and prints its counts.
     server = subprocess.Popen(["strace", "-c", "-f", "-o", srv_out] + prefix + server_argv, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_listening(port, server)
         client = subprocess.run(["strace", "-c", "-f", "-o", cli_out] + prefix + client_argv, env=env,
@@ -67,7 +81,7 @@ def run_pair(work, name, prefix, env, server_argv, client_argv, port):
             sys.exit(f"{name} client failed: {client.stderr[-2000:]}")
     finally:
         if server.poll() is None:
-            server.terminate()
+            os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=20)
     return client.stdout, strace_totals(srv_out), strace_totals(cli_out)
 
@@ -98,7 +112,10 @@ def main():
         out, srv, cli = run_pair(work, "iperf3", prefix, env, ["iperf3", "-s", "-1", "-p", str(port)],
                                  ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", "128K", "-t", "2", "-J"],
                                  port)
-        sent = json.loads(out)["end"]["sum_sent"]["bytes"]
+        end = json.loads(out).get("end", {})
+        if "sum_sent" not in end:
+            sys.exit(f"iperf3 printed no totals: {out[-2000:]}")
+        sent = end["sum_sent"]["bytes"]
         msgs = sent / (128 << 10)
         print(f"iperf3 -l 128K -t 2: {msgs:.0f} messages of 128 KiB")
         for end, (calls, futex) in (("client", cli), ("server", srv)):
