@@ -1007,16 +1007,35 @@ def git_commit(root):
         return None
 
 
+# The steps of a run, in order.
+STEPS = {
+    "iperf3": lambda b: b.iperf3(),
+    "qperf-bw": lambda b: b.qperf("bw"),
+    "sockperf": lambda b: b.sockperf(),
+    "qperf-lat": lambda b: b.qperf("lat"),
+    "redis": lambda b: b.redis(),
+    "nginx": lambda b: b.nginx(),
+    "setup": lambda b: b.connbench(),
+    "memory": lambda b: b.memory(),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(prog="scripts/bench.sh", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run in well under 2 minutes")
     ap.add_argument("--out", default=None, help="output directory (default target/bench)")
     ap.add_argument("--reps", type=int, help="repetitions of each TCP/SDP pair")
     ap.add_argument("--seconds", type=int, help="duration of each timed run")
+    ap.add_argument("--only", metavar="STEPS",
+                    help="comma-separated steps to run: " + ", ".join(STEPS) + " (default all)")
     ap.add_argument("--replot", metavar="JSON", help="only draw the charts (and print the table) of an earlier run")
     ap.add_argument("--bin", required=True, help=argparse.SUPPRESS)
     ap.add_argument("--root", required=True, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    steps = list(STEPS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in steps if n not in STEPS]
+    if unknown:
+        ap.error(f"unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}")
     cfg = dict(QUICK if args.quick else FULL)
     if args.reps:
         cfg["reps"] = args.reps
@@ -1044,10 +1063,9 @@ def main():
     started = time.time()
     try:
         bench.start_portmappers()
-        for step in (bench.iperf3, lambda: bench.qperf("bw"), bench.sockperf, lambda: bench.qperf("lat"),
-                     bench.redis, bench.nginx, bench.connbench, bench.memory):
+        for name in steps:
             try:
-                step()
+                STEPS[name](bench)
             except BenchError as e:
                 # A server that would not start: the step's rows are lost.
                 msg = str(e)
@@ -1094,11 +1112,13 @@ def main():
         f.write("\n")
     with open(os.path.join(out_dir, "bench.md"), "w") as f:
         f.write(table)
-    try:
-        charts = bench.charts(out_dir)
-    except BenchError as e:
-        bench.failures.append(str(e))
-        charts = []
+    charts = []
+    if len(steps) == len(STEPS):
+        # The charts need every step's rows.
+        try:
+            charts = bench.charts(out_dir)
+        except BenchError as e:
+            bench.failures.append(str(e))
     print(f"JSON: {json_path}")
     for c in charts:
         print(f"chart: {c}")

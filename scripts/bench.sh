@@ -9,6 +9,9 @@
 #                                    bench.json, bench.md (the table),
 #                                    throughput.png, latency.png, ratio.png
 #   scripts/bench.sh --reps N --seconds S   repetitions and run length
+#   scripts/bench.sh --only sockperf,qperf-lat   some steps only (iperf3,
+#                                    qperf-bw, sockperf, qperf-lat, redis,
+#                                    nginx, setup, memory); no charts
 #   scripts/bench.sh --replot FILE   the table and charts of an earlier bench.json
 #
 # What it measures (details in README.md, "Benchmarks"):
