@@ -89,7 +89,7 @@ use suspend::{LocalSuspend, Suspend};
 
 use crate::errno::Error;
 use crate::verbs::{ErrorKind, Event, Op, RdmaOp, Teardown, Work, WrId};
-use crate::wire::{self, HELLO_MSG_LEN};
+use crate::wire::{self, Flags, Mid, HELLO_MSG_LEN};
 
 /// Which end of the connection setup this is (§5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -305,6 +305,30 @@ const ASK_GAP_MAX: Duration = Duration::from_millis(64);
 /// `a` is at or after `b` in 32-bit sequence space.
 fn seq_ge(a: u32, b: u32) -> bool {
     a.wrapping_sub(b) < 1 << 31
+}
+
+/// A received message, parsed and copied out of its buffer.
+#[derive(Debug, Clone)]
+struct Received {
+    bufs: u16,
+    flags: Flags,
+    mseq: u32,
+    mseq_ack: u32,
+    mid: Mid,
+    /// Payload bytes inside the buffer.
+    payload: core::ops::Range<usize>,
+    /// Last payload byte (the OOB byte with OOB_PRES).
+    last: u8,
+    /// HelloAck parameters, when this is the expected HelloAck.
+    hello_ack: Option<PeerParams>,
+    /// The Len of an RdmaRdCompl or RdmaWrCompl, the ActSz of a
+    /// ChRcvBufAck.
+    compl_len: u32,
+    sink_avail: Option<wire::SinkAvailRepr>,
+    src_avail: Option<wire::SrcAvailRepr>,
+    mode_change: Option<wire::ModeChangeRepr>,
+    /// The Destination TCP Port of a SuspComm (§6.5.1.1).
+    susp_port: Option<u16>,
 }
 
 /// One SDP connection; see the module documentation.

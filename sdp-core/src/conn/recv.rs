@@ -31,10 +31,12 @@ use super::close::Reading;
 use super::send::OOB_PEND_REACH;
 use super::setup::PeerParams;
 use super::suspend::LocalSuspend;
-use super::{setup, CloseReason, Conn, Control, PostKind, RecvFlags, Role, State, Violation};
+use super::{
+    setup, CloseReason, Conn, Control, PostKind, Received, RecvFlags, Role, State, Violation,
+};
 use crate::errno::Error;
 use crate::verbs::{Teardown, WrId};
-use crate::wire::{self, Body, Flags, MessageRepr, Mid};
+use crate::wire::{Body, Flags, MessageRepr, Mid};
 
 /// The receive Private Buffers of one connection: `count` buffers of
 /// `buf_size` bytes in one allocation. Kept apart from the rest of the
@@ -366,30 +368,6 @@ impl RxStream {
 }
 
 // ----- The receive half of a connection --------------------------------
-
-/// A received message, parsed and copied out of its buffer.
-#[derive(Debug, Clone)]
-pub(super) struct Received {
-    pub(super) bufs: u16,
-    pub(super) flags: Flags,
-    pub(super) mseq: u32,
-    pub(super) mseq_ack: u32,
-    pub(super) mid: Mid,
-    /// Payload bytes inside the buffer.
-    pub(super) payload: core::ops::Range<usize>,
-    /// Last payload byte (the OOB byte with OOB_PRES).
-    pub(super) last: u8,
-    /// HelloAck parameters, when this is the expected HelloAck.
-    pub(super) hello_ack: Option<PeerParams>,
-    /// The Len of an RdmaRdCompl or RdmaWrCompl, the ActSz of a
-    /// ChRcvBufAck.
-    pub(super) compl_len: u32,
-    pub(super) sink_avail: Option<wire::SinkAvailRepr>,
-    pub(super) src_avail: Option<wire::SrcAvailRepr>,
-    pub(super) mode_change: Option<wire::ModeChangeRepr>,
-    /// The Destination TCP Port of a SuspComm (§6.5.1.1).
-    pub(super) susp_port: Option<u16>,
-}
 
 impl Conn {
     pub(super) fn on_recv(

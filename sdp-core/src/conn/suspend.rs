@@ -44,8 +44,7 @@
 
 use super::close::Llp;
 use super::credit::Credits;
-use super::recv::Received;
-use super::{setup, AbortConn, Conn, PostKind, Role, Sent, State, Violation};
+use super::{setup, AbortConn, Conn, PostKind, Received, Role, Sent, State, Violation};
 use crate::verbs::{Op, Teardown};
 use crate::wire::{Body, Flags, Mid, SuspCommRepr};
 
