@@ -59,10 +59,10 @@
 //!     let mut mem = VecMemory::new();
 //!     let buf = mem.add(vec![0; 64]);
 //!     let sge = Sge { region: buf, offset: 0, len: 64 };
-//!     ep.connection_mut().post_recv(RecvWr { wr_id: 1, sge }).unwrap();
+//!     ep.connection_mut().datapath_mut().post_recv(RecvWr { wr_id: 1, sge }).unwrap();
 //!     let mut got = None;
 //!     ep.drive_until(&mut mem, None, &mut |ep| {
-//!         got = got.or_else(|| ep.connection_mut().poll_completion());
+//!         got = got.or_else(|| ep.connection_mut().datapath_mut().poll_completion());
 //!         got.is_some()
 //!     })?;
 //!     Ok(mem.get(buf).unwrap()[..got.unwrap().byte_len as usize].to_vec())
@@ -72,6 +72,7 @@
 //! assert_eq!(ep.established().unwrap().private_data, b"hi");
 //! let mut mem = VecMemory::new();
 //! ep.connection_mut()
+//!     .datapath_mut()
 //!     .post_send(SendWr {
 //!         wr_id: 7,
 //!         kind: SendKind::Send,
@@ -81,7 +82,7 @@
 //!     .unwrap();
 //! let mut sent = false;
 //! ep.drive_until(&mut mem, None, &mut |ep| {
-//!     sent |= ep.connection_mut().poll_completion().is_some_and(|c| c.opcode == WcOpcode::Send);
+//!     sent |= ep.connection_mut().datapath_mut().poll_completion().is_some_and(|c| c.opcode == WcOpcode::Send);
 //!     sent
 //! })?;
 //! assert_eq!(server.join().unwrap()?, b"over iWARP");

@@ -44,12 +44,12 @@
 //! pump(&mut a, &ma, &mut b, &mut mb); // MPA Request
 //! assert!(matches!(b.poll_event(), Some(Event::ConnectRequest { .. })));
 //! let buf = mb.add(vec![0; 64]);
-//! b.post_recv(RecvWr { wr_id: 1, sge: Sge { region: buf, offset: 0, len: 64 } }).unwrap();
+//! b.datapath_mut().post_recv(RecvWr { wr_id: 1, sge: Sge { region: buf, offset: 0, len: 64 } }).unwrap();
 //! b.accept(b"welcome").unwrap();
 //! pump(&mut b, &mb, &mut a, &mut ma); // MPA Reply
 //! assert!(matches!(a.poll_event(), Some(Event::Established { .. })));
 //!
-//! a.post_send(SendWr {
+//! a.datapath_mut().post_send(SendWr {
 //!     wr_id: 2,
 //!     kind: SendKind::Send,
 //!     payload: Payload::Inline(b"over iWARP".to_vec()),
@@ -57,7 +57,7 @@
 //! })
 //! .unwrap();
 //! pump(&mut a, &ma, &mut b, &mut mb); // RTR, then the Send
-//! assert_eq!(b.poll_completion().unwrap().byte_len, 10);
+//! assert_eq!(b.datapath_mut().poll_completion().unwrap().byte_len, 10);
 //! assert_eq!(&mb.region(buf).unwrap()[..10], b"over iWARP");
 //! ```
 
