@@ -83,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
                 hostile = true;
                 pair.sides[0].hostile = true;
                 pair.apps[1].reading = false;
-                let _ = pair.sides[0].qp.post_send(SendWr {
+                let _ = pair.sides[0].qp.datapath_mut().post_send(SendWr {
                     wr_id: 7,
                     kind: SendKind::Send,
                     payload: Payload::Inline(msg),
