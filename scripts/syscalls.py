@@ -15,17 +15,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import free_port, listening  # noqa: E402  (the port checks bench.py makes)
 
 
 def strace_totals(path):
@@ -41,19 +37,6 @@ def strace_totals(path):
                 if cols[-1] == "futex":
                     futex += n
     return calls, futex
-
-
-def listening(port):
-    """Whether some socket listens on TCP `port` (a probe connection would
-    use up `iperf3 -s -1`)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    return True
-    return False
 
 
 def wait_listening(port, proc, deadline=10.0):
