@@ -605,16 +605,8 @@ pub fn stream(fd: i32) -> Option<Arc<StreamHandle>> {
         return None;
     }
     let s = slot(fd)?;
-    let generation = s.generation.load(Ordering::Acquire);
-    let remembered = LAST
-        .try_with(|last| match &*last.try_borrow().ok()? {
-            Some((f, g, h)) if (*f, *g) == (fd, generation) => h.upgrade(),
-            _ => None,
-        })
-        .ok()
-        .flatten();
-    if remembered.is_some() {
-        return remembered;
+    if let Some(h) = remembered(fd, s) {
+        return Some(h);
     }
     let (h, generation) = {
         let _g = enter_gate();
@@ -629,6 +621,35 @@ pub fn stream(fd: i32) -> Option<Arc<StreamHandle>> {
         }
     });
     Some(h)
+}
+
+/// The stream this thread asked [`stream`] for last, if it is `fd`'s and
+/// the slot did not change since.
+fn remembered(fd: i32, s: &Slot) -> Option<Arc<StreamHandle>> {
+    let generation = s.generation.load(Ordering::Acquire);
+    LAST.try_with(|last| match &*last.try_borrow().ok()? {
+        Some((f, g, h)) if (*f, *g) == (fd, generation) => h.upgrade(),
+        _ => None,
+    })
+    .ok()
+    .flatten()
+}
+
+/// The SDP side of `fd`, stream or listener, in one look (for the
+/// readiness calls, which ask about every fd of their set).
+pub fn side(fd: i32) -> SdpSide {
+    if !is_sdp(fd) {
+        return SdpSide::None;
+    }
+    let Some(s) = slot(fd) else {
+        return SdpSide::None;
+    };
+    if let Some(h) = remembered(fd, s) {
+        return SdpSide::Stream(h);
+    }
+    let _g = enter_gate();
+    s.entry
+        .with(|e| e.as_ref().map_or(SdpSide::None, |e| e.sdp.clone()))
 }
 
 /// The hidden SDP listener beside `fd`, if any.

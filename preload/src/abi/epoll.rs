@@ -53,7 +53,7 @@
 //!   does not change alone.
 #![allow(clippy::missing_safety_doc)]
 
-use super::poll::{ms_deadline, remaining, ts_deadline, Side};
+use super::poll::{Side, Timeout};
 use super::protect;
 use crate::sys::errno::{fail, keep_errno_on_success, SavedErrno};
 use crate::sys::guard::{pid, Guard};
@@ -63,7 +63,6 @@ use libc::{c_int, epoll_event, sigset_t, timespec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 const TOKEN_TAG: u64 = 0x5D50 << 48;
 const TOKEN_MASK: u64 = 0xFFFF << 48;
@@ -852,17 +851,17 @@ fn wait_translated(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
-    deadline: Option<Instant>,
+    timeout: Timeout,
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
-    keep_errno_on_success(|| wait_translated_inner(epfd, events, max, deadline, wait))
+    keep_errno_on_success(|| wait_translated_inner(epfd, events, max, timeout, wait))
 }
 
 fn wait_translated_inner(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
-    deadline: Option<Instant>,
+    mut timeout: Timeout,
     wait: impl Fn(Option<timespec>) -> c_int,
 ) -> c_int {
     protect("epoll_wait", || touch_pending(epfd), || ());
@@ -870,7 +869,7 @@ fn wait_translated_inner(
     let _waiting = Waiting::begin(epfd);
     let mut look_again = true;
     loop {
-        let n = wait(remaining(deadline));
+        let n = wait(timeout.remaining());
         if n <= 0 || events.is_null() {
             return n;
         }
@@ -882,7 +881,7 @@ fn wait_translated_inner(
         if kept > 0 {
             return kept as c_int;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if timeout.expired() {
             // A deferred edge is on the wake fd now: one more look (the
             // deadline passed, so it does not wait).
             if std::mem::take(&mut look_again) && deferred {
@@ -916,7 +915,7 @@ pub unsafe extern "C" fn epoll_wait(
     if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array of max events.
-            return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
+            return wait_translated(epfd, events, max, Timeout::ms(timeout), |t| unsafe {
                 real::epoll_wait(epfd, events, max, timeout_ms(t))
             });
         }
@@ -936,7 +935,7 @@ pub unsafe extern "C" fn epoll_pwait(
     if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
             // SAFETY: the program's array and signal mask.
-            return wait_translated(epfd, events, max, ms_deadline(timeout), |t| unsafe {
+            return wait_translated(epfd, events, max, Timeout::ms(timeout), |t| unsafe {
                 real::epoll_pwait(epfd, events, max, timeout_ms(t), mask)
             });
         }
@@ -955,7 +954,7 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     if table::epoll_registrations() != 0 {
         if let Some(_g) = Guard::enter() {
-            return wait_translated(epfd, events, max, ts_deadline(timeout), |t| {
+            return wait_translated(epfd, events, max, Timeout::ts(timeout), |t| {
                 let tp = t
                     .as_ref()
                     .map_or(std::ptr::null(), |t| t as *const timespec);

@@ -14,8 +14,9 @@ use crate::sdp::Readiness;
 use crate::sys::errno::{fail, keep_errno_on_success};
 use crate::sys::guard::Guard;
 use crate::sys::real;
-use crate::table::{self, ListenerHandle, StreamHandle};
+use crate::table::{self, ListenerHandle, SdpSide, StreamHandle};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,10 +29,11 @@ pub(super) enum Side {
 
 impl Side {
     pub(super) fn of(fd: c_int) -> Option<Side> {
-        if let Some(h) = table::stream(fd) {
-            return Some(Side::Stream(h));
+        match table::side(fd) {
+            SdpSide::None => None,
+            SdpSide::Stream(h) => Some(Side::Stream(h)),
+            SdpSide::Listener(h) => Some(Side::Listener(h)),
         }
-        table::listener(fd).map(Side::Listener)
     }
 
     pub(super) fn readiness(&self) -> Readiness {
@@ -58,6 +60,83 @@ impl Side {
     }
 }
 
+/// Room on the stack for a readiness call's set: the sets programs pass
+/// are small, and a call per message must not allocate (a larger set
+/// spills to the heap).
+type Few<T> = SmallVec<[T; 8]>;
+
+/// A call's time limit. The clock starts when the call first sleeps: a
+/// call that finds something ready never reads it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timeout {
+    limit: Option<Duration>,
+    start: Option<Instant>,
+}
+
+impl Timeout {
+    /// `poll`'s milliseconds (negative: no limit).
+    pub(super) fn ms(timeout: c_int) -> Timeout {
+        Timeout {
+            limit: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
+            start: None,
+        }
+    }
+
+    /// A `timespec` limit (null: none).
+    pub(super) fn ts(ts: *const timespec) -> Timeout {
+        let limit = (!ts.is_null()).then(|| {
+            // SAFETY: the program's timespec, not null.
+            let t = unsafe { *ts };
+            Duration::new(
+                t.tv_sec.max(0) as u64,
+                t.tv_nsec.clamp(0, 999_999_999) as u32,
+            )
+        });
+        Timeout { limit, start: None }
+    }
+
+    /// A `timeval` limit (null: none).
+    fn tv(tv: *const timeval) -> Timeout {
+        let limit = (!tv.is_null()).then(|| {
+            // SAFETY: the program's timeval, not null.
+            let t = unsafe { *tv };
+            Duration::new(
+                t.tv_sec.max(0) as u64,
+                (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
+            )
+        });
+        Timeout { limit, start: None }
+    }
+
+    /// The time not used up yet (`None`: no limit).
+    fn left(&self) -> Option<Duration> {
+        let limit = self.limit?;
+        Some(match self.start {
+            Some(s) => limit.saturating_sub(s.elapsed()),
+            None => limit,
+        })
+    }
+
+    /// What is left, for a sleep in the kernel: the first one starts the
+    /// clock.
+    pub(super) fn remaining(&mut self) -> Option<timespec> {
+        let limit = self.limit?;
+        if self.start.is_none() && !limit.is_zero() {
+            self.start = Some(Instant::now());
+        }
+        let left = self.left()?;
+        Some(timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        })
+    }
+
+    /// The limit passed.
+    pub(super) fn expired(&self) -> bool {
+        self.left().is_some_and(|l| l.is_zero())
+    }
+}
+
 /// How a `poll` or `select` hears of its streams' arrivals.
 ///
 /// It polls a connected stream's socket itself, and pumps the stream when
@@ -71,9 +150,9 @@ impl Side {
 /// alone, and the progress thread reads meanwhile.
 struct Marks<'a> {
     /// Streams whose sockets the call polls, with the socket.
-    socks: Vec<(&'a StreamHandle, c_int)>,
+    socks: Few<(&'a StreamHandle, c_int)>,
     /// Streams with [`crate::sdp::SdpEndpoint::await_readiness`] taken.
-    awaiting: Vec<&'a StreamHandle>,
+    awaiting: Few<&'a StreamHandle>,
     /// Whether the call is going to sleep (the await marks are taken).
     sleeps: bool,
 }
@@ -92,7 +171,7 @@ impl<'a> Marks<'a> {
             .collect();
         Marks {
             socks,
-            awaiting: Vec::new(),
+            awaiting: Few::new(),
             sleeps: false,
         }
     }
@@ -157,43 +236,33 @@ fn any_sdp(fds: &[pollfd]) -> bool {
     fds.iter().any(|p| table::is_sdp(p.fd))
 }
 
-pub(super) fn remaining(deadline: Option<Instant>) -> Option<timespec> {
-    deadline.map(|d| {
-        let left = d.saturating_duration_since(Instant::now());
-        timespec {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_nsec: left.subsec_nanos() as libc::c_long,
-        }
-    })
-}
-
 /// `poll` over a set with SDP fds. A listener's readiness joins the
 /// kernel listener's own (pending TCP connections). A count leaves `errno`
 /// as the program had it ([`keep_errno_on_success`]).
-fn poll_sdp(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
+fn poll_sdp(fds: &mut [pollfd], timeout: &mut Timeout, mask: *const sigset_t) -> c_int {
     keep_errno_on_success(|| {
         // A panic in an endpoint fails the call (ENOMEM) instead of
         // unwinding.
         protect(
             "poll",
-            || poll_sdp_inner(fds, deadline, mask),
+            || poll_sdp_inner(fds, timeout, mask),
             || fail(libc::ENOMEM),
         )
     })
 }
 
-fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const sigset_t) -> c_int {
-    let mut sides: Vec<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
+fn poll_sdp_inner(fds: &mut [pollfd], timeout: &mut Timeout, mask: *const sigset_t) -> c_int {
+    let mut sides: Few<Option<Side>> = fds.iter().map(|p| Side::of(p.fd)).collect();
     // Each connection polled is in use while we wait (a fork leaves it to
     // this process).
-    let streams: Vec<Arc<table::StreamHandle>> = sides
+    let streams: Few<Arc<table::StreamHandle>> = sides
         .iter()
         .filter_map(|s| match s {
             Some(Side::Stream(h)) => Some(h.clone()),
             _ => None,
         })
         .collect();
-    let _in_use: Vec<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
+    let _in_use: Few<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
     let mut marks = Marks::new(&streams);
     let mut first = true;
     loop {
@@ -204,7 +273,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         }
         // Each program entry's SDP readiness bits before the sleep (a
         // listener's without its queue).
-        let before: Vec<i16> = fds
+        let before: Few<i16> = fds
             .iter()
             .zip(&sides)
             .map(|(p, side)| {
@@ -223,17 +292,17 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         let wait = if sdp_ready {
             Some(zero)
         } else {
-            remaining(deadline)
+            timeout.remaining()
         };
         let sleeps = wait.is_none_or(|t| t.tv_sec != 0 || t.tv_nsec != 0);
         if sleeps {
             marks.sleep(&streams);
         }
-        let mut kfds: Vec<pollfd> = Vec::with_capacity(fds.len() + 2);
+        let mut kfds: Few<pollfd> = Few::new();
         // For each program entry: its own kernel entry, if it has one; its
         // listener's queue entry, if it has one.
-        let mut own: Vec<Option<usize>> = Vec::with_capacity(fds.len());
-        let mut queue: Vec<Option<usize>> = Vec::with_capacity(fds.len());
+        let mut own: Few<Option<usize>> = Few::new();
+        let mut queue: Few<Option<usize>> = Few::new();
         for (p, side) in fds.iter().zip(&sides) {
             let listener = matches!(side, Some(Side::Listener(_)));
             own.push((side.is_none() || listener).then(|| {
@@ -291,7 +360,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
                     && directions(p.events) & !directions(b) != 0
             })
         };
-        let socks: Vec<(&StreamHandle, usize)> = marks
+        let socks: Few<(&StreamHandle, usize)> = marks
             .socks
             .iter()
             .filter(|&&(h, _)| !sdp_ready || wanting(h))
@@ -320,7 +389,7 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
         }
         // Input on a polled socket: read it here, so the readiness below
         // shows what came.
-        let mut pumped: Vec<&StreamHandle> = Vec::new();
+        let mut pumped: Few<&StreamHandle> = Few::new();
         for &(h, k) in &socks {
             if kfds[k].revents == 0 {
                 continue;
@@ -367,25 +436,6 @@ fn poll_sdp_inner(fds: &mut [pollfd], deadline: Option<Instant>, mask: *const si
     }
 }
 
-pub(super) fn ms_deadline(timeout: c_int) -> Option<Instant> {
-    (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64))
-}
-
-pub(super) fn ts_deadline(ts: *const timespec) -> Option<Instant> {
-    if ts.is_null() {
-        return None;
-    }
-    // SAFETY: the program's timespec.
-    let t = unsafe { *ts };
-    Some(
-        Instant::now()
-            + Duration::new(
-                t.tv_sec.max(0) as u64,
-                t.tv_nsec.clamp(0, 999_999_999) as u32,
-            ),
-    )
-}
-
 /// The program's pollfd array, if it holds SDP fds and we may handle it.
 unsafe fn sdp_set<'a>(fds: *mut pollfd, n: nfds_t) -> Option<(&'a mut [pollfd], Guard)> {
     if table::no_sdp() || fds.is_null() {
@@ -401,7 +451,7 @@ unsafe fn sdp_set<'a>(fds: *mut pollfd, n: nfds_t) -> Option<(&'a mut [pollfd], 
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the program's array.
     if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
-        return poll_sdp(set, ms_deadline(timeout), std::ptr::null());
+        return poll_sdp(set, &mut Timeout::ms(timeout), std::ptr::null());
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::poll(fds, n, timeout) }
@@ -417,7 +467,7 @@ pub unsafe extern "C" fn __poll_chk(
     if (n as usize) <= fdslen / std::mem::size_of::<pollfd>() {
         // SAFETY: the array holds n entries (checked).
         if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
-            return poll_sdp(set, ms_deadline(timeout), std::ptr::null());
+            return poll_sdp(set, &mut Timeout::ms(timeout), std::ptr::null());
         }
     }
     // SAFETY: the program's arguments; the C library aborts on overflow.
@@ -433,7 +483,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     // SAFETY: the program's array.
     if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
-        return poll_sdp(set, ts_deadline(ts), mask);
+        return poll_sdp(set, &mut Timeout::ts(ts), mask);
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::ppoll(fds, n, ts, mask) }
@@ -450,7 +500,7 @@ pub unsafe extern "C" fn __ppoll_chk(
     if (n as usize) <= fdslen / std::mem::size_of::<pollfd>() {
         // SAFETY: the array holds n entries (checked).
         if let Some((set, _g)) = unsafe { sdp_set(fds, n) } {
-            return poll_sdp(set, ts_deadline(ts), mask);
+            return poll_sdp(set, &mut Timeout::ts(ts), mask);
         }
     }
     // SAFETY: the program's arguments; the C library aborts on overflow.
@@ -469,7 +519,7 @@ unsafe fn select_sdp(
     r: *mut fd_set,
     w: *mut fd_set,
     e: *mut fd_set,
-    deadline: Option<Instant>,
+    timeout: &mut Timeout,
     mask: *const sigset_t,
 ) -> Option<c_int> {
     if table::no_sdp() {
@@ -495,7 +545,7 @@ unsafe fn select_sdp(
     if !(0..nfds).any(|fd| events_of(fd) != 0 && table::is_sdp(fd)) {
         return None;
     }
-    let mut set: Vec<pollfd> = (0..nfds)
+    let mut set: Few<pollfd> = (0..nfds)
         .filter_map(|fd| {
             let events = events_of(fd);
             (events != 0).then_some(pollfd {
@@ -505,7 +555,7 @@ unsafe fn select_sdp(
             })
         })
         .collect();
-    let n = poll_sdp(&mut set, deadline, mask);
+    let n = poll_sdp(&mut set, timeout, mask);
     if n < 0 {
         return Some(-1);
     }
@@ -551,25 +601,12 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
-    let deadline = if tv.is_null() {
-        None
-    } else {
-        // SAFETY: the program's timeval.
-        let t = unsafe { *tv };
-        Some(
-            Instant::now()
-                + Duration::new(
-                    t.tv_sec.max(0) as u64,
-                    (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
-                ),
-        )
-    };
+    let mut timeout = Timeout::tv(tv);
     // SAFETY: the program's sets.
-    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, deadline, std::ptr::null()) } {
-        if let (false, Some(d)) = (tv.is_null(), deadline) {
+    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, &mut timeout, std::ptr::null()) } {
+        if let Some(left) = timeout.left() {
             // Linux select leaves the time not slept in *tv.
-            let left = d.saturating_duration_since(Instant::now());
-            // SAFETY: the program's timeval.
+            // SAFETY: the program's timeval (a limit came from it).
             unsafe {
                 (*tv).tv_sec = left.as_secs() as libc::time_t;
                 (*tv).tv_usec = left.subsec_micros() as libc::suseconds_t;
@@ -591,7 +628,7 @@ pub unsafe extern "C" fn pselect(
     mask: *const sigset_t,
 ) -> c_int {
     // SAFETY: the program's sets.
-    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, ts_deadline(ts), mask) } {
+    if let Some(n) = unsafe { select_sdp(nfds, r, w, e, &mut Timeout::ts(ts), mask) } {
         return n;
     }
     // SAFETY: the program's arguments, passed on.

@@ -243,6 +243,9 @@ pub struct Link {
     log: VecDeque<String>,
     /// A direct send in progress ([`Link::send_direct`]).
     send_span: Option<SendSpan>,
+    /// The parts list of the last direct send, kept for the next one (no
+    /// allocation per `write`).
+    spare_parts: Vec<(RegionId, u64)>,
     /// A waiting reader's receive ([`Link::lend_recv`]).
     recv_lend: Option<direct::RecvLend>,
     /// Receive completions held while the waiting reader is away, the
@@ -271,6 +274,7 @@ impl Link {
             logged_close: false,
             log: VecDeque::new(),
             send_span: None,
+            spare_parts: Vec::new(),
             recv_lend: None,
             deferred: VecDeque::new(),
             received_direct: 0,
@@ -460,15 +464,13 @@ impl Link {
         let end = self.conn.tx().accepted();
         if n > 0 {
             let mut left = n as u64;
-            let parts = data
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    let len = left.min(b.len() as u64);
-                    left -= len;
-                    (direct::send_from(i), len)
-                })
-                .collect();
+            let mut parts = core::mem::take(&mut self.spare_parts);
+            parts.clear();
+            parts.extend(data.iter().enumerate().map(|(i, b)| {
+                let len = left.min(b.len() as u64);
+                left -= len;
+                (direct::send_from(i), len)
+            }));
             self.send_span = Some(SendSpan {
                 span: end - n as u64..end,
                 parts,
@@ -520,6 +522,7 @@ impl Link {
                 map: &map,
             });
         }
+        self.spare_parts = send.parts;
     }
 
     /// A direct send whose [`Link::finish_direct`] never came: its bytes

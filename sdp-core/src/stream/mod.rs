@@ -294,14 +294,17 @@ fn send_in(g: &mut Locked<'_>, parts: &[&[u8]], flags: SendFlags, rule: Rule) ->
 /// wait ([`zcopy::read`]), else copied.
 fn recv_in(g: &mut Locked<'_>, buf: &mut [u8], flags: RecvFlags, rule: Rule) -> io::Result<usize> {
     let mut got = 0;
+    let mut now = Instant::now();
     let r = if rule.waits() && zcopy::read_fits(g, buf.len(), flags) {
-        zcopy::read(g, buf, flags, &mut got, rule)
+        let r = zcopy::read(g, buf, flags, &mut got, rule);
+        now = Instant::now();
+        r
     } else {
-        recv_loop(g, buf, flags, &mut got, rule)
+        recv_loop(g, buf, flags, &mut got, rule, &mut now)
     };
     // A message that was landing in `buf[got..]` and is not whole goes
     // back to the Private Buffers.
-    g.reader_leaves(Instant::now(), &buf[got..]);
+    g.reader_leaves(now, &buf[got..]);
     r
 }
 
@@ -314,13 +317,15 @@ fn restore(g: &mut Locked<'_>, e: &io::Error) {
 }
 
 /// The copying `recv` into `buf` under `rule`; `got` counts the bytes in
-/// `buf`.
+/// `buf`. `now` is the clock as of the call's start, read again after
+/// each wait (one read of the clock for a call that does not wait).
 fn recv_loop(
     g: &mut Locked<'_>,
     buf: &mut [u8],
     flags: RecvFlags,
     got: &mut usize,
     rule: Rule,
+    now: &mut Instant,
 ) -> io::Result<usize> {
     let mut pumped = false;
     // A plain read that waits lends its buffer: the next message's
@@ -348,7 +353,7 @@ fn recv_loop(
         match r {
             Ok(n) => {
                 // Emptied buffers are re-posted and credited.
-                g.pump_out(Instant::now());
+                g.pump_out(*now);
                 *got += n;
                 let waitall = flags.contains(RecvFlags::WAITALL)
                     && !flags.contains(RecvFlags::PEEK)
@@ -365,14 +370,14 @@ fn recv_loop(
             // A blocking call goes straight to poll(2), which sees what
             // the socket holds; a nonblocking one reads it first.
             Err(Error::WouldBlock) if !rule.waits() && !pumped => {
-                direct = pump_reader(g, lend, &mut buf[*got..]);
+                direct = pump_reader(g, *now, lend, &mut buf[*got..]);
                 pumped = true;
             }
             Err(Error::WouldBlock) if !rule.waits() => {
                 // A SendSm for a SrcAvail this read cannot take (§9.2
                 // step 2a) goes now: the caller may wait in epoll.
                 if g.link.conn().control_pending() {
-                    g.pump_out(Instant::now());
+                    g.pump_out(*now);
                 }
                 return moved_or(*got, would_block());
             }
@@ -383,12 +388,13 @@ fn recv_loop(
                 if g.link.conn().tx().unsent() > 0 {
                     // A tail the reader's wait set free (the peer may
                     // wait for it before it answers).
-                    g.pump_out(Instant::now());
+                    g.pump_out(*now);
                 }
                 if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
                     return moved_or(*got, e);
                 }
-                direct = pump_reader(g, lend, &mut buf[*got..]);
+                *now = Instant::now();
+                direct = pump_reader(g, *now, lend, &mut buf[*got..]);
             }
             Err(e) => return Err(to_io(e)),
         }
@@ -397,8 +403,7 @@ fn recv_loop(
 
 /// Pumps for a reader with `buf`: straight into it if `lend` (see
 /// [`shared::Inner::pump_for_reader`]). Returns the bytes placed there.
-fn pump_reader(g: &mut Locked<'_>, lend: bool, buf: &mut [u8]) -> usize {
-    let now = Instant::now();
+fn pump_reader(g: &mut Locked<'_>, now: Instant, lend: bool, buf: &mut [u8]) -> usize {
     if lend {
         g.pump_for_reader(now, buf)
     } else {
@@ -623,19 +628,20 @@ impl SdpStream {
 
     /// Readiness and state at this moment, as the bits of `poll(2)`.
     pub fn poll_state(&self) -> PollState {
-        let g = self.shared().lock();
-        let conn = g.link.conn();
-        let closed = conn.state() == State::Closed;
-        let read_closed = conn.disconn_received() || closed;
-        PollState {
-            readable: g.link.readable(),
-            writable: g.link.writable(),
-            read_closed,
-            hangup: closed || (read_closed && conn.disconn_sent()),
-            error: conn.error_pending(),
-            urgent: g.link.urgent_ready(),
-            connected: g.link.is_connected(),
-        }
+        self.shared().look(|g| {
+            let conn = g.link.conn();
+            let closed = conn.state() == State::Closed;
+            let read_closed = conn.disconn_received() || closed;
+            PollState {
+                readable: g.link.readable(),
+                writable: g.link.writable(),
+                read_closed,
+                hangup: closed || (read_closed && conn.disconn_sent()),
+                error: conn.error_pending(),
+                urgent: g.link.urgent_ready(),
+                connected: g.link.is_connected(),
+            }
+        })
     }
 
     /// The figures for observability as of the stream's last unlock,
@@ -646,17 +652,18 @@ impl SdpStream {
 
     /// Modes, byte counts and credits, for observability.
     pub fn info(&self) -> StreamInfo {
-        let g = self.shared().lock();
-        let conn = g.link.conn();
-        StreamInfo {
-            send_mode: conn.send_mode(),
-            recv_mode: conn.recv_mode(),
-            bytes_sent: conn.tx().sent(),
-            bytes_received: conn.rx_total(),
-            credits: conn.credit_state(),
-            copies: g.link.copy_stats(),
-            zcopy: conn.zcopy_stats(),
-        }
+        self.shared().look(|g| {
+            let conn = g.link.conn();
+            StreamInfo {
+                send_mode: conn.send_mode(),
+                recv_mode: conn.recv_mode(),
+                bytes_sent: conn.tx().sent(),
+                bytes_received: conn.rx_total(),
+                credits: conn.credit_state(),
+                copies: g.link.copy_stats(),
+                zcopy: conn.zcopy_stats(),
+            }
+        })
     }
 
     /// In a child of `fork`, before it uses the stream: marks left by
@@ -869,7 +876,7 @@ impl SdpStream {
     /// that waits for this stream then waits for that call's progress,
     /// not for the socket (which only that call reads).
     pub fn zcopy_elsewhere(&self) -> bool {
-        self.shared().lock().zcopy_elsewhere()
+        self.shared().look(|g| g.zcopy_elsewhere())
     }
 
     /// `shutdown(2)`. Write: DisConn once every accepted byte is sent
@@ -908,12 +915,12 @@ impl SdpStream {
 
     /// The read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.shared().lock().read_timeout)
+        Ok(self.shared().look(|g| g.read_timeout))
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.shared().lock().write_timeout)
+        Ok(self.shared().look(|g| g.write_timeout))
     }
 
     /// SO_LINGER. `Some(0)`: the close (drop of the last handle) is
@@ -929,7 +936,7 @@ impl SdpStream {
 
     /// SO_LINGER.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        Ok(self.shared().lock().linger)
+        Ok(self.shared().look(|g| g.linger))
     }
 
     /// TCP_NODELAY: no short tail of a write waits for the next write
@@ -942,7 +949,7 @@ impl SdpStream {
 
     /// TCP_NODELAY as [`SdpStream::set_nodelay`] left it.
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(self.shared().lock().link.conn().nodelay())
+        Ok(self.shared().look(|g| g.link.conn().nodelay()))
     }
 
     /// The peer's address.
@@ -962,12 +969,12 @@ impl SdpStream {
 
     /// FIONREAD.
     pub fn bytes_readable(&self) -> u64 {
-        self.shared().lock().link.bytes_readable()
+        self.shared().look(|g| g.link.bytes_readable())
     }
 
     /// SIOCATMARK.
     pub fn at_mark(&self) -> bool {
-        self.shared().lock().link.at_mark()
+        self.shared().look(|g| g.link.at_mark())
     }
 
     /// SO_OOBINLINE.
@@ -996,37 +1003,34 @@ impl SdpStream {
 
     /// A read would make progress (data, end of stream, or an error).
     pub fn readable(&self) -> bool {
-        self.shared().lock().link.readable()
+        self.shared().look(|g| g.link.readable())
     }
 
     /// A write would take at least one byte (or fail at once).
     pub fn writable(&self) -> bool {
-        self.shared().lock().link.writable()
+        self.shared().look(|g| g.link.writable())
     }
 
     /// Setup finished and the connection carries data.
     pub fn is_connected(&self) -> bool {
-        self.shared().lock().link.is_connected()
+        self.shared().look(|g| g.link.is_connected())
     }
 
     /// The credit state (§10), for observability.
     pub fn credit_state(&self) -> CreditState {
-        self.shared().lock().link.credit_state()
+        self.shared().look(|g| g.link.credit_state())
     }
 
     /// Why the connection closed, once it did (for diagnostics).
     pub fn close_reason(&self) -> Option<String> {
         self.shared()
-            .lock()
-            .link
-            .close_reason()
-            .map(ToString::to_string)
+            .look(|g| g.link.close_reason().map(ToString::to_string))
     }
 
     /// Why the connection closed, once it did (for a caller that picks a
     /// fallback by cause: an MPA reject, a timeout, a reset).
     pub fn close_cause(&self) -> Option<crate::conn::CloseReason> {
-        self.shared().lock().link.close_reason().copied()
+        self.shared().look(|g| g.link.close_reason().copied())
     }
 
     /// The readiness descriptor (see the module documentation); what

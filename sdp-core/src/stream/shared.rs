@@ -888,6 +888,16 @@ impl Shared {
         }
     }
 
+    /// Runs `f` on the state under the lock, for a look that changes
+    /// nothing: the unlock has no figures to publish, no waiter to wake and
+    /// no interest to change, only a kick to serve ([`Locked`]'s drop does
+    /// all of it after a call that may have moved something).
+    pub fn look<R>(&self, f: impl FnOnce(&Inner) -> R) -> R {
+        let r = f(&self.lock_inner());
+        self.serve_kicks();
+        r
+    }
+
     /// The progress thread's visit: pump unless a poller owns the socket or
     /// the lock is taken (then leave a kick). Returns the state's
     /// `released && finished` (the link may be dropped), or false.
@@ -963,8 +973,13 @@ impl Shared {
 
     fn publish_deadline(&self, g: &Inner) -> bool {
         let new = encode(g.next_deadline(None));
-        let old = self.deadline.swap(new, Ordering::Relaxed);
-        new < old
+        // Most unlocks leave the deadline as it was: no write to the line
+        // the progress thread reads.
+        let old = self.deadline.load(Ordering::Relaxed);
+        if new == old {
+            return false;
+        }
+        self.deadline.swap(new, Ordering::Relaxed) > new
     }
 }
 
@@ -1146,24 +1161,32 @@ impl Drop for Locked<'_> {
                 super::progress::wake();
             }
         }
-        while shared.kick.load(Ordering::SeqCst) && !shared.poller.load(Ordering::SeqCst) {
-            let mut g = shared.lock_inner();
-            shared.kick.store(false, Ordering::SeqCst);
+        shared.serve_kicks();
+    }
+}
+
+impl Shared {
+    /// After an unlock: the pumps the progress thread left to the holder
+    /// while it found the lock taken.
+    fn serve_kicks(&self) {
+        while self.kick.load(Ordering::SeqCst) && !self.poller.load(Ordering::SeqCst) {
+            let mut g = self.lock_inner();
+            self.kick.store(false, Ordering::SeqCst);
             if g.poller_active {
                 break;
             }
-            shared.take_hangup(&mut g);
+            self.take_hangup(&mut g);
             let now = Instant::now();
             g.pump(now);
-            shared.sync_interest(&mut g);
+            self.sync_interest(&mut g);
             if std::mem::take(&mut g.news) {
-                shared.wake_waiters(&mut g);
+                self.wake_waiters(&mut g);
             }
             if g.released && g.finished(now) {
                 // The progress thread left this pump to us: it will not
                 // look at the link again to drop it.
                 drop(g);
-                super::progress::deregister(shared.id);
+                super::progress::deregister(self.id);
                 break;
             }
         }

@@ -295,11 +295,11 @@ pub(super) fn read(
         }
         let rest = buf.len() - *got;
         if !fits(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
-            return recv_loop(g, buf, flags, got, call);
+            return recv_loop(g, buf, flags, got, call, &mut Instant::now());
         }
         let len = u32::try_from(rest).unwrap_or(u32::MAX);
         if g.link.post_recv_zcopy(len, flags, deadline).is_err() {
-            return recv_loop(g, buf, flags, got, call);
+            return recv_loop(g, buf, flags, got, call, &mut Instant::now());
         }
         g.zcopy_begin();
         let into = buf.get_mut(*got..).unwrap_or_default();
