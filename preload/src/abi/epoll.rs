@@ -60,7 +60,9 @@ use crate::sys::guard::{pid, Guard};
 use crate::sys::real;
 use crate::table;
 use libc::{c_int, epoll_event, sigset_t, timespec};
+use smallvec::SmallVec;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -119,10 +121,41 @@ impl Registration {
     }
 }
 
+/// A registration's kernel fds with their kinds, on the stack.
+type KernelFds = SmallVec<[(c_int, u64); 4]>;
+
+/// Hashes the registry's integer keys with one multiply per word: the
+/// keys are ours (fd numbers, counters), so the default hasher's defence
+/// against chosen keys buys nothing and costs a call per `epoll_ctl`.
+#[derive(Default)]
+struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_i32(&mut self, n: i32) {
+        self.write_u64(n as u32 as u64);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
 #[derive(Default)]
 struct Registry {
-    by_id: HashMap<u64, Registration>,
-    by_key: HashMap<(c_int, c_int), u64>,
+    by_id: IntMap<u64, Registration>,
+    by_key: IntMap<(c_int, c_int), u64>,
     next: u64,
 }
 
@@ -387,7 +420,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
         let reg = r.by_id.get(&id).filter(|g| g.dormant == wake)?;
         Some((
             id,
-            reg.kernel_fds().collect::<Vec<_>>(),
+            reg.kernel_fds().collect::<KernelFds>(),
             reg.side.clone(),
             reg.sock.is_some(),
             reg.events,
@@ -563,7 +596,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
         oneshot: bool,
         epfd: c_int,
         fd: c_int,
-        fds: Vec<(c_int, u64)>,
+        fds: KernelFds,
         /// The connection's socket had news: read it first.
         pump: bool,
         /// The wake fd (or a listener's socket) fired, not only the
@@ -594,7 +627,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
                 // Deleted by the program, and a kernel registration
                 // fired: none asks for anything from now on.
                 reg.silenced = true;
-                silence.push((reg.epfd, id, reg.kernel_fds().collect::<Vec<_>>()));
+                silence.push((reg.epfd, id, reg.kernel_fds().collect::<KernelFds>()));
             }
             if reg.disarmed || reg.dormant {
                 return None;
