@@ -655,14 +655,10 @@ pub fn side(fd: i32) -> SdpSide {
 /// The hidden SDP listener beside `fd`, if any.
 #[inline]
 pub fn listener(fd: i32) -> Option<Arc<ListenerHandle>> {
-    if !is_sdp(fd) {
-        return None;
-    }
-    let _g = enter_gate();
-    slot(fd)?.entry.with(|e| match e.as_ref().map(|e| &e.sdp) {
-        Some(SdpSide::Listener(h)) => Some(h.clone()),
+    match side(fd) {
+        SdpSide::Listener(h) => Some(h),
         _ => None,
-    })
+    }
 }
 
 /// Forgets `fd` (it was closed). Called before the fd number is closed so

@@ -898,6 +898,32 @@ impl Shared {
         r
     }
 
+    /// After an unlock: the pumps the progress thread left to the holder
+    /// while it found the lock taken.
+    fn serve_kicks(&self) {
+        while self.kick.load(Ordering::SeqCst) && !self.poller.load(Ordering::SeqCst) {
+            let mut g = self.lock_inner();
+            self.kick.store(false, Ordering::SeqCst);
+            if g.poller_active {
+                break;
+            }
+            self.take_hangup(&mut g);
+            let now = Instant::now();
+            g.pump(now);
+            self.sync_interest(&mut g);
+            if std::mem::take(&mut g.news) {
+                self.wake_waiters(&mut g);
+            }
+            if g.released && g.finished(now) {
+                // The progress thread left this pump to us: it will not
+                // look at the link again to drop it.
+                drop(g);
+                super::progress::deregister(self.id);
+                break;
+            }
+        }
+    }
+
     /// The progress thread's visit: pump unless a poller owns the socket or
     /// the lock is taken (then leave a kick). Returns the state's
     /// `released && finished` (the link may be dropped), or false.
@@ -1162,33 +1188,5 @@ impl Drop for Locked<'_> {
             }
         }
         shared.serve_kicks();
-    }
-}
-
-impl Shared {
-    /// After an unlock: the pumps the progress thread left to the holder
-    /// while it found the lock taken.
-    fn serve_kicks(&self) {
-        while self.kick.load(Ordering::SeqCst) && !self.poller.load(Ordering::SeqCst) {
-            let mut g = self.lock_inner();
-            self.kick.store(false, Ordering::SeqCst);
-            if g.poller_active {
-                break;
-            }
-            self.take_hangup(&mut g);
-            let now = Instant::now();
-            g.pump(now);
-            self.sync_interest(&mut g);
-            if std::mem::take(&mut g.news) {
-                self.wake_waiters(&mut g);
-            }
-            if g.released && g.finished(now) {
-                // The progress thread left this pump to us: it will not
-                // look at the link again to drop it.
-                drop(g);
-                super::progress::deregister(self.id);
-                break;
-            }
-        }
     }
 }
