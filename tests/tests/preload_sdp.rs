@@ -2517,3 +2517,99 @@ fn an_epoll_reader_gets_a_zcopy_writers_bytes() {
         format!("received {} True", 32 << 20)
     );
 }
+
+/// An echo server whose accepting process is a child (which takes no
+/// connection ahead of its `accept`: only the process that called
+/// `listen` does): prints its port, forks on the first line of input, the
+/// parent closing its listener; the child prints `accepting` and, on the
+/// next line, accepts (upper-case echo, until `quit`).
+const CHILD_SERVER: &str = r#"
+import os, socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+print("port", srv.getsockname()[1], flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid:
+    srv.close()
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+print("accepting", flush=True)
+sys.stdin.readline()
+while True:
+    a, _ = srv.accept()
+    d = a.recv(100)
+    if d == b"quit":
+        break
+    a.sendall(d.upper())
+    a.close()
+"#;
+
+/// A client that sends its MPA Request and then nothing more (no RTR)
+/// holds a blocking `accept` up for a moment only: the program's `accept`
+/// answers it, waits briefly for the RTR, leaves the rest of that setup to
+/// the service thread and serves the next client — before the MPA startup
+/// timer could end the stalled setup, so the `accept` did not wait for
+/// that.
+#[test]
+fn a_client_silent_after_its_mpa_request_does_not_hold_up_accept() {
+    use portmapper::client::{ClientConfig, Decision};
+    use portmapper::net::PmClient;
+    use sdp_core::stream::{Driver, SdpStream};
+    use std::io::{Read, Write};
+
+    let stat = TempDir::new("sdp-silent-rtr");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(CHILD_SERVER, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd).stdin(Stdio::piped());
+    let mut server = Background::start(cmd);
+    let port = numbers(&server.wait_for_line("port"))[0] as u16;
+    let mut input = server.child.stdin.take().unwrap();
+    input.write_all(b"fork\n").unwrap();
+    server.wait_for_line("accepting");
+    let ap: SocketAddr = ([127, 0, 0, 1], port).into();
+    let pmc = PmClient::new(ClientConfig {
+        server_port: pm.port,
+        ..ClientConfig::default()
+    });
+    let Decision::Sdp(q) = pmc.query(ap, ([127, 0, 0, 1], 0).into()) else {
+        panic!("the server's listener is not registered with the port mapper");
+    };
+
+    // The MPA Request goes as the stream is made, before the server
+    // accepts; its caller never drives it on, so nothing reads the Reply
+    // or sends the RTR.
+    let start = Instant::now();
+    let tcp = std::net::TcpStream::connect(q).unwrap();
+    let silent =
+        SdpStream::start_connect_by(tcp, &sdp_core::conn::Config::default(), Driver::Caller)
+            .unwrap();
+    input.write_all(b"accept\n").unwrap();
+
+    let mut good = SdpStream::connect(q).unwrap_or_else(|e| {
+        panic!(
+            "the next client's connect failed after {:?}: {e}: the accept waited for the silent one",
+            start.elapsed()
+        )
+    });
+    good.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    good.write_all(b"hello").unwrap();
+    let mut got = [0u8; 5];
+    good.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"HELLO");
+    let served = start.elapsed();
+    assert!(
+        served < iwarp::mpa::startup::DEFAULT_TIMEOUT,
+        "the next client was served after {served:?}: the accept waited for the silent one"
+    );
+
+    drop(good);
+    drop(silent);
+    let mut quit = SdpStream::connect(q).unwrap();
+    quit.write_all(b"quit").unwrap();
+    drop(input);
+    let (status, _) = server.finish();
+    assert!(status.success());
+}

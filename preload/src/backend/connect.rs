@@ -32,9 +32,9 @@ use crate::table::{self, TcpReason};
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::SdpStream;
+use sdp_core::stream::{Driver, SdpStream};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,10 +52,12 @@ enum Phase {
     Tcp,
     /// TCP connected: start the MPA/SDP setup.
     StartSetup,
-    /// MPA Request sent; the progress thread carries the setup on.
+    /// MPA Request sent. A blocking connect carries the setup on in its
+    /// own thread; a nonblocking one leaves it to the progress thread and
+    /// waits on the stream's readiness descriptor (`watch`).
     Setup {
         stream: SdpStream,
-        watch: OwnedFd,
+        watch: Option<OwnedFd>,
         until: Instant,
     },
     Done,
@@ -138,20 +140,21 @@ fn for_socket(a: SocketAddr, v6: bool) -> Option<SocketAddr> {
 /// The engine's own descriptor of the socket `fd`, high in the table
 /// ([`sdp_core::fds`]).
 fn dup_cloexec(fd: RawFd) -> Option<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC takes the lowest acceptable number.
-    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    if d < 0 {
-        // An internal-error fallback says why (EMFILE: the process is at
-        // its descriptor limit, and SDP needs a few more per connection).
-        crate::log!(
-            Level::Warn,
-            "fd {fd}: cannot duplicate the socket for SDP: errno {}",
-            real::errno()
-        );
-        return None;
+    // SAFETY: `fd` is the program's socket, open for this call.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    match sdp_core::fds::dup_high(sock) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            // An internal-error fallback says why (EMFILE: the process is
+            // at its descriptor limit, and SDP needs a few more per
+            // connection).
+            crate::log!(
+                Level::Warn,
+                "fd {fd}: cannot duplicate the socket for SDP: {e}"
+            );
+            None
+        }
     }
-    // SAFETY: a fresh descriptor of ours.
-    Some(sdp_core::fds::high(unsafe { OwnedFd::from_raw_fd(d) }))
 }
 
 fn connect_raw(fd: RawFd, a: SocketAddr) -> Result<(), Errno> {
@@ -468,19 +471,30 @@ impl Connector {
                     }
                 }
                 Phase::StartSetup => {
+                    // A blocking connect carries the setup on itself.
+                    let driver = if self.nonblocking {
+                        Driver::Progress
+                    } else {
+                        Driver::Caller
+                    };
                     let stream = dup_cloexec(self.sock.as_raw_fd()).and_then(|d| {
                         let tcp = std::net::TcpStream::from(d);
-                        SdpStream::start_connect(tcp, &super::sdp_config()).ok()
+                        SdpStream::start_connect_by(tcp, &super::sdp_config(), driver).ok()
                     });
                     let Some(stream) = stream else {
                         return self.failed(TcpReason::Internal);
                     };
-                    let Some(watch) = stream
-                        .readiness_fd()
-                        .ok()
-                        .and_then(|f| f.try_clone_to_owned().ok())
-                    else {
-                        return self.failed(TcpReason::Internal);
+                    let watch = if self.nonblocking {
+                        let Some(watch) = stream
+                            .readiness_fd()
+                            .ok()
+                            .and_then(|f| f.try_clone_to_owned().ok())
+                        else {
+                            return self.failed(TcpReason::Internal);
+                        };
+                        Some(watch)
+                    } else {
+                        None
                     };
                     self.phase = Phase::Setup {
                         stream,
@@ -493,6 +507,20 @@ impl Connector {
                     watch,
                     until,
                 } => {
+                    let now = match watch {
+                        Some(_) => now,
+                        None => {
+                            // Blocking: this thread reads the MPA Reply and
+                            // the HelloAck itself, no hand-off both ways;
+                            // then the progress thread takes the stream on,
+                            // set up or closing.
+                            let _ = stream.wait_connected(Some(until));
+                            if stream.to_progress().is_err() {
+                                return self.failed(TcpReason::Internal);
+                            }
+                            Instant::now()
+                        }
+                    };
                     let st = stream.poll_state();
                     if st.connected {
                         return Step::Done(Ok(stream));
@@ -523,13 +551,17 @@ impl Connector {
                         drop(stream);
                         return self.failed(reason);
                     }
-                    let step = Step::Wait((watch.as_raw_fd(), libc::POLLOUT, Some(until)));
+                    let fd = watch.as_ref().map(|w| w.as_raw_fd());
                     self.phase = Phase::Setup {
                         stream,
                         watch,
                         until,
                     };
-                    return step;
+                    match fd {
+                        Some(fd) => return Step::Wait((fd, libc::POLLOUT, Some(until))),
+                        // The wait ended early (a signal): wait on.
+                        None => continue,
+                    }
                 }
             }
         }

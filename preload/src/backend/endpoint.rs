@@ -191,7 +191,7 @@ impl Ep {
     pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
         let ep = if wake_now {
             let levels = Levels::new()?;
-            let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
+            let wake = sdp_core::fds::dup_high(levels.user_fd())?;
             Ep::with(
                 State::Connecting {
                     levels: Some(levels),
@@ -663,7 +663,7 @@ impl SdpEndpoint for Ep {
                 .and_then(|fd| fd.try_clone_to_owned())
                 .map(sdp_core::fds::high),
             State::Connecting { levels } => Levels::new().and_then(|l| {
-                let w = sdp_core::fds::high(l.user_fd().try_clone_to_owned()?);
+                let w = sdp_core::fds::dup_high(l.user_fd())?;
                 *levels = Some(l);
                 Ok(w)
             }),

@@ -5,12 +5,12 @@
 //! A connection is taken from Q by the program's `accept`, as a TCP
 //! connection is taken from the kernel's queue: `accept` takes the next
 //! one and, when its MPA Request (with the Hello) is already there — the
-//! client sends it right after its TCP connect — answers it at once and
-//! returns the connection, whose RTR and HelloAck the progress thread
-//! carries (reads and writes wait for them). A nonblocking `accept` never
-//! waits for a handshake: a connection whose Request has not come yet goes
-//! on in the service thread ([`super::service`]) and is handed out once
-//! set up. The listener is readable while a connection is set up here or
+//! client sends it right after its TCP connect — answers it at once. A
+//! blocking `accept` then waits for the RTR itself, briefly, and returns
+//! the connection set up, with no other thread involved. A nonblocking
+//! `accept` never waits for a handshake: a connection whose Request or RTR
+//! has not come yet goes on in the service thread ([`super::service`])
+//! and is handed out once set up. The listener is readable while a connection is set up here or
 //! waits in Q (`Shared::q_pending`); an epoll set polls Q too.
 //!
 //! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
@@ -47,7 +47,7 @@ use crate::table;
 use portmapper::control::ControlClient;
 use sdp_core::stream::accept::{self, Answer};
 use sdp_core::stream::readiness::Readiness as Levels;
-use sdp_core::stream::{Endpoint, SdpStream};
+use sdp_core::stream::{Driver, Endpoint, SdpStream};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -62,6 +62,21 @@ const MAX_QUEUED: usize = 64;
 /// How long a connection's setup may take (the MPA startup timer, 5 s,
 /// normally decides first).
 const SETUP_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long a blocking `accept` waits for the RTR after its MPA Reply
+/// before it leaves the setup to the service thread: a round trip on a
+/// LAN, and short enough that a client that stalls holds the next
+/// connections up no longer than that.
+const RTR_WAIT: Duration = Duration::from_millis(2);
+
+/// What an `accept` found in Q.
+enum Taken {
+    Empty,
+    /// The setup goes on in the service thread.
+    Submitted,
+    /// MPA Request answered, RTR to come.
+    Answered(Ready),
+}
 
 struct Ready {
     stream: SdpStream,
@@ -171,7 +186,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     let q = bind_q(fd, local, backlog)?;
     let q_port = q.local_addr()?.port();
     let levels = Levels::new()?;
-    let wake = sdp_core::fds::high(levels.user_fd().try_clone_to_owned()?);
+    let wake = sdp_core::fds::dup_high(levels.user_fd())?;
     let control = match ControlClient::connect_default()
         .and_then(|mut c| c.register(local.ip(), local.port(), q_port).map(|()| c))
     {
@@ -380,7 +395,7 @@ impl Shared {
             match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => out.push(Box::new(h)),
                 Err(e) => {
-                    self.setup_failed();
+                    self.setup_ended();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                 }
             }
@@ -407,54 +422,75 @@ impl Shared {
                     if e.kind() != io::ErrorKind::WouldBlock {
                         crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
                     }
-                    self.setup_failed();
+                    self.setup_ended();
                     return None;
                 }
             }
         }
     }
 
-    fn setup_failed(&self) {
+    /// A setup counted in `setting_up` ended without going to the queue.
+    fn setup_ended(&self) {
         let mut q = self.lock();
         q.setting_up = q.setting_up.saturating_sub(1);
     }
 
-    /// An `accept` takes the next connection from Q itself: answered at
-    /// once when its MPA Request is there, else left to the service thread
-    /// (it is handed out once set up); `None` when Q is empty.
-    fn take_now(self: &Arc<Self>, now: Instant) -> Option<()> {
+    /// An `accept` takes the next connection from Q itself and answers its
+    /// MPA Request at once when it is there; else the service thread
+    /// carries the setup on (and hands the connection out once set up).
+    fn take_now(self: &Arc<Self>, now: Instant) -> Taken {
         loop {
-            let (tcp, peer) = self.take_q()?;
+            let Some((tcp, peer)) = self.take_q() else {
+                return Taken::Empty;
+            };
             let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => h,
                 Err(e) => {
-                    self.setup_failed();
+                    self.setup_ended();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                     continue;
                 }
             };
             match h.request_now(now) {
-                // The program gets the connection once its setup is over
-                // (the service thread waits for the RTR and sends the
-                // HelloAck): one it closed at once would cut the client's
-                // setup short, where TCP's connect is complete.
-                Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
-                    Ok(h) => {
-                        service::submit(Box::new(h));
-                        return Some(());
-                    }
-                    Err(e) => {
-                        self.setup_failed();
-                        crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                    }
-                },
-                Some(Err(())) => self.setup_failed(),
+                Some(Ok(stream)) => return Taken::Answered(Ready { stream, peer }),
+                Some(Err(())) => self.setup_ended(),
                 None => {
                     service::submit(Box::new(h));
-                    return Some(());
+                    return Taken::Submitted;
                 }
             }
         }
+    }
+
+    /// A connection whose MPA Request an `accept` answered: the program
+    /// gets it once its setup is over (RTR in, HelloAck out): one it closed
+    /// at once would cut the client's setup short, where TCP's connect is
+    /// complete. A blocking `accept` waits for that itself, a little
+    /// ([`RTR_WAIT`]), with no hand-off; otherwise, or if the client is
+    /// slower, the service thread waits and queues it.
+    fn finish_here(self: &Arc<Self>, ready: Ready, wait: bool) -> Option<Ready> {
+        if wait {
+            let _ = ready.stream.wait_connected(Some(Instant::now() + RTR_WAIT));
+        }
+        // The progress thread takes it on from here, whoever waits next.
+        if let Err(e) = ready.stream.to_progress() {
+            self.setup_ended();
+            crate::log!(Level::Warn, "SDP setup with {}: {e}", ready.peer);
+            return None;
+        }
+        if wait && ready.stream.poll_state().connected {
+            self.setup_ended();
+            return Some(ready);
+        }
+        let _g = table::enter_gate();
+        match Handshake::answered(self.clone(), ready.stream, ready.peer, Instant::now()) {
+            Ok(h) => service::submit(Box::new(h)),
+            Err(e) => {
+                self.setup_ended();
+                crate::log!(Level::Debug, "SDP setup with {}: {e}", ready.peer);
+            }
+        }
+        None
     }
 
     fn done(self: &Arc<Self>, ready: Option<Ready>) {
@@ -496,11 +532,12 @@ fn answer_request(
     config: sdp_core::conn::Config,
     now: Instant,
     until: Instant,
+    driver: Driver,
 ) -> Request {
     if now >= until {
         return Request::Failed("setup timed out".into());
     }
-    match accept::answer_request(ep, &config, now) {
+    match accept::answer_request(ep, &config, now, driver) {
         Answer::Answered(s) => Request::Answered(s),
         Answer::Pending(ep) => {
             let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
@@ -555,7 +592,7 @@ impl Handshake {
         peer: SocketAddr,
         now: Instant,
     ) -> io::Result<Handshake> {
-        let watch = sdp_core::fds::high(stream.readiness_fd()?.try_clone_to_owned()?);
+        let watch = sdp_core::fds::dup_high(stream.readiness_fd()?)?;
         Ok(Handshake {
             lst,
             peer,
@@ -579,7 +616,8 @@ impl Handshake {
                     return None;
                 }
                 HsPhase::Request(ep, config) => {
-                    let stream = match answer_request(ep, config, now, self.until) {
+                    let stream = match answer_request(ep, config, now, self.until, Driver::Progress)
+                    {
                         Request::Answered(stream) => stream,
                         Request::Wait(ep, config, fd, deadline) => {
                             self.phase = HsPhase::Request(ep, config);
@@ -638,7 +676,7 @@ impl Handshake {
         let HsPhase::Request(ep, config) = std::mem::replace(&mut self.phase, HsPhase::Done) else {
             return Some(Err(()));
         };
-        match answer_request(ep, config, now, self.until) {
+        match answer_request(ep, config, now, self.until, Driver::Caller) {
             Request::Answered(stream) => Some(Ok(stream)),
             Request::Wait(ep, config, ..) => {
                 self.phase = HsPhase::Request(ep, config);
@@ -720,9 +758,9 @@ impl SdpListener for Lst {
         self.sh.lock().setting_up > 0
     }
 
-    fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
-        let _g = table::enter_gate();
+    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno> {
         loop {
+            let g = table::enter_gate();
             let r = {
                 let mut q = self.sh.lock();
                 let r = q.ready.pop_front();
@@ -731,20 +769,29 @@ impl SdpListener for Lst {
                 }
                 r
             };
-            let (stream, peer) = match r {
-                Some(Ready { stream, peer }) => {
+            let (Ready { stream, peer }, _g) = match r {
+                Some(r) => {
                     // Room for the next one, for a listener that takes
                     // them ahead (not for a waiting call: it has this one).
                     if self.sh.takes_ahead() {
                         self.sh.kick();
                     }
-                    (stream, peer)
+                    (r, g)
                 }
                 // The next connection in Q, taken by this call.
                 None => match self.sh.take_now(Instant::now()) {
+                    Taken::Answered(ready) => {
+                        // Waited for outside the fork gate: the stream is
+                        // no other thread's yet.
+                        drop(g);
+                        match self.sh.finish_here(ready, !nonblocking) {
+                            Some(r) => (r, table::enter_gate()),
+                            None => continue,
+                        }
+                    }
                     // Its setup goes on in the service thread.
-                    Some(()) => continue,
-                    None => {
+                    Taken::Submitted => continue,
+                    Taken::Empty => {
                         self.sh.kick();
                         return Err(libc::EAGAIN);
                     }

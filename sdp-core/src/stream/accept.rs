@@ -14,7 +14,7 @@ use std::time::Instant;
 use iwarp::engine::Event as QpEvent;
 use iwarp::mem::VecMemory;
 
-use super::{fit_config, Endpoint, Progress, SdpStream};
+use super::{fit_config, Driver, Endpoint, Progress, SdpStream};
 use crate::conn::Config;
 use crate::link::{connection_config, Link};
 
@@ -49,8 +49,14 @@ pub fn responder(
 
 /// Reads what came on `ep`, fires its timer if due, and answers the MPA
 /// Request once it and its Hello are whole: the Reply with our HelloAck's
-/// parameters, or a reject Reply for a Hello we refuse (§8.1.1).
-pub fn answer_request(mut ep: Box<Endpoint>, config: &Config, now: Instant) -> Answer {
+/// parameters, or a reject Reply for a Hello we refuse (§8.1.1). The
+/// stream answered waits for the RTR, carried on by `driver`.
+pub fn answer_request(
+    mut ep: Box<Endpoint>,
+    config: &Config,
+    now: Instant,
+    driver: Driver,
+) -> Answer {
     match ep.pump_recv(now, &mut VecMemory::new()) {
         Ok(Progress::Closed) => {
             return Answer::Failed(io::Error::new(
@@ -91,7 +97,7 @@ pub fn answer_request(mut ep: Box<Endpoint>, config: &Config, now: Instant) -> A
             ));
         }
     };
-    match SdpStream::from_parts(link, *ep) {
+    match SdpStream::from_parts_by(link, *ep, driver) {
         Ok(s) => Answer::Answered(s),
         Err(e) => Answer::Failed(e),
     }

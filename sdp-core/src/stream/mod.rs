@@ -421,6 +421,18 @@ pub struct Pumped {
     pub quiet: bool,
 }
 
+/// Who carries a new stream's setup (MPA, Hello, HelloAck) on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// The progress thread, from the start: for a caller that returns
+    /// before the setup ends (a nonblocking connect).
+    Progress,
+    /// The calling thread, which waits for the setup in its own calls and
+    /// then hands the stream on ([`SdpStream::to_progress`]): no other
+    /// thread wakes for the setup's messages.
+    Caller,
+}
+
 /// An SDP connection; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct SdpStream {
@@ -457,9 +469,10 @@ impl SdpStream {
     /// The SDP setup of a connected TCP stream, as the Connecting Peer,
     /// blocking until the HelloAck arrived.
     fn setup(tcp: TcpStream, config: &Config, deadline: Option<Instant>) -> io::Result<SdpStream> {
-        let stream = SdpStream::start_connect(tcp, config)?;
-        stream.wait_connected(deadline)?;
-        Ok(stream)
+        let stream = SdpStream::start_connect_by(tcp, config, Driver::Caller)?;
+        let r = stream.wait_connected(deadline);
+        stream.to_progress()?;
+        r.map(|()| stream)
     }
 
     /// Starts the SDP setup of a connected TCP stream as the Connecting
@@ -471,6 +484,16 @@ impl SdpStream {
         SdpStream::start_connect_with(tcp, config, None)
     }
 
+    /// [`SdpStream::start_connect`], the setup carried on by `driver`.
+    pub fn start_connect_by(
+        tcp: TcpStream,
+        config: &Config,
+        driver: Driver,
+    ) -> io::Result<SdpStream> {
+        let (link, ep) = SdpStream::initiator(tcp, config)?;
+        SdpStream::build(link, ep, None, driver)
+    }
+
     /// [`SdpStream::start_connect`] with `readiness` as the stream's
     /// readiness descriptor (see [`SdpStream::from_parts_with`]).
     pub fn start_connect_with(
@@ -478,13 +501,19 @@ impl SdpStream {
         config: &Config,
         readiness: Option<readiness::Readiness>,
     ) -> io::Result<SdpStream> {
+        let (link, ep) = SdpStream::initiator(tcp, config)?;
+        SdpStream::from_parts_with(link, ep, readiness)
+    }
+
+    /// The Connecting Peer's link and endpoint, the MPA Request queued.
+    fn initiator(tcp: TcpStream, config: &Config) -> io::Result<(Link, Endpoint)> {
         let now = Instant::now();
         rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
         let config = &fit_config(&tcp, config);
         let mut link = Link::connect(config);
         let mut ep = Endpoint::initiator(tcp, connection_config(config), link.hello(), now)?;
         link.drive(now, ep.connection_mut());
-        SdpStream::from_parts_with(link, ep, readiness)
+        Ok((link, ep))
     }
 
     /// Wraps a link and its endpoint (set up by the caller, connected or
@@ -503,6 +532,20 @@ impl SdpStream {
         ep: Endpoint,
         readiness: Option<readiness::Readiness>,
     ) -> io::Result<SdpStream> {
+        SdpStream::build(link, ep, readiness, Driver::Progress)
+    }
+
+    /// [`SdpStream::from_parts`], the setup carried on by `driver`.
+    pub fn from_parts_by(link: Link, ep: Endpoint, driver: Driver) -> io::Result<SdpStream> {
+        SdpStream::build(link, ep, None, driver)
+    }
+
+    fn build(
+        link: Link,
+        ep: Endpoint,
+        readiness: Option<readiness::Readiness>,
+        driver: Driver,
+    ) -> io::Result<SdpStream> {
         let local = ep.stream().local_addr()?;
         let peer = ep.stream().peer_addr()?;
         let shared = Arc::new(Shared::with_readiness(
@@ -511,7 +554,14 @@ impl SdpStream {
             progress::next_id(),
             readiness,
         )?);
-        progress::register(shared.clone())?;
+        if driver == Driver::Progress {
+            progress::register(shared.clone())?;
+        }
+        // What the setup sends first (the MPA Request or Reply) goes from
+        // this thread, not after a hand-off to the progress thread; the
+        // unlock tells the thread of the setup's deadline, and asks it to
+        // watch for room only if the socket did not take it all.
+        shared.lock().pump_out(Instant::now());
         Ok(SdpStream {
             handle: Arc::new(Handle {
                 shared,
@@ -548,6 +598,13 @@ impl SdpStream {
     /// connection.
     pub fn pause_progress(&self) {
         progress::deregister(self.shared().id);
+    }
+
+    /// Hands a stream whose setup its caller carried on
+    /// ([`Driver::Caller`]) to the progress thread, set up or not: from
+    /// now on the thread moves what the application leaves.
+    pub fn to_progress(&self) -> io::Result<()> {
+        progress::register(self.handle.shared.clone())
     }
 
     /// Hands the stream (back) to this process's progress thread — in a
@@ -1315,7 +1372,7 @@ impl AsRawFd for SdpListener {
 fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
     let (mut ep, config) = accept::responder(tcp, config, Instant::now())?;
     let stream = loop {
-        ep = match accept::answer_request(ep, &config, Instant::now()) {
+        ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Caller) {
             accept::Answer::Answered(s) => break s,
             accept::Answer::Failed(e) => return Err(e),
             accept::Answer::Pending(ep) => ep,
@@ -1331,6 +1388,7 @@ fn accept_setup(tcp: TcpStream, config: &Config) -> io::Result<SdpStream> {
         let _ = poll(&mut fds, ts.as_ref());
     };
     let deadline = Instant::now() + iwarp::mpa::startup::DEFAULT_TIMEOUT;
-    stream.wait_connected(Some(deadline))?;
-    Ok(stream)
+    let r = stream.wait_connected(Some(deadline));
+    stream.to_progress()?;
+    r.map(|()| stream)
 }

@@ -19,6 +19,11 @@
 //! ready then, so nothing is missed; the price is that progress for an
 //! application that stops polling comes at most [`PARK`] late.
 //!
+//! **Timers.** The thread sleeps until the nearest deadline of its links.
+//! A link whose deadline moves wakes it only if the new one comes sooner
+//! ([`wake_for`]): a burst of new connections, each with its MPA startup
+//! timer seconds away, costs the thread no wake-up.
+//!
 //! **fork.** A child of `fork` has no progress thread (only the forking
 //! thread survives). A program that forks calls [`fork_prepare`] before,
 //! [`fork_parent`] after in the parent and [`fork_child`] in the child (the
@@ -44,8 +49,8 @@ use super::shared::Shared;
 /// of the epoll set (see Parking above).
 pub const PARK: Duration = Duration::from_millis(1);
 
-/// What a link starts with: arrivals, room and a hang-up (its marks start
-/// set; see [`interest`]).
+/// Arrivals, room and a hang-up: what a moved socket is watched for when
+/// its link is not known (see [`interest`]).
 const EVERYTHING: EventFlags = EventFlags::IN
     .union(EventFlags::OUT)
     .union(EventFlags::RDHUP)
@@ -85,7 +90,18 @@ struct Thread {
     epoll: OwnedFd,
     wake: OwnedFd,
     links: Mutex<HashMap<u64, Arc<Shared>>>,
+    /// Until when the thread sleeps (encoded as a link's deadline),
+    /// [`AWAKE`] while it works: a deadline later than that needs no
+    /// wake-up, one sooner does ([`wake_for`]).
+    asleep_until: AtomicU64,
+    /// Bumped by each [`wake_for`]: a thread that planned its sleep
+    /// without the change plans again.
+    changes: AtomicU64,
 }
+
+/// [`Thread::asleep_until`] while the thread works: it looks at every
+/// deadline before it sleeps again.
+const AWAKE: u64 = 0;
 
 /// Fork generations a process may descend through (each child starts the
 /// next slot); beyond that a child gets no progress thread.
@@ -125,6 +141,8 @@ fn thread() -> io::Result<&'static Thread> {
             epoll,
             wake,
             links: Mutex::new(HashMap::new()),
+            asleep_until: AtomicU64::new(AWAKE),
+            changes: AtomicU64::new(0),
         }));
         std::thread::Builder::new()
             .name("sdp-progress".into())
@@ -250,7 +268,9 @@ pub fn register(shared: Arc<Shared>) -> io::Result<()> {
         lock(&t.links).remove(&shared.id);
         return Err(e.into());
     }
-    wake();
+    // The socket is in the epoll set: what it brings wakes the thread.
+    // Its deadline needs a wake-up only if sooner than the thread's own.
+    wake_for(shared.deadline());
     Ok(())
 }
 
@@ -311,6 +331,20 @@ pub(super) fn swap_socket(
 
 /// Makes the thread recompute its timeout (a link's deadline moved
 /// earlier).
+/// A link's deadline is now `deadline`: wakes the thread if it sleeps
+/// past it. (Most links' first deadline, the MPA startup timer, is later
+/// than the thread's planned wake-up when connections come in bursts.)
+pub fn wake_for(deadline: Option<Instant>) {
+    let Some(t) = running() else {
+        return;
+    };
+    t.changes.fetch_add(1, Ordering::SeqCst);
+    let until = t.asleep_until.load(Ordering::SeqCst);
+    if until != AWAKE && super::shared::encode(deadline) < until {
+        let _ = rustix::io::write(&t.wake, &1u64.to_ne_bytes());
+    }
+}
+
 pub fn wake() {
     if let Some(t) = running() {
         let _ = rustix::io::write(&t.wake, &1u64.to_ne_bytes());
@@ -343,11 +377,19 @@ impl Thread {
         let mut due: Vec<Arc<Shared>> = Vec::new();
         let mut parked: Vec<(Instant, Arc<Shared>)> = Vec::new();
         loop {
+            let seen = self.changes.load(Ordering::SeqCst);
             let next = lock(&self.links)
                 .values()
                 .filter_map(|s| s.deadline())
                 .chain(parked.first().map(|p| p.0))
                 .min();
+            self.asleep_until
+                .store(super::shared::encode(next), Ordering::SeqCst);
+            if self.changes.load(Ordering::SeqCst) != seen {
+                // A deadline came while we looked: look again.
+                self.asleep_until.store(AWAKE, Ordering::SeqCst);
+                continue;
+            }
             let timeout = next.map(|t| {
                 let d = t.saturating_duration_since(Instant::now());
                 Timespec {
@@ -356,7 +398,9 @@ impl Thread {
                 }
             });
             events.clear();
-            if epoll::wait(&self.epoll, spare_capacity(&mut events), timeout.as_ref()).is_err() {
+            let r = epoll::wait(&self.epoll, spare_capacity(&mut events), timeout.as_ref());
+            self.asleep_until.store(AWAKE, Ordering::SeqCst);
+            if r.is_err() {
                 continue;
             }
             enter_work();

@@ -72,9 +72,9 @@ fn base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
-const NO_DEADLINE: u64 = u64::MAX;
+pub(super) const NO_DEADLINE: u64 = u64::MAX;
 
-fn encode(t: Option<Instant>) -> u64 {
+pub(super) fn encode(t: Option<Instant>) -> u64 {
     t.map_or(NO_DEADLINE, |t| {
         t.saturating_duration_since(base())
             .as_nanos()
@@ -535,7 +535,7 @@ impl Inner {
     /// descriptor to poll.
     fn arm_readiness(&mut self) -> io::Result<OwnedFd> {
         let r = Readiness::new()?;
-        let user = crate::fds::high(r.user_fd().try_clone_to_owned()?);
+        let user = crate::fds::dup_high(r.user_fd())?;
         self.readiness = Some(r);
         self.update_readiness();
         Ok(user)
@@ -628,12 +628,10 @@ impl Shared {
         id: u64,
         readiness: Option<Readiness>,
     ) -> io::Result<Shared> {
-        let sock = Arc::new(RwLock::new(crate::fds::high(
-            ep.stream().as_fd().try_clone_to_owned()?,
-        )));
+        let sock = Arc::new(RwLock::new(crate::fds::dup_high(ep.stream().as_fd())?));
         let wake = crate::fds::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let user = match &readiness {
-            Some(r) => Some(crate::fds::high(r.user_fd().try_clone_to_owned()?)),
+            Some(r) => Some(crate::fds::dup_high(r.user_fd())?),
             None => None,
         };
         let mut inner = Inner {
@@ -685,7 +683,9 @@ impl Shared {
             socket_polled: AtomicBool::new(false),
             readiness_waiters: AtomicUsize::new(0),
             reads: AtomicBool::new(true),
-            room: AtomicBool::new(true),
+            // Nothing was written yet: the first unlock asks for room if
+            // the socket does not take what it writes.
+            room: AtomicBool::new(false),
             id,
         })
     }
@@ -706,7 +706,7 @@ impl Shared {
     /// [`Shared::readiness`]'s). One asked for before keeps its last
     /// state and no longer follows the stream.
     pub fn adopt_readiness(&self, r: Readiness) -> io::Result<()> {
-        let user = crate::fds::high(r.user_fd().try_clone_to_owned()?);
+        let user = crate::fds::dup_high(r.user_fd())?;
         let mut g = self.lock();
         g.readiness = Some(r);
         g.update_readiness();
@@ -1184,7 +1184,7 @@ impl Drop for Locked<'_> {
             shared.sync_interest(&mut g);
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
-                super::progress::wake();
+                super::progress::wake_for(shared.deadline());
             }
         }
         shared.serve_kicks();
