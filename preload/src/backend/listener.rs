@@ -5,12 +5,12 @@
 //! A connection is taken from Q by the program's `accept`, as a TCP
 //! connection is taken from the kernel's queue: `accept` takes the next
 //! one and, when its MPA Request (with the Hello) is already there — the
-//! client sends it right after its TCP connect — answers it at once. A
-//! blocking `accept` then waits for the RTR itself, briefly, and returns
-//! the connection set up, with no other thread involved. A nonblocking
-//! `accept` never waits for a handshake: a connection whose Request or RTR
-//! has not come yet goes on in the service thread ([`super::service`])
-//! and is handed out once set up. The listener is readable while a connection is set up here or
+//! client sends it right after its TCP connect — answers it at once and
+//! returns the connection, whose RTR and HelloAck the progress thread
+//! carries (reads and writes wait for them). A nonblocking `accept` never
+//! waits for a handshake: a connection whose Request has not come yet goes
+//! on in the service thread ([`super::service`]) and is handed out once
+//! set up. The listener is readable while a connection is set up here or
 //! waits in Q (`Shared::q_pending`); an epoll set polls Q too.
 //!
 //! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
@@ -62,21 +62,6 @@ const MAX_QUEUED: usize = 64;
 /// How long a connection's setup may take (the MPA startup timer, 5 s,
 /// normally decides first).
 const SETUP_LIMIT: Duration = Duration::from_secs(10);
-
-/// How long a blocking `accept` waits for the RTR after its MPA Reply
-/// before it leaves the setup to the service thread: a round trip on a
-/// LAN, and short enough that a client that stalls holds the next
-/// connections up no longer than that.
-const RTR_WAIT: Duration = Duration::from_millis(2);
-
-/// What an `accept` found in Q.
-enum Taken {
-    Empty,
-    /// The setup goes on in the service thread.
-    Submitted,
-    /// MPA Request answered, RTR to come.
-    Answered(Ready),
-}
 
 struct Ready {
     stream: SdpStream,
@@ -395,7 +380,7 @@ impl Shared {
             match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => out.push(Box::new(h)),
                 Err(e) => {
-                    self.setup_ended();
+                    self.setup_failed();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                 }
             }
@@ -422,75 +407,54 @@ impl Shared {
                     if e.kind() != io::ErrorKind::WouldBlock {
                         crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
                     }
-                    self.setup_ended();
+                    self.setup_failed();
                     return None;
                 }
             }
         }
     }
 
-    /// A setup counted in `setting_up` ended without going to the queue.
-    fn setup_ended(&self) {
+    fn setup_failed(&self) {
         let mut q = self.lock();
         q.setting_up = q.setting_up.saturating_sub(1);
     }
 
-    /// An `accept` takes the next connection from Q itself and answers its
-    /// MPA Request at once when it is there; else the service thread
-    /// carries the setup on (and hands the connection out once set up).
-    fn take_now(self: &Arc<Self>, now: Instant) -> Taken {
+    /// An `accept` takes the next connection from Q itself: answered at
+    /// once when its MPA Request is there, else left to the service thread
+    /// (it is handed out once set up); `None` when Q is empty.
+    fn take_now(self: &Arc<Self>, now: Instant) -> Option<()> {
         loop {
-            let Some((tcp, peer)) = self.take_q() else {
-                return Taken::Empty;
-            };
+            let (tcp, peer) = self.take_q()?;
             let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => h,
                 Err(e) => {
-                    self.setup_ended();
+                    self.setup_failed();
                     crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
                     continue;
                 }
             };
             match h.request_now(now) {
-                Some(Ok(stream)) => return Taken::Answered(Ready { stream, peer }),
-                Some(Err(())) => self.setup_ended(),
+                // The program gets the connection once its setup is over
+                // (the service thread waits for the RTR and sends the
+                // HelloAck): one it closed at once would cut the client's
+                // setup short, where TCP's connect is complete.
+                Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
+                    Ok(h) => {
+                        service::submit(Box::new(h));
+                        return Some(());
+                    }
+                    Err(e) => {
+                        self.setup_failed();
+                        crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+                    }
+                },
+                Some(Err(())) => self.setup_failed(),
                 None => {
                     service::submit(Box::new(h));
-                    return Taken::Submitted;
+                    return Some(());
                 }
             }
         }
-    }
-
-    /// A connection whose MPA Request an `accept` answered: the program
-    /// gets it once its setup is over (RTR in, HelloAck out): one it closed
-    /// at once would cut the client's setup short, where TCP's connect is
-    /// complete. A blocking `accept` waits for that itself, a little
-    /// ([`RTR_WAIT`]), with no hand-off; otherwise, or if the client is
-    /// slower, the service thread waits and queues it.
-    fn finish_here(self: &Arc<Self>, ready: Ready, wait: bool) -> Option<Ready> {
-        if wait {
-            let _ = ready.stream.wait_connected(Some(Instant::now() + RTR_WAIT));
-        }
-        // The progress thread takes it on from here, whoever waits next.
-        if let Err(e) = ready.stream.to_progress() {
-            self.setup_ended();
-            crate::log!(Level::Warn, "SDP setup with {}: {e}", ready.peer);
-            return None;
-        }
-        if wait && ready.stream.poll_state().connected {
-            self.setup_ended();
-            return Some(ready);
-        }
-        let _g = table::enter_gate();
-        match Handshake::answered(self.clone(), ready.stream, ready.peer, Instant::now()) {
-            Ok(h) => service::submit(Box::new(h)),
-            Err(e) => {
-                self.setup_ended();
-                crate::log!(Level::Debug, "SDP setup with {}: {e}", ready.peer);
-            }
-        }
-        None
     }
 
     fn done(self: &Arc<Self>, ready: Option<Ready>) {
@@ -532,12 +496,11 @@ fn answer_request(
     config: sdp_core::conn::Config,
     now: Instant,
     until: Instant,
-    driver: Driver,
 ) -> Request {
     if now >= until {
         return Request::Failed("setup timed out".into());
     }
-    match accept::answer_request(ep, &config, now, driver) {
+    match accept::answer_request(ep, &config, now, Driver::Progress) {
         Answer::Answered(s) => Request::Answered(s),
         Answer::Pending(ep) => {
             let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
@@ -616,8 +579,7 @@ impl Handshake {
                     return None;
                 }
                 HsPhase::Request(ep, config) => {
-                    let stream = match answer_request(ep, config, now, self.until, Driver::Progress)
-                    {
+                    let stream = match answer_request(ep, config, now, self.until) {
                         Request::Answered(stream) => stream,
                         Request::Wait(ep, config, fd, deadline) => {
                             self.phase = HsPhase::Request(ep, config);
@@ -676,7 +638,7 @@ impl Handshake {
         let HsPhase::Request(ep, config) = std::mem::replace(&mut self.phase, HsPhase::Done) else {
             return Some(Err(()));
         };
-        match answer_request(ep, config, now, self.until, Driver::Caller) {
+        match answer_request(ep, config, now, self.until) {
             Request::Answered(stream) => Some(Ok(stream)),
             Request::Wait(ep, config, ..) => {
                 self.phase = HsPhase::Request(ep, config);
@@ -758,9 +720,9 @@ impl SdpListener for Lst {
         self.sh.lock().setting_up > 0
     }
 
-    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno> {
+    fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
+        let _g = table::enter_gate();
         loop {
-            let g = table::enter_gate();
             let r = {
                 let mut q = self.sh.lock();
                 let r = q.ready.pop_front();
@@ -769,29 +731,20 @@ impl SdpListener for Lst {
                 }
                 r
             };
-            let (Ready { stream, peer }, _g) = match r {
-                Some(r) => {
+            let (stream, peer) = match r {
+                Some(Ready { stream, peer }) => {
                     // Room for the next one, for a listener that takes
                     // them ahead (not for a waiting call: it has this one).
                     if self.sh.takes_ahead() {
                         self.sh.kick();
                     }
-                    (r, g)
+                    (stream, peer)
                 }
                 // The next connection in Q, taken by this call.
                 None => match self.sh.take_now(Instant::now()) {
-                    Taken::Answered(ready) => {
-                        // Waited for outside the fork gate: the stream is
-                        // no other thread's yet.
-                        drop(g);
-                        match self.sh.finish_here(ready, !nonblocking) {
-                            Some(r) => (r, table::enter_gate()),
-                            None => continue,
-                        }
-                    }
                     // Its setup goes on in the service thread.
-                    Taken::Submitted => continue,
-                    Taken::Empty => {
+                    Some(()) => continue,
+                    None => {
                         self.sh.kick();
                         return Err(libc::EAGAIN);
                     }
