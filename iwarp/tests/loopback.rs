@@ -773,3 +773,74 @@ fn startup_failure_sends_terminate_then_closes() {
         "{events:?}"
     );
 }
+
+/// The receive scratch buffer starts at one page, so that an idle
+/// connection costs little, and doubles while reads fill it: a burst of
+/// small FPDUs waiting in the socket is taken many per read. Every Send
+/// arrives whole and in order either way.
+#[test]
+fn the_scratch_buffer_grows_only_with_a_burst() {
+    const N: usize = 2000;
+    const LEN: usize = 64;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        driver::accept(&listener, cfg(true, false), |_| Ok(Vec::new())).unwrap()
+    });
+    let mut a = driver::connect_with(addr, cfg(true, false), b"", &Options::default()).unwrap();
+    let mut b = server.join().unwrap();
+    assert_eq!(b.scratch_len(), 4096, "after the MPA exchange");
+
+    let mut bmem = VecMemory::new();
+    let inbox = bmem.add(vec![0; N * LEN]);
+    for i in 0..N {
+        let sge = Sge {
+            region: inbox,
+            offset: i * LEN,
+            len: LEN,
+        };
+        let wr = RecvWr {
+            wr_id: i as u64,
+            sge,
+        };
+        b.connection_mut().datapath_mut().post_recv(wr).unwrap();
+    }
+    let mut rng = Rng::new(7);
+    let data = rng.bytes(N * LEN);
+    let mut amem = VecMemory::new();
+    let src = amem.add(data.clone());
+    for i in 0..N {
+        let wr = SendWr {
+            wr_id: i as u64,
+            kind: SendKind::Send,
+            payload: Payload::region(src, i * LEN, LEN),
+            signaled: false,
+        };
+        a.connection_mut().datapath_mut().post_send(wr).unwrap();
+    }
+    // All of it into b's socket before b reads any.
+    let start = Instant::now();
+    while a.connection().has_pending_tx() || !a.connection().txq().is_empty() {
+        a.pump_send(Instant::now(), &amem).unwrap();
+        assert!(start.elapsed() < PATIENCE, "the Sends never left");
+    }
+    let mut done = 0;
+    while done < N {
+        b.pump_recv(Instant::now(), &mut bmem).unwrap();
+        while let Some(c) = b.connection_mut().datapath_mut().poll_completion() {
+            assert_eq!((c.wr_id, c.status), (done as u64, Status::Success));
+            done += 1;
+        }
+        assert!(start.elapsed() < PATIENCE, "{done} of {N} Sends arrived");
+    }
+    assert_eq!(bmem.get(inbox).unwrap(), &data[..]);
+    // At least as far as a read after a short payload run reads ahead
+    // (16 KiB), whatever limits the reads after that.
+    let grown = b.scratch_len();
+    assert!(
+        (16 * 1024..=64 * 1024).contains(&grown),
+        "{grown} after a burst of {N} small FPDUs"
+    );
+    // The sender read nothing but the MPA Reply.
+    assert_eq!(a.scratch_len(), 4096);
+}

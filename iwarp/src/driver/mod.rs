@@ -126,7 +126,12 @@ const EMSS_CHECK_MAX: u64 = 64 << 20;
 /// Octets one [`Endpoint::pump_recv`] call reads at most, so that a busy
 /// receive direction does not starve the send direction.
 const RX_BUDGET: usize = 4 << 20;
-/// Size of the scratch buffer: headers, small FPDUs, discarded payload.
+/// Size of the scratch buffer (headers, small FPDUs, discarded payload)
+/// at first: an idle connection, or one of small messages, never needs
+/// more, and its memory is what a connection costs at rest.
+const SCRATCH_MIN: usize = 4 * 1024;
+/// The most the scratch buffer grows to, doubling each time a read fills
+/// it: a read then takes many FPDUs at once.
 const SCRATCH_LEN: usize = 64 * 1024;
 /// Octets read into scratch beyond what the engine asked for: the CRC, pad
 /// and next header after placed payload, or a whole small FPDU. Payload
@@ -195,7 +200,7 @@ impl std::error::Error for Rejected {}
 pub struct Endpoint {
     stream: TcpStream,
     conn: Connection,
-    scratch: Box<[u8]>,
+    scratch: Vec<u8>,
     /// Octets in `scratch[held.0..held.1]` read earlier and not yet taken
     /// by the engine.
     held: (usize, usize),
@@ -279,7 +284,7 @@ impl Endpoint {
         Endpoint {
             stream,
             conn,
-            scratch: vec![0; SCRATCH_LEN].into_boxed_slice(),
+            scratch: vec![0; SCRATCH_MIN],
             held: (0, 0),
             frame: [0; FRAME_HEADER_LEN],
             frame_read: 0,
@@ -532,6 +537,21 @@ impl Endpoint {
         used
     }
 
+    /// A read put `n` octets into scratch: if they filled it, the socket
+    /// may hold more than scratch takes, and it doubles (up to
+    /// [`SCRATCH_LEN`]), keeping what it holds.
+    fn grow_scratch(&mut self, n: usize) {
+        let len = self.scratch.len();
+        if n >= len && len < SCRATCH_LEN {
+            self.scratch.resize((len * 2).min(SCRATCH_LEN), 0);
+        }
+    }
+
+    /// The scratch buffer's size now (see [`SCRATCH_MIN`]).
+    pub fn scratch_len(&self) -> usize {
+        self.scratch.len()
+    }
+
     /// One read from the socket into wherever the engine wants the next
     /// octets: the octets read and the octets asked for. `Ok((0, _))` is
     /// the end of the stream.
@@ -579,6 +599,7 @@ impl Endpoint {
                         if n > len {
                             self.feed(now, 0, n - len, mem);
                         }
+                        self.grow_scratch(n - placed);
                         Ok((n, len + trail))
                     }
                     None => {
@@ -596,6 +617,7 @@ impl Endpoint {
                 let max = max.max(READ_AHEAD).min(self.scratch.len());
                 let n = (&self.stream).read(&mut self.scratch[..max])?;
                 self.feed(now, 0, n, mem);
+                self.grow_scratch(n);
                 Ok((n, max))
             }
         }
