@@ -547,7 +547,8 @@ impl Endpoint {
         }
     }
 
-    /// The scratch buffer's size now (see [`SCRATCH_MIN`]).
+    /// The receive scratch buffer's size now: 4 KiB at first, up to
+    /// 64 KiB after reads that filled it.
     pub fn scratch_len(&self) -> usize {
         self.scratch.len()
     }

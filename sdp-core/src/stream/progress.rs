@@ -329,8 +329,6 @@ pub(super) fn swap_socket(
     Ok(r?)
 }
 
-/// Makes the thread recompute its timeout (a link's deadline moved
-/// earlier).
 /// A link's deadline is now `deadline`: wakes the thread if it sleeps
 /// past it. (Most links' first deadline, the MPA startup timer, is later
 /// than the thread's planned wake-up when connections come in bursts.)
@@ -345,6 +343,8 @@ pub fn wake_for(deadline: Option<Instant>) {
     }
 }
 
+/// Makes the thread look at its links again (its table or a link's
+/// socket changed, or a fork is under way).
 pub fn wake() {
     if let Some(t) = running() {
         let _ = rustix::io::write(&t.wake, &1u64.to_ne_bytes());

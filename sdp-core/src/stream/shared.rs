@@ -72,7 +72,7 @@ fn base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
-pub(super) const NO_DEADLINE: u64 = u64::MAX;
+const NO_DEADLINE: u64 = u64::MAX;
 
 pub(super) fn encode(t: Option<Instant>) -> u64 {
     t.map_or(NO_DEADLINE, |t| {
