@@ -559,7 +559,7 @@ impl Connector {
                     };
                     match fd {
                         Some(fd) => return Step::Wait((fd, libc::POLLOUT, Some(until))),
-                        // The wait ended early (a signal): wait on.
+                        // Neither set up nor failed, and time left: wait on.
                         None => continue,
                     }
                 }
