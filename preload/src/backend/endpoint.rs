@@ -660,8 +660,7 @@ impl SdpEndpoint for Ep {
                 .get()
                 .ok_or_else(|| io::Error::other("no stream"))
                 .and_then(|s| s.readiness_fd())
-                .and_then(|fd| fd.try_clone_to_owned())
-                .map(sdp_core::fds::high),
+                .and_then(sdp_core::fds::dup_high),
             State::Connecting { levels } => Levels::new().and_then(|l| {
                 let w = sdp_core::fds::dup_high(l.user_fd())?;
                 *levels = Some(l);

@@ -587,11 +587,7 @@ impl Handshake {
                         }
                         Request::Failed(why) => return self.fail(&why),
                     };
-                    let watch = match stream
-                        .readiness_fd()
-                        .and_then(|f| f.try_clone_to_owned())
-                        .map(sdp_core::fds::high)
-                    {
+                    let watch = match stream.readiness_fd().and_then(sdp_core::fds::dup_high) {
                         Ok(w) => w,
                         Err(e) => return self.fail(&format!("readiness: {e}")),
                     };
@@ -836,11 +832,7 @@ impl SdpListener for Lst {
             // The levels are a socket pair shared with the parent: this
             // process gets its own.
             if let Ok(levels) = Levels::new() {
-                if let Ok(wake) = levels
-                    .user_fd()
-                    .try_clone_to_owned()
-                    .map(sdp_core::fds::high)
-                {
+                if let Ok(wake) = sdp_core::fds::dup_high(levels.user_fd()) {
                     q.levels = levels;
                     q.wake = wake;
                 }
