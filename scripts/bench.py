@@ -33,6 +33,7 @@ THROUGHPUT_TARGET = 0.95  # SDP/TCP at 64 KiB+ messages, at least
 LATENCY_TARGET = 1.10  # SDP/TCP at 64-byte ping-pong, at most
 SETUP_TARGET = 2.0  # SDP/TCP connection setup time, warm PM cache, at most
 SERVER_TARGET = 0.95  # SDP/TCP requests per second of real servers, at least
+CHURN_TARGET = 0.5  # SDP/TCP connections per second, 100 clients at once, at least
 
 FULL = {
     "reps": 3,
@@ -41,6 +42,8 @@ FULL = {
     "lat_sizes": [64, KIB, 8 * KIB, 32 * KIB],
     "connections": 1000,
     "idle": 1000,
+    "churn": 5000,
+    "scale": 10000,
     "redis_requests": 200000,
 }
 QUICK = {
@@ -50,6 +53,8 @@ QUICK = {
     "lat_sizes": [64],
     "connections": 200,
     "idle": 100,
+    "churn": 500,
+    "scale": 300,
     "redis_requests": 20000,
 }
 
@@ -360,13 +365,13 @@ class Bench:
 
     # ---- measurements ---------------------------------------------------
 
-    def pairs(self, label, run):
-        """Runs `run(sdp, rep)` for TCP and SDP, `reps` times, alternating
-        the order; returns {"tcp": [...], "sdp": [...], "transport": ...}
-        or raises the first failure."""
+    def pairs(self, label, run, reps=None):
+        """Runs `run(sdp, rep)` for TCP and SDP, `reps` times (default the
+        configured), alternating the order; returns {"tcp": [...], "sdp":
+        [...], "transport": ...} or raises the first failure."""
         got = {"tcp": [], "sdp": []}
         transport = Transport()
-        for rep in range(self.cfg["reps"]):
+        for rep in range(reps or self.cfg["reps"]):
             order = (False, True) if rep % 2 == 0 else (True, False)
             for sdp in order:
                 value, seen = run(sdp, rep)
@@ -376,13 +381,13 @@ class Bench:
         got["transport"] = transport
         return got
 
-    def row(self, section, tool, size, metric, better, label, run, extract=None):
+    def row(self, section, tool, size, metric, better, label, run, extract=None, reps=None):
         """One table row: `run(sdp, rep)` returns (value, Transport), where
         value is a number or a dict from which `extract` rows are made."""
-        name = f"{tool} {size_name(size)}".strip() if section != "memory" else f"{size} {tool}"
+        name = f"{tool} {size_name(size)}".strip() if section not in ("memory", "scale") else f"{size} {tool}"
         print(f"bench: {section}: {name} ...", file=sys.stderr, flush=True)
         try:
-            got = self.pairs(label, run)
+            got = self.pairs(label, run, reps)
         except BenchError as e:
             msg = f"{section}: {name}: {e}"
             print(f"bench: FAILED {msg}", file=sys.stderr, flush=True)
@@ -565,7 +570,7 @@ class Bench:
         root = os.path.join(self.work, "nginx")
         os.makedirs(os.path.join(root, "www"), exist_ok=True)
         sizes = (64 * KIB, MIB)
-        for size in sizes:
+        for size in (KIB,) + sizes:
             with open(os.path.join(root, "www", size_name(size).replace(" ", "")), "wb") as f:
                 f.write(os.urandom(size))
         servers = {}
@@ -599,6 +604,24 @@ class Bench:
                 return float(m.group(1)), seen
 
             self.row("servers", "nginx keep-alive", size, "requests/s", "higher", "nginx", run)
+
+        # Churn: 100 clients, a new connection for every request.
+        def close_run(sdp, rep):
+            url = f"http://127.0.0.1:{ports[sdp]}/1KiB"
+            p, seen = self.run_client(
+                f"wrk Connection: close {'SDP' if sdp else 'TCP'}",
+                ["wrk", "-t", "2", "-c", "100", "-d", f"{sec}s", "-H", "Connection: close", url],
+                sdp, sec + 30, watch_ports=(ports[sdp],), servers=(servers[sdp],),
+            )
+            out = p.output()
+            if re.search(r"Non-2xx", out):
+                raise p.failed("wrk counted errors")
+            m = re.search(r"^Requests/sec:\s+([\d.]+)", out, re.M)
+            if not m or float(m.group(1)) <= 0:
+                raise p.failed("no requests per second in wrk's output")
+            return float(m.group(1)), seen
+
+        self.row("churn", "nginx Connection: close, 100 clients", KIB, "requests/s", "higher", "nginx", close_run)
         for s in servers.values():
             s.stop()
 
@@ -684,54 +707,115 @@ class Bench:
                     "raw": {"tcp": got["tcp"], "sdp": got[k]}, "error": None,
                 })
 
-    def memory(self):
-        """RSS per idle connection, client and server, `idle` connections."""
-        n = self.cfg["idle"]
+    def hold(self, sdp, n):
+        """`sdp-connbench hold`: opens 1, then `n` more connections, each
+        carrying a byte both ways, then one more byte over every one at
+        once. Returns the RSS growth per connection of client and server
+        (KiB), the seconds the `n` took to open and the round took, and
+        what sdp-stat saw of the client's connections."""
         cb = os.path.join(self.bin, "sdp-connbench")
-
-        def run(sdp, rep):
-            port = free_port()
-            what = "SDP" if sdp else "TCP"
-            srv = self.spawn(f"sdp-connbench hold server ({what})", [cb, "server", "--hold", "--port", str(port)],
-                             sdp, pipe=True)
-            cl = None
+        port = free_port()
+        what = "SDP" if sdp else "TCP"
+        srv = self.spawn(f"sdp-connbench hold server ({what})", [cb, "server", "--hold", "--port", str(port)],
+                         sdp, pipe=True)
+        cl = None
+        try:
+            self.wait_server(srv, port, sdp)
+            deadline = time.monotonic() + 60 + n * 0.05
+            cl = self.spawn(f"sdp-connbench hold ({what}, {n})",
+                            [cb, "hold", "--port", str(port), "--count", str(n)], sdp, pipe=True)
             try:
-                self.wait_server(srv, port, sdp)
-                deadline = time.monotonic() + 60 + n * 0.05
-                cl = self.spawn(f"sdp-connbench hold ({what})",
-                                [cb, "hold", "--port", str(port), "--count", str(n)], sdp, pipe=True)
-                try:
-                    cl.reader.wait(lambda l: l.startswith("one "), deadline, "the first connection")
-                    srv.reader.wait(lambda l: l == "held 1", deadline, "the server's first connection")
-                    base = (rss_kib(cl.pid), rss_kib(srv.pid))
-                    cl.send_line()
-                    cl.reader.wait(lambda l: l == f"held {n}", deadline, f"{n} connections")
-                    srv.reader.wait(lambda l: l == f"held {n + 1}", deadline, f"the server's {n + 1} connections")
-                    full = (rss_kib(cl.pid), rss_kib(srv.pid))
-                except BenchError as e:
-                    bad = cl if cl.poll() is not None else srv
-                    raise bad.failed(str(e))
+                cl.reader.wait(lambda l: l.startswith("one "), deadline, "the first connection")
+                srv.reader.wait(lambda l: l == "held 1", deadline, "the server's first connection")
+                base = (rss_kib(cl.pid), rss_kib(srv.pid))
+                cl.send_line()
+                held = cl.reader.wait(lambda l: l.startswith(f"held {n} "), deadline, f"{n} connections")
+                srv.reader.wait(lambda l: l == f"held {n + 1}", deadline, f"the server's {n + 1} connections")
+                full = (rss_kib(cl.pid), rss_kib(srv.pid))
                 seen = Transport()
                 if sdp:
                     seen.add(self.stat_sockets(cl.pid), (port,))
                     if seen.sdp != n + 1:
                         seen.note(f"{seen.sdp} of {n + 1} connections seen as SDP")
                 cl.send_line()
-            finally:
-                if cl:
-                    cl.stop()
-                srv.stop()
-            client = (full[0] - base[0]) / n
-            server = (full[1] - base[1]) / n
-            return {"client": client, "server": server, "both": client + server}, seen
+                used = cl.reader.wait(lambda l: l.startswith(f"used {n + 1} "), deadline, "the round over all")
+            except BenchError as e:
+                bad = cl if cl.poll() is not None else srv
+                raise bad.failed(str(e))
+            cl.send_line()
+        finally:
+            if cl:
+                cl.stop()
+            srv.stop()
+        client = (full[0] - base[0]) / n
+        server = (full[1] - base[1]) / n
+        return {"client": client, "server": server, "both": client + server,
+                "open": float(held.split()[2]), "used": float(used.split()[2])}, seen
 
-        self.row("memory", "idle connections", n, "KiB/connection", "lower", "memory", run, extract=[
-            ("memory", "client", "KiB/connection", "lower", "client"),
-            ("memory", "server", "KiB/connection", "lower", "server"),
-            ("memory", "both", "KiB/connection", "lower", "both"),
-        ])
+    def memory(self):
+        """RSS per idle connection, client and server, `idle` connections."""
+        self.row("memory", "idle connections", self.cfg["idle"], "KiB/connection", "lower", "memory",
+                 lambda sdp, rep: self.hold(sdp, self.cfg["idle"]), extract=[
+                     ("memory", "client", "KiB/connection", "lower", "client"),
+                     ("memory", "server", "KiB/connection", "lower", "server"),
+                     ("memory", "both", "KiB/connection", "lower", "both"),
+                 ])
 
-    # ---- targets, output ------------------------------------------------
+    def scale(self):
+        """`scale` connections at once between one client and one server
+        process: the time to open them, a round over all of them, and the
+        RSS per connection. One pair: each run opens every connection."""
+        n = self.cfg["scale"]
+        self.row("scale", "connections at once", n, "", "lower", "scale",
+                 lambda sdp, rep: self.hold(sdp, n), reps=1, extract=[
+                     ("scale", "time to open", "s", "lower", "open"),
+                     ("scale", "a byte over each", "s", "lower", "used"),
+                     ("scale", "RSS, client", "KiB/connection", "lower", "client"),
+                     ("scale", "RSS, server", "KiB/connection", "lower", "server"),
+                 ])
+
+    def churn(self):
+        """100 clients at once, each connecting, exchanging one request and
+        closing, over and over: sdp-connbench rate --concurrency 100, and
+        wrk against nginx with `Connection: close`."""
+        n = self.cfg["churn"]
+        cb = os.path.join(self.bin, "sdp-connbench")
+        ports = {False: free_port(), True: free_port()}
+        servers = {sdp: self.server(f"sdp-connbench server ({'SDP' if sdp else 'TCP'})",
+                                    [cb, "server", "--port", str(ports[sdp])], ports[sdp], sdp)
+                   for sdp in (False, True)}
+
+        def run(sdp, rep):
+            argv = [cb, "rate", "--port", str(ports[sdp]), "--count", str(n), "--concurrency", "100"]
+            p = self.spawn(f"sdp-connbench rate --concurrency 100 ({'SDP' if sdp else 'TCP'})",
+                           argv + (["--check"] if sdp else []), sdp, pipe=True)
+            deadline = time.monotonic() + 60 + n * 0.02
+            try:
+                result = json.loads(p.reader.wait(lambda l: l.startswith("{"), deadline, "the result line"))
+                seen = Transport()
+                if sdp:
+                    line = p.reader.wait(lambda l: l.startswith("check "), deadline, "the check line")
+                    local = int(line.split()[1])
+                    seen.add([s for s in self.stat_sockets(p.pid) if str(s["local"]).endswith(f":{local}")],
+                             (ports[sdp],))
+                    p.send_line()
+            except BenchError as e:
+                p.stop()
+                raise p.failed(str(e))
+            while p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if p.poll() != 0:
+                p.stop()
+                raise p.failed(f"exited with {p.p.returncode}")
+            return result["per_second"], seen
+
+        try:
+            self.row("churn", "sdp-connbench, 100 clients", None, "connections/s", "higher", "churn", run)
+        finally:
+            for s in servers.values():
+                s.stop()
+
+    # ---- targets, output    # ---- targets, output ------------------------------------------------
 
     def targets(self):
         out = []
@@ -765,6 +849,9 @@ class Bench:
         judge("real servers' requests/s",
               [r for r in self.rows if r["section"] == "servers"],
               lambda x: x >= SERVER_TARGET, (">=", SERVER_TARGET))
+        judge("churn, 100 clients at once",
+              [r for r in self.rows if r["section"] == "churn"],
+              lambda x: x >= CHURN_TARGET, (">=", CHURN_TARGET))
         judge("connection setup, warm PM cache",
               [r for r in self.rows if r["section"] == "connections"
                and (r.get("error") or (r["tool"] == "PM cache warm" and r["metric"] == "setup p50 µs"))],
@@ -780,10 +867,13 @@ class Bench:
             "latency": "Latency by message size (one way: half the round trip)",
             "connections": f"Connection setup ({cfg['connections']} connections one after the other: connect, "
                            "1 byte there and back, close)",
+            "churn": "Churn (100 clients at once, each connecting, one request, closing, again)",
             "memory": f"Memory per idle connection (RSS growth from 1 to {cfg['idle'] + 1} connections)",
+            "scale": f"Connections at once ({cfg.get('scale', '-')} opened one after the other, each used, "
+                     "then a byte over every one; one pair)",
             "servers": "Real servers (redis-server and redis-benchmark; nginx and wrk; both under the preload for SDP)",
         }
-        for section in ("throughput", "cpu", "latency", "servers", "connections", "memory"):
+        for section in ("throughput", "cpu", "latency", "servers", "connections", "churn", "memory", "scale"):
             rows = [r for r in self.rows if r["section"] == section]
             if not rows:
                 continue
@@ -793,7 +883,7 @@ class Bench:
             lines.append("| test | size | unit | TCP | SDP | SDP/TCP | target | SDP ran as |")
             lines.append("|---|---|---|---:|---:|---:|---|---|")
             for r in rows:
-                size = size_name(r["size"]) if isinstance(r["size"], int) and section != "memory" else "-"
+                size = size_name(r["size"]) if isinstance(r["size"], int) and section not in ("memory", "scale") else "-"
                 if r.get("error"):
                     lines.append(f"| {r['tool']} | {size} | {r['metric']} | FAILED | FAILED | - | - | {r['error']} |")
                     continue
@@ -1016,7 +1106,9 @@ STEPS = {
     "redis": lambda b: b.redis(),
     "nginx": lambda b: b.nginx(),
     "setup": lambda b: b.connbench(),
+    "churn": lambda b: b.churn(),
     "memory": lambda b: b.memory(),
+    "scale": lambda b: b.scale(),
 }
 
 

@@ -11,7 +11,8 @@
 #   scripts/bench.sh --reps N --seconds S   repetitions and run length
 #   scripts/bench.sh --only sockperf,qperf-lat   some steps only (iperf3,
 #                                    qperf-bw, sockperf, qperf-lat, redis,
-#                                    nginx, setup, memory); no charts
+#                                    nginx, setup, churn, memory, scale);
+#                                    no charts
 #   scripts/bench.sh --replot FILE   the table and charts of an earlier bench.json
 #
 # What it measures (details in README.md, "Benchmarks"):
@@ -25,7 +26,12 @@
 #     wrk against nginx, 10 keep-alive connections, 64 KiB and 1 MiB files;
 #   * connection setup rate (sdp-connbench): kernel TCP, SDP with a warm
 #     port mapper cache, SDP with every connection asking the port mapper;
-#   * RSS per idle connection, client and server (sdp-connbench hold).
+#   * churn: 100 clients at once, each connecting, one request, closing
+#     (sdp-connbench rate --concurrency 100; wrk against nginx with
+#     Connection: close);
+#   * RSS per idle connection, client and server (sdp-connbench hold);
+#   * scale: 10 000 connections at once between one client and one server
+#     process, each used: time to open them, a byte over every one, RSS.
 # Every SDP run is checked with sdp-stat: a row whose client connections
 # were not SDP says "fell back to TCP" instead of counting as SDP. Each
 # figure is the median of the repetitions, with the median SDP/TCP ratio
@@ -52,7 +58,8 @@ for f in sdprun libsdp_preload.so sdp-portmapper sdp-stat sdp-connbench; do
     [ -e "$bin/$f" ] || { echo "bench: $bin/$f was not built" >&2; exit 1; }
 done
 
-# 1000 idle connections per process, with the SDP side's extra fds.
+# Thousands of connections per process, with the SDP side's extra fds
+# (sdp-connbench raises its own limit too).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 exec python3 scripts/bench.py --bin "$bin" --root "$PWD" "$@"

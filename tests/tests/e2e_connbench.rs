@@ -70,6 +70,22 @@ fn rate_connections_are_sdp_and_counted() {
     assert_eq!(rec.counters[1], 1, "Bcopy bytes received");
     client.send("\n");
     client.finish_ok();
+
+    // Eight clients at once, each connecting, exchanging and closing in
+    // turn: the server's one event loop serves them all.
+    let mut churn = env.preloaded(&bin);
+    churn.args([
+        "rate",
+        "--port",
+        &port.to_string(),
+        "--count",
+        "40",
+        "--concurrency",
+        "8",
+    ]);
+    let out = Proc::spawn("sdp-connbench rate --concurrency 8", churn, false).finish_ok();
+    assert_eq!(number(&out.stdout, "count"), 40.0, "{}", out.stdout);
+    assert_eq!(number(&out.stdout, "concurrency"), 8.0, "{}", out.stdout);
 }
 
 #[test]
@@ -88,12 +104,15 @@ fn hold_keeps_every_connection_open() {
     client.wait_line(|l| l.starts_with("one "));
     server.wait_line(|l| l == "held 1");
     client.send("\n");
-    client.wait_line(|l| l == "held 5");
+    client.wait_line(|l| l.starts_with("held 5 "));
     server.wait_line(|l| l == "held 6");
     let (c, s) = env.connections(client.pid(), server.pid(), port, 6);
     for r in c.iter().chain(&s) {
         expect_sdp("a held connection", r);
     }
+    // All six at once: a byte out on each, then every echo back.
+    client.send("\n");
+    client.wait_line(|l| l.starts_with("used 6 "));
     client.send("\n");
     client.finish_ok();
 }
