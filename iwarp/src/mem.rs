@@ -56,11 +56,24 @@ pub struct RegionId(pub u32);
 /// takes the memory as an argument. A region may be any length; the engine
 /// checks every range against it and treats a missing region or a short
 /// one as a local catastrophic error, never as a panic.
+///
+/// The engine places received bytes through [`Memory::region_range_mut`]
+/// and reads a region only where it placed or was given bytes, so a
+/// region may grow as it is written (memory committed by use).
 pub trait Memory {
     /// The bytes of region `id`, if it exists.
     fn region(&self, id: RegionId) -> Option<&[u8]>;
     /// The bytes of region `id`, writable, if it exists.
     fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]>;
+    /// Bytes `range` of region `id`, writable, if the region exists and
+    /// may hold them.
+    fn region_range_mut(
+        &mut self,
+        id: RegionId,
+        range: core::ops::Range<usize>,
+    ) -> Option<&mut [u8]> {
+        self.region_mut(id)?.get_mut(range)
+    }
 }
 
 /// A [`Memory`] of owned vectors, one per region: for tests and for owned

@@ -12,7 +12,6 @@
 //!   engine's `Connection` (still sans-IO), with the send staging.
 //! * [`errno`] — the socket errors a TCP program expects.
 //! * [`log`] — diagnostic lines (abortive closes and their rule).
-//! * [`recycle`] — connection buffers kept for the next connection.
 //! * [`stream`] — [`stream::SdpStream`] and [`stream::SdpListener`]: SDP
 //!   sockets over kernel TCP, with the progress thread and exact
 //!   readiness.
@@ -25,7 +24,6 @@ pub mod errno;
 pub mod fds;
 pub mod link;
 pub mod log;
-pub mod recycle;
 pub mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -129,7 +129,7 @@ const RX_BUDGET: usize = 4 << 20;
 /// Size of the scratch buffer (headers, small FPDUs, discarded payload)
 /// at first: an idle connection, or one of small messages, never needs
 /// more, and its memory is what a connection costs at rest.
-const SCRATCH_MIN: usize = 4 * 1024;
+const SCRATCH_MIN: usize = 1024;
 /// The most the scratch buffer grows to, doubling each time a read fills
 /// it: a read then takes many FPDUs at once.
 const SCRATCH_LEN: usize = 64 * 1024;
@@ -547,7 +547,7 @@ impl Endpoint {
         }
     }
 
-    /// The receive scratch buffer's size now: 4 KiB at first, up to
+    /// The receive scratch buffer's size now: 1 KiB at first, up to
     /// 64 KiB after reads that filled it.
     pub fn scratch_len(&self) -> usize {
         self.scratch.len()
@@ -581,9 +581,9 @@ impl Endpoint {
                 };
                 let trail = trail.min(self.scratch.len());
                 let read = {
-                    let dst = mem
-                        .region_mut(region)
-                        .and_then(|r| r.get_mut(offset..offset.checked_add(len)?));
+                    let dst = offset
+                        .checked_add(len)
+                        .and_then(|end| mem.region_range_mut(region, offset..end));
                     match dst {
                         Some(dst) => Some((&self.stream).read_vectored(&mut [
                             IoSliceMut::new(dst),

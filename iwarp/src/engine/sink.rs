@@ -270,9 +270,10 @@ impl DataPath {
             };
             let l = self.land(region, offset, data.len(), stag);
             let (now, rest) = data.split_at(l.len.min(data.len()));
-            let dst = mem
-                .region_mut(l.region)
-                .and_then(|r| r.get_mut(l.offset..l.offset.checked_add(now.len())?));
+            let dst = l
+                .offset
+                .checked_add(now.len())
+                .and_then(|end| mem.region_range_mut(l.region, l.offset..end));
             match dst {
                 Some(dst) => {
                     dst.copy_from_slice(now);

@@ -76,6 +76,7 @@ use std::time::{Duration, Instant};
 
 pub use close::{CloseReason, Violation};
 use close::{Ending, Llp, Reading};
+pub(crate) use recv::grow;
 pub use recv::BufferPool;
 pub use setup::{Config, Pipelining};
 pub use zcopy::{Completion, ZcopyState, ZcopyStats};

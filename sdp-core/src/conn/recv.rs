@@ -39,41 +39,39 @@ use crate::verbs::{Teardown, WrId};
 use crate::wire::{Body, Flags, MessageRepr, Mid};
 
 /// The receive Private Buffers of one connection: `count` buffers of
-/// `buf_size` bytes in one allocation. Kept apart from the rest of the
-/// connection so the adapter can lend it to the iWARP engine as the memory
-/// that receives are placed into.
+/// `buf_size` bytes. Kept apart from the rest of the connection so the
+/// adapter can lend it to the iWARP engine as the memory that receives
+/// are placed into.
+///
+/// A buffer takes memory as bytes are placed into it, not when it is
+/// posted: the credits advertised for the pool (§10.2) cost nothing until
+/// the peer uses them, and an idle connection's pool holds only what its
+/// messages filled ([`grow`]). A buffer keeps what it grew to (no memory
+/// is cleared twice, nor given back and taken again, on a busy
+/// connection).
 #[derive(Debug, Clone)]
 pub struct BufferPool {
-    data: Vec<u8>,
+    bufs: Vec<Vec<u8>>,
     buf_size: usize,
-    count: usize,
-}
-
-impl Drop for BufferPool {
-    fn drop(&mut self) {
-        crate::recycle::give(std::mem::take(&mut self.data));
-    }
 }
 
 impl BufferPool {
-    /// Allocates `count` buffers of `buf_size` bytes (recycled from an
-    /// ended connection if one left some: [`crate::recycle`]).
+    /// `count` buffers of `buf_size` bytes, none holding memory yet.
     pub fn new(count: usize, buf_size: usize) -> BufferPool {
         BufferPool {
-            data: crate::recycle::take(count.saturating_mul(buf_size)),
+            bufs: vec![Vec::new(); count],
             buf_size,
-            count,
         }
     }
 
     /// Number of buffers.
     pub fn len(&self) -> usize {
-        self.count
+        self.bufs.len()
     }
 
     /// Whether the pool has no buffers.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.bufs.is_empty()
     }
 
     /// Size of each buffer in bytes.
@@ -81,26 +79,49 @@ impl BufferPool {
         self.buf_size
     }
 
-    fn range(&self, i: usize) -> Option<core::ops::Range<usize>> {
-        if i >= self.count {
+    /// The bytes placed so far in buffer `i` (a prefix of it, the rest
+    /// never written), or `None` if there is no such buffer.
+    pub fn buffer(&self, i: usize) -> Option<&[u8]> {
+        self.bufs.get(i).map(Vec::as_slice)
+    }
+
+    /// Buffer `i` for writing, all `buf_size` bytes, or `None` if there is
+    /// no such buffer.
+    pub fn buffer_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        self.range_mut(i, 0..self.buf_size)
+    }
+
+    /// Bytes `range` of buffer `i` for writing (the buffer grows to hold
+    /// them), or `None` if there is no such buffer or the range passes
+    /// its end.
+    pub fn range_mut(&mut self, i: usize, range: core::ops::Range<usize>) -> Option<&mut [u8]> {
+        if range.end > self.buf_size {
             return None;
         }
-        let start = i.checked_mul(self.buf_size)?;
-        Some(start..start.checked_add(self.buf_size)?)
-    }
-
-    /// Buffer `i`, or `None` if there is no such buffer.
-    pub fn buffer(&self, i: usize) -> Option<&[u8]> {
-        let range = self.range(i)?;
-        self.data.get(range)
-    }
-
-    /// Buffer `i` for writing, or `None` if there is no such buffer.
-    pub fn buffer_mut(&mut self, i: usize) -> Option<&mut [u8]> {
-        let range = self.range(i)?;
-        self.data.get_mut(range)
+        let buf = self.bufs.get_mut(i)?;
+        grow(buf, range.end, self.buf_size);
+        buf.get_mut(range)
     }
 }
+
+/// Grows `buf` to `len` bytes (zero-filling only the new ones), its
+/// allocation doubling up to `cap`: a buffer that carries small messages
+/// stays small, one that fills at once takes its size in one step, and
+/// each byte is copied by a reallocation at most about once on average.
+pub(crate) fn grow(buf: &mut Vec<u8>, len: usize, cap: usize) {
+    if buf.len() >= len {
+        return;
+    }
+    if buf.capacity() < len {
+        let want = len.max(buf.capacity() * 2).max(GROW_MIN).min(cap.max(len));
+        buf.reserve_exact(want - buf.len());
+    }
+    buf.resize(len, 0);
+}
+
+/// The smallest allocation [`grow`] makes: a Hello or a short message
+/// fits.
+const GROW_MIN: usize = 256;
 
 /// Received payload not yet read: bytes `start..end` of buffer `buf`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,8 +356,10 @@ impl RxStream {
         let mut new_pool = BufferPool::new(held.saturating_add(fresh), pool.buf_size());
         let mut rx = self.clone();
         for (i, seg) in rx.segs.iter_mut().enumerate() {
-            if let (Some(src), Some(dst)) = (pool.buffer(seg.buf), new_pool.buffer_mut(i)) {
-                dst.copy_from_slice(src);
+            if let Some(src) = pool.buffer(seg.buf) {
+                if let Some(dst) = new_pool.range_mut(i, 0..src.len()) {
+                    dst.copy_from_slice(src);
+                }
             }
             seg.buf = i;
         }
@@ -393,6 +416,10 @@ impl Conn {
         if len > size {
             return self.violation(Violation::MessageTooLarge { len, size });
         }
+        // A payload placed straight into a waiting reader's buffer (the
+        // link's receive overlay) never landed here; the buffer spans the
+        // whole message all the same.
+        let _ = self.pool.range_mut(buf, 0..len);
         match self.parse(buf, len) {
             Ok(msg) => self.on_message(now, buf, msg, invalidated),
             Err(v) => self.violation(v),

@@ -338,11 +338,11 @@ impl Link {
     fn copy_back(&mut self, ov: &RecvOverlay, from: Option<&[u8]>) {
         let n = ov.placed.min(ov.from.len);
         let src = from.and_then(|b| b.get(ov.to_offset..ov.to_offset.checked_add(n)?));
-        let dst = self
-            .conn
-            .pool_mut()
-            .buffer_mut(ov.from.region.0 as usize)
-            .and_then(|b| b.get_mut(ov.from.offset..ov.from.offset.checked_add(n)?));
+        let dst = ov.from.offset.checked_add(n).and_then(|end| {
+            self.conn
+                .pool_mut()
+                .range_mut(ov.from.region.0 as usize, ov.from.offset..end)
+        });
         if let (Some(src), Some(dst)) = (src, dst) {
             dst.copy_from_slice(src);
             self.stats.bytes_copied_back += n as u64;

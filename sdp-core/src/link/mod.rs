@@ -219,6 +219,18 @@ impl Memory for LinkMemory<'_> {
             _ => self.pool.buffer_mut(id.0 as usize),
         }
     }
+
+    fn region_range_mut(
+        &mut self,
+        id: RegionId,
+        range: core::ops::Range<usize>,
+    ) -> Option<&mut [u8]> {
+        match id {
+            // The receive Private Buffers grow as bytes land in them.
+            RegionId(i) if (i as usize) < self.pool.len() => self.pool.range_mut(i as usize, range),
+            _ => self.region_mut(id)?.get_mut(range),
+        }
+    }
 }
 
 /// Most log lines a link keeps.

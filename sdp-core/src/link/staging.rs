@@ -9,6 +9,10 @@
 //! be accepted and unreleased, which is the ring's size: a byte is never
 //! overwritten before the Send carrying it completed.
 //!
+//! The ring takes memory as it is written, not when the link is made: an
+//! idle connection holds the pages its sends touched, and one that sends
+//! little never commits the whole ring.
+//!
 //! Headers go into fixed slots of [`MAX_HEADER_LEN`] bytes, taken when the
 //! Send is posted and given back on its completion. The slot table only
 //! grows (to the most Sends ever outstanding, bounded by the peer's
@@ -43,22 +47,19 @@ pub const HEADER_REGION: RegionId = RegionId(u32::MAX - 1);
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub struct Staging {
+    /// The ring's bytes written so far: it grows to `cap` and then wraps.
     ring: Vec<u8>,
+    cap: usize,
     headers: Vec<u8>,
     free: Vec<u32>,
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        crate::recycle::give(std::mem::take(&mut self.ring));
-    }
 }
 
 impl Staging {
     /// A ring of `cap` bytes (at least 1).
     pub fn new(cap: usize) -> Staging {
         Staging {
-            ring: crate::recycle::take(cap.max(1)),
+            ring: Vec::new(),
+            cap: cap.max(1),
             headers: Vec::new(),
             free: Vec::new(),
         }
@@ -66,30 +67,36 @@ impl Staging {
 
     /// The ring size.
     pub fn capacity(&self) -> usize {
-        self.ring.len()
+        self.cap
     }
 
     fn pos(&self, offset: u64) -> usize {
-        (offset % self.ring.len() as u64) as usize
+        (offset % self.cap as u64) as usize
+    }
+
+    /// Ring bytes `at..end`, grown to hold them.
+    fn span(&mut self, at: usize, end: usize) -> &mut [u8] {
+        crate::conn::grow(&mut self.ring, end, self.cap);
+        &mut self.ring[at..end]
     }
 
     /// Copies `data` to send stream offsets `offset..offset + data.len()`
     /// (at most the ring size).
     pub fn write(&mut self, offset: u64, data: &[u8]) {
-        let data = &data[..data.len().min(self.ring.len())];
+        let data = &data[..data.len().min(self.cap)];
         let at = self.pos(offset);
-        let first = data.len().min(self.ring.len() - at);
-        self.ring[at..at + first].copy_from_slice(&data[..first]);
+        let first = data.len().min(self.cap - at);
+        self.span(at, at + first).copy_from_slice(&data[..first]);
         let rest = &data[first..];
-        self.ring[..rest.len()].copy_from_slice(rest);
+        self.span(0, rest.len()).copy_from_slice(rest);
     }
 
     /// The gather elements of send stream `range` (at most the ring size):
     /// one, or two when it wraps.
     pub fn payload_sges(&self, range: Range<u64>) -> (Sge, Option<Sge>) {
-        let len = (range.end.saturating_sub(range.start) as usize).min(self.ring.len());
+        let len = (range.end.saturating_sub(range.start) as usize).min(self.cap);
         let at = self.pos(range.start);
-        let first = len.min(self.ring.len() - at);
+        let first = len.min(self.cap - at);
         let sge = |offset, len| Sge {
             region: PAYLOAD_REGION,
             offset,
@@ -153,6 +160,22 @@ mod tests {
         assert_eq!(((a.offset, a.len), b), ((2, 3), None));
         let (a, b) = s.payload_sges(20..30);
         assert_eq!(((a.offset, a.len), b), ((0, 10), None));
+    }
+
+    #[test]
+    fn the_ring_takes_memory_as_it_is_written() {
+        let mut s = Staging::new(1 << 20);
+        assert_eq!(s.region(PAYLOAD_REGION).unwrap().len(), 0);
+        s.write(0, b"abc");
+        assert_eq!(s.region(PAYLOAD_REGION).unwrap(), b"abc");
+        // A write that wraps fills the whole ring.
+        s.write((1 << 20) - 1, b"xy");
+        let ring = s.region(PAYLOAD_REGION).unwrap();
+        assert_eq!(
+            (ring.len(), ring[(1 << 20) - 1], &ring[..3]),
+            (1 << 20, b'x', &b"ybc"[..])
+        );
+        assert_eq!(s.capacity(), 1 << 20);
     }
 
     #[test]
