@@ -121,9 +121,14 @@ fn alloc() -> Option<&'static Record> {
     Some(unsafe { &*base.add(i) })
 }
 
+/// This process's id: as the library noted it (at start and in each
+/// fork child), without a system call.
 fn my_pid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
+    match crate::sys::guard::pid() {
+        // SAFETY: getpid has no preconditions.
+        0 => unsafe { libc::getpid() as u32 },
+        p => p as u32,
+    }
 }
 
 /// Whether process `pid` still holds copies: it maps the shared region

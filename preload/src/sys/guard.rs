@@ -47,7 +47,9 @@ impl Guard {
     /// memory until it execs. Such a child closing or duplicating fds
     /// (Python's `subprocess` does) must not touch the parent's table.
     pub fn enter_lifecycle() -> Option<Guard> {
-        if foreign_process() {
+        // Inside already (the library's own `close` of a descriptor it
+        // made): straight to the C library, without the `getpid`.
+        if INSIDE.try_with(Cell::get).unwrap_or(true) || foreign_process() {
             return None;
         }
         Guard::enter()
