@@ -1,8 +1,10 @@
 //! Where the library's own descriptors go: high in the descriptor table,
 //! out of the program's way.
 //!
-//! Each SDP connection holds descriptors a TCP socket does not (a stable
-//! duplicate of its socket, a wake-up eventfd, the readiness socket pair).
+//! An SDP connection holds descriptors a TCP socket does not: the
+//! engine's own descriptor of its socket and, once something polls it,
+//! the two ends of its readiness socket pair (and each thread that waits
+//! on a stream, one wake-up eventfd).
 //! Taking the lowest free numbers, as `socket`, `dup` and `eventfd` do,
 //! they would push every descriptor the program opens next up the table:
 //! a program that sizes a table by its connection count (an `ae` event

@@ -22,6 +22,13 @@ fn number(json: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {key} in {json}"))
 }
 
+/// How many descriptors process `pid` has open.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+}
+
 #[test]
 fn rate_connections_are_sdp_and_counted() {
     let bin = cargo_bin("sdp-tests", "sdp-connbench");
@@ -103,9 +110,23 @@ fn hold_keeps_every_connection_open() {
     let mut client = Proc::spawn("sdp-connbench hold", client, true);
     client.wait_line(|l| l.starts_with("one "));
     server.wait_line(|l| l == "held 1");
+    let before = (fds(client.pid()), fds(server.pid()));
     client.send("\n");
     client.wait_line(|l| l.starts_with("held 5 "));
     server.wait_line(|l| l == "held 6");
+    // Descriptors per connection: the client's socket and the engine's
+    // own of it; at the server (whose epoll set has each connection) the
+    // same and the readiness pair. The library's other descriptors are
+    // per process or per thread.
+    let after = (fds(client.pid()), fds(server.pid()));
+    assert!(
+        after.0 - before.0 <= 5 * 2 && after.1 - before.1 <= 5 * 4,
+        "descriptors for 5 connections: client {} -> {}, server {} -> {}",
+        before.0,
+        after.0,
+        before.1,
+        after.1
+    );
     let (c, s) = env.connections(client.pid(), server.pid(), port, 6);
     for r in c.iter().chain(&s) {
         expect_sdp("a held connection", r);

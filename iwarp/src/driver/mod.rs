@@ -97,6 +97,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -198,7 +199,9 @@ impl std::error::Error for Rejected {}
 
 /// An iWARP connection over a TCP socket (see the module docs).
 pub struct Endpoint {
-    stream: TcpStream,
+    /// Shared with a holder that polls the socket beside the endpoint
+    /// ([`Endpoint::shared_stream`]): one descriptor for both.
+    stream: Arc<TcpStream>,
     conn: Connection,
     scratch: Vec<u8>,
     /// Octets in `scratch[held.0..held.1]` read earlier and not yet taken
@@ -282,7 +285,7 @@ fn prepare(stream: &TcpStream, cfg: &mut ConnectionConfig) -> io::Result<()> {
 impl Endpoint {
     fn with(stream: TcpStream, conn: Connection) -> Endpoint {
         Endpoint {
-            stream,
+            stream: Arc::new(stream),
             conn,
             scratch: vec![0; SCRATCH_MIN],
             held: (0, 0),
@@ -346,11 +349,10 @@ impl Endpoint {
         &self.stream
     }
 
-    /// Gives the TCP socket back, e.g. after an MPA reject, when the rest
-    /// of the stream is the ULP's (nothing past the MPA frame was read).
-    /// It is still nonblocking.
-    pub fn into_stream(self) -> TcpStream {
-        self.stream
+    /// The TCP socket, shared: the same descriptor, for a holder that
+    /// polls it without a borrow of the endpoint.
+    pub fn shared_stream(&self) -> Arc<TcpStream> {
+        self.stream.clone()
     }
 
     /// What the MPA startup agreed, when [`connect`] or [`accept`] ran it.
@@ -560,7 +562,7 @@ impl Endpoint {
         if self.conn.in_startup() {
             // Exactly the frame: what follows it may not be ours.
             let want = self.startup_want().min(self.scratch.len());
-            let n = (&self.stream).read(&mut self.scratch[..want])?;
+            let n = (&*self.stream).read(&mut self.scratch[..want])?;
             self.feed(now, 0, n, mem);
             return Ok((n, want));
         }
@@ -585,7 +587,7 @@ impl Endpoint {
                         .checked_add(len)
                         .and_then(|end| mem.region_range_mut(region, offset..end));
                     match dst {
-                        Some(dst) => Some((&self.stream).read_vectored(&mut [
+                        Some(dst) => Some((&*self.stream).read_vectored(&mut [
                             IoSliceMut::new(dst),
                             IoSliceMut::new(&mut self.scratch[..trail]),
                         ])?),
@@ -608,7 +610,7 @@ impl Endpoint {
                         // engine finds the region missing and fails the
                         // stream (local catastrophic error).
                         let max = len.min(self.scratch.len());
-                        let n = (&self.stream).read(&mut self.scratch[..max])?;
+                        let n = (&*self.stream).read(&mut self.scratch[..max])?;
                         self.feed(now, 0, n, mem);
                         Ok((n, max))
                     }
@@ -616,7 +618,7 @@ impl Endpoint {
             }
             RecvTarget::Scratch { max } => {
                 let max = max.max(READ_AHEAD).min(self.scratch.len());
-                let n = (&self.stream).read(&mut self.scratch[..max])?;
+                let n = (&*self.stream).read(&mut self.scratch[..max])?;
                 self.feed(now, 0, n, mem);
                 self.grow_scratch(n);
                 Ok((n, max))

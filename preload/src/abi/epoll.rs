@@ -79,8 +79,10 @@ struct Registration {
     events: u32,
     data: u64,
     side: Side,
-    /// Our duplicate of the wake fd.
+    /// The wake fd's number in the kernel set: the endpoint's own, or
+    /// (`wake_dup`) our duplicate of it.
     wake: c_int,
+    wake_dup: bool,
     /// A listener: the kernel listening socket `fd` is registered too
     /// (TCP connections arrive there), under the second token.
     kernel: bool,
@@ -88,6 +90,8 @@ struct Registration {
     /// edge-triggered under the third token: when bytes arrive the waiting
     /// thread reads them itself ([`crate::sdp::SdpEndpoint::pump`]).
     sock: Option<c_int>,
+    /// `sock` is our duplicate (else the stream's own number).
+    sock_dup: bool,
     /// A listener: our duplicate of the hidden listener's socket, whose
     /// queue holds SDP connections no process took yet, under the fourth
     /// token.
@@ -202,6 +206,36 @@ fn close_quietly(fd: c_int) {
     unsafe { real::close(fd) };
 }
 
+/// Adds `fd` to the kernel set `epfd`. `own`: `fd` is one of a stream's
+/// descriptors, which lives as long as the registration (the
+/// registration holds the stream): it goes in under its own number, and
+/// only when the set has that number already (the program registered
+/// another of its fds for the same stream) under a duplicate's. Returns
+/// the number registered and whether it is a duplicate (ours to close).
+fn kernel_add(
+    epfd: c_int,
+    fd: c_int,
+    own: bool,
+    events: u32,
+    data: u64,
+) -> Result<(c_int, bool), c_int> {
+    if own {
+        match kernel_ctl(epfd, libc::EPOLL_CTL_ADD, fd, events, data) {
+            Ok(()) => return Ok((fd, false)),
+            Err(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let d = hidden_dup(fd).ok_or(libc::ENOMEM)?;
+    match kernel_ctl(epfd, libc::EPOLL_CTL_ADD, d, events, data) {
+        Ok(()) => Ok((d, true)),
+        Err(e) => {
+            close_quietly(d);
+            Err(e)
+        }
+    }
+}
+
 fn kernel_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
     let mut ev = epoll_event { events, u64: data };
     // SAFETY: a local epoll_event.
@@ -279,17 +313,23 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         r.next
     });
     let kernel = matches!(side, Side::Listener(_));
-    let wake = hidden_dup(side.wake_fd()).ok_or(libc::ENOMEM)?;
-    if let Err(e) = kernel_ctl(
+    // A listener's wake fd changes in a fork child: the set keeps its own
+    // duplicate.
+    let own = matches!(side, Side::Stream(_));
+    let (wake, wake_dup) = kernel_add(
         epfd,
-        libc::EPOLL_CTL_ADD,
-        wake,
+        side.wake_fd(),
+        own,
         wake_events(events),
         token(id, WAKE),
-    ) {
-        close_quietly(wake);
-        return Err(e);
-    }
+    )?;
+    let drop_wake = || {
+        if wake_dup {
+            close_quietly(wake);
+        } else {
+            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
+        }
+    };
     if kernel {
         if let Err(e) = kernel_ctl(
             epfd,
@@ -299,29 +339,17 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             token(id, LISTENER),
         ) {
             let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
-            close_quietly(wake);
+            drop_wake();
             return Err(e);
         }
     }
     // Best effort: without it the program is woken by the wake fd alone.
     let sock = match &side {
-        Side::Stream(h) => h.endpoint.kernel_fd().and_then(hidden_dup),
+        Side::Stream(h) => h.endpoint.kernel_fd(),
         Side::Listener(_) => None,
     }
-    .filter(|&d| {
-        let ok = kernel_ctl(
-            epfd,
-            libc::EPOLL_CTL_ADD,
-            d,
-            events_for(SOCKET, events),
-            token(id, SOCKET),
-        )
-        .is_ok();
-        if !ok {
-            close_quietly(d);
-        }
-        ok
-    });
+    .and_then(|k| kernel_add(epfd, k, true, events_for(SOCKET, events), token(id, SOCKET)).ok());
+    let (sock, sock_dup) = (sock.map(|(k, _)| k), sock.is_some_and(|(_, dup)| dup));
     // A listener's connections that no process took yet wake the set too:
     // the `accept` they lead to takes one (this process sets up none
     // ahead for the set, so a worker that exits leaves the others theirs).
@@ -354,8 +382,10 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 data,
                 side,
                 wake,
+                wake_dup,
                 kernel,
                 sock,
+                sock_dup,
                 queue,
                 disarmed: false,
                 dormant: false,
@@ -433,21 +463,9 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
     // joins once the connection has one.
     let mut added = None;
     if let (false, Side::Stream(h)) = (has_sock, &side) {
-        if let Some(d) = h.endpoint.kernel_fd().and_then(hidden_dup) {
-            if kernel_ctl(
-                epfd,
-                libc::EPOLL_CTL_ADD,
-                d,
-                events_for(SOCKET, events),
-                token(id, SOCKET),
-            )
-            .is_ok()
-            {
-                added = Some(d);
-            } else {
-                close_quietly(d);
-            }
-        }
+        added = h.endpoint.kernel_fd().and_then(|k| {
+            kernel_add(epfd, k, true, events_for(SOCKET, events), token(id, SOCKET)).ok()
+        });
     }
     for (k, which) in fds {
         let new = events_for(which, events);
@@ -463,8 +481,9 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
             reg.disarmed = false;
             reg.dormant = false;
             reg.silenced = false;
-            if added.is_some() {
-                reg.sock = added;
+            if let Some((k, dup)) = added {
+                reg.sock = Some(k);
+                reg.sock_dup = dup;
             }
         }
     });
@@ -522,8 +541,13 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             // another fd (the program's) refers to the same socket.
             let _ = kernel_ctl(reg.epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
         }
-        close_quietly(reg.wake);
-        for d in reg.sock.into_iter().chain(reg.queue) {
+        // Our duplicates; the stream's own numbers stay its.
+        let dups = [
+            Some(reg.wake).filter(|_| reg.wake_dup),
+            reg.sock.filter(|_| reg.sock_dup),
+            reg.queue,
+        ];
+        for d in dups.into_iter().flatten() {
             close_quietly(d);
         }
     }

@@ -57,7 +57,7 @@ enum Phase {
     /// waits on the stream's readiness descriptor (`watch`).
     Setup {
         stream: SdpStream,
-        watch: Option<OwnedFd>,
+        watch: Option<Arc<OwnedFd>>,
         until: Instant,
     },
     Done,
@@ -485,11 +485,7 @@ impl Connector {
                         return self.failed(TcpReason::Internal);
                     };
                     let watch = if self.nonblocking {
-                        let Some(watch) = stream
-                            .readiness_fd()
-                            .ok()
-                            .and_then(|f| f.try_clone_to_owned().ok())
-                        else {
+                        let Ok(watch) = stream.readiness_shared() else {
                             return self.failed(TcpReason::Internal);
                         };
                         Some(watch)

@@ -37,7 +37,7 @@ use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Where the connection stands.
@@ -78,7 +78,7 @@ pub struct Ep {
     own: Ownership,
     /// The readiness descriptor (our duplicate), stable for the Ep's life
     /// once made (see the module documentation).
-    wake: OnceLock<OwnedFd>,
+    wake: OnceLock<Arc<OwnedFd>>,
     /// The application's fd number (for a fallback to TCP).
     fd: RawFd,
     /// The stream's own socket descriptor, once connected (-1 before).
@@ -191,7 +191,7 @@ impl Ep {
     pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
         let ep = if wake_now {
             let levels = Levels::new()?;
-            let wake = sdp_core::fds::dup_high(levels.user_fd())?;
+            let wake = levels.user_shared();
             Ep::with(
                 State::Connecting {
                     levels: Some(levels),
@@ -217,7 +217,7 @@ impl Ep {
         self.open.store(true, Ordering::Release);
     }
 
-    fn with(state: State, wake: Option<OwnedFd>, fd: RawFd) -> Ep {
+    fn with(state: State, wake: Option<Arc<OwnedFd>>, fd: RawFd) -> Ep {
         let cell = OnceLock::new();
         if let Some(w) = wake {
             let _ = cell.set(w);
@@ -659,12 +659,11 @@ impl SdpEndpoint for Ep {
                 .live
                 .get()
                 .ok_or_else(|| io::Error::other("no stream"))
-                .and_then(|s| s.readiness_fd())
-                .and_then(sdp_core::fds::dup_high),
-            State::Connecting { levels } => Levels::new().and_then(|l| {
-                let w = sdp_core::fds::dup_high(l.user_fd())?;
+                .and_then(SdpStream::readiness_shared),
+            State::Connecting { levels } => Levels::new().map(|l| {
+                let w = l.user_shared();
                 *levels = Some(l);
-                Ok(w)
+                w
             }),
             _ => Err(io::Error::other("no stream")),
         };

@@ -75,7 +75,7 @@ struct Queue {
     /// POLLIN while `ready` holds a connection.
     levels: Levels,
     /// Our duplicate of the levels' descriptor, handed out as the wake fd.
-    wake: OwnedFd,
+    wake: Arc<OwnedFd>,
     closed: bool,
 }
 
@@ -171,7 +171,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     let q = bind_q(fd, local, backlog)?;
     let q_port = q.local_addr()?.port();
     let levels = Levels::new()?;
-    let wake = sdp_core::fds::dup_high(levels.user_fd())?;
+    let wake = levels.user_shared();
     let control = match ControlClient::connect_default()
         .and_then(|mut c| c.register(local.ip(), local.port(), q_port).map(|()| c))
     {
@@ -526,7 +526,7 @@ enum HsPhase {
     /// thread carries it).
     Setup {
         stream: SdpStream,
-        watch: OwnedFd,
+        watch: Arc<OwnedFd>,
     },
     Done,
 }
@@ -555,7 +555,7 @@ impl Handshake {
         peer: SocketAddr,
         now: Instant,
     ) -> io::Result<Handshake> {
-        let watch = sdp_core::fds::dup_high(stream.readiness_fd()?)?;
+        let watch = stream.readiness_shared()?;
         Ok(Handshake {
             lst,
             peer,
@@ -587,7 +587,7 @@ impl Handshake {
                         }
                         Request::Failed(why) => return self.fail(&why),
                     };
-                    let watch = match stream.readiness_fd().and_then(sdp_core::fds::dup_high) {
+                    let watch = match stream.readiness_shared() {
                         Ok(w) => w,
                         Err(e) => return self.fail(&format!("readiness: {e}")),
                     };
@@ -832,10 +832,8 @@ impl SdpListener for Lst {
             // The levels are a socket pair shared with the parent: this
             // process gets its own.
             if let Ok(levels) = Levels::new() {
-                if let Ok(wake) = sdp_core::fds::dup_high(levels.user_fd()) {
-                    q.levels = levels;
-                    q.wake = wake;
-                }
+                q.wake = levels.user_shared();
+                q.levels = levels;
             }
         }
         // This process takes connections once it waits for them; its

@@ -84,7 +84,7 @@ pub mod zcopy;
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -1096,9 +1096,15 @@ impl SdpStream {
         self.shared().readiness()
     }
 
-    /// The kernel TCP socket: a duplicate the stream keeps, whose number
-    /// stays valid for the stream's life and follows a socket duplication
-    /// (draft §13.1.1, the connection moved to a new TCP connection).
+    /// [`SdpStream::readiness_fd`], shared: the same descriptor (no
+    /// duplicate) for a holder that outlives the borrow.
+    pub fn readiness_shared(&self) -> io::Result<Arc<OwnedFd>> {
+        self.shared().readiness_shared()
+    }
+
+    /// The kernel TCP socket (the endpoint's), whose number stays valid
+    /// for the stream's life and follows a socket duplication (draft
+    /// §13.1.1, the connection moved to a new TCP connection).
     pub fn socket_fd(&self) -> RawFd {
         self.shared().sock().as_raw_fd()
     }

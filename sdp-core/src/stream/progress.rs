@@ -34,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -297,36 +298,48 @@ pub fn deregister(id: u64) {
     }
 }
 
-/// Points `sock`, link `id`'s stable socket descriptor, at `new` (a
-/// socket duplication, draft §13.1.1 step 4), keeping the thread's
-/// registration: the old socket's is removed before the number changes
-/// and the new one's added after. The caller holds the link's lock and
-/// no application thread polls `sock`. Lock order: the table, then
-/// `sock` — as the thread takes them.
+/// Points `sock`, link `id`'s stable socket descriptor, at `new` (the
+/// socket of a socket duplication, draft §13.1.1 step 4), keeping the
+/// thread's registration: the old socket's is removed before the number
+/// changes and the new one's added after. The number stays the same
+/// (`dup3`) when `sock` was the last holder of the old socket (the
+/// endpoint that shared it is gone); otherwise `sock` takes `new` itself.
+/// The caller holds the link's lock and no application thread polls
+/// `sock`. Lock order: the table, then `sock` — as the thread takes them.
 pub(super) fn swap_socket(
     id: u64,
-    sock: &std::sync::RwLock<OwnedFd>,
-    new: BorrowedFd<'_>,
+    sock: &std::sync::RwLock<Arc<TcpStream>>,
+    new: &Arc<TcpStream>,
 ) -> io::Result<()> {
     let t = running();
     let links = t.map(|t| lock(&t.links));
     let registered = links.as_ref().is_some_and(|l| l.contains_key(&id));
-    let mut fd = sock.write().unwrap_or_else(|p| p.into_inner());
+    let mut cur = sock.write().unwrap_or_else(|p| p.into_inner());
     if let (Some(t), true) = (t, registered) {
-        let _ = epoll::delete(&t.epoll, &*fd);
+        let _ = epoll::delete(&t.epoll, &**cur);
     }
-    let r = rustix::io::dup3(new, &mut fd, rustix::io::DupFlags::CLOEXEC);
+    let r = match Arc::try_unwrap(std::mem::replace(&mut *cur, new.clone())) {
+        Ok(old) => {
+            let mut fd = OwnedFd::from(old);
+            let r = rustix::io::dup3(&**new, &mut fd, rustix::io::DupFlags::CLOEXEC);
+            if r.is_ok() {
+                *cur = Arc::new(TcpStream::from(fd));
+            }
+            r.map_err(io::Error::from)
+        }
+        Err(_) => Err(io::Error::other("the old socket is still shared")),
+    };
     if let (Some(t), true) = (t, registered) {
         let flags = links
             .as_ref()
             .and_then(|l| l.get(&id))
             .map_or(EVERYTHING, |s| interest(s));
-        epoll::add(&t.epoll, &*fd, EventData::new_u64(id), flags)?;
+        epoll::add(&t.epoll, &**cur, EventData::new_u64(id), flags)?;
     }
-    drop(fd);
+    drop(cur);
     drop(links);
     wake();
-    Ok(r?)
+    r
 }
 
 /// A link's deadline is now `deadline`: wakes the thread if it sleeps

@@ -25,6 +25,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use rustix::io::Errno;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
@@ -32,7 +33,8 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 /// See the module documentation.
 #[derive(Debug)]
 pub struct Readiness {
-    user: OwnedFd,
+    /// Shared with those who poll it ([`Readiness::user_shared`]).
+    user: Arc<OwnedFd>,
     ours: OwnedFd,
     readable: bool,
     writable: bool,
@@ -51,7 +53,7 @@ impl Readiness {
         // The kernel rounds up to its minimum (a few KiB).
         rustix::net::sockopt::set_socket_send_buffer_size(&user, 1)?;
         let mut r = Readiness {
-            user,
+            user: Arc::new(user),
             ours,
             readable: false,
             writable: true,
@@ -70,6 +72,12 @@ impl Readiness {
         self.user.as_fd()
     }
 
+    /// The descriptor to poll, shared: the same descriptor (no duplicate)
+    /// for a holder that outlives this borrow.
+    pub fn user_shared(&self) -> Arc<OwnedFd> {
+        self.user.clone()
+    }
+
     /// Makes the descriptor readable iff `readable`, writable iff
     /// `writable`.
     pub fn set(&mut self, readable: bool, writable: bool) -> io::Result<()> {
@@ -77,7 +85,7 @@ impl Readiness {
             if readable {
                 write_all_once(&self.ours, &[1])?;
             } else {
-                drain(&self.user)?;
+                drain(&*self.user)?;
             }
             self.readable = readable;
         }
@@ -85,7 +93,7 @@ impl Readiness {
             if writable {
                 drain(&self.ours)?;
             } else {
-                fill(&self.user)?;
+                fill(&*self.user)?;
             }
             self.writable = writable;
         }
@@ -158,7 +166,7 @@ mod tests {
     use rustix::event::{poll, PollFd, PollFlags};
 
     fn state(r: &Readiness) -> (bool, bool) {
-        let mut fds = [PollFd::new(&r.user, PollFlags::IN | PollFlags::OUT)];
+        let mut fds = [PollFd::new(&*r.user, PollFlags::IN | PollFlags::OUT)];
         poll(&mut fds, Some(&rustix::event::Timespec::default())).unwrap();
         let ev = fds[0].revents();
         (ev.contains(PollFlags::IN), ev.contains(PollFlags::OUT))
@@ -189,7 +197,7 @@ mod tests {
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
         epoll::add(
             &ep,
-            &r.user,
+            &*r.user,
             epoll::EventData::new_u64(7),
             epoll::EventFlags::IN | epoll::EventFlags::ET,
         )

@@ -41,6 +41,7 @@
 //! pumps left the owner something to do: bytes to write, a completion.
 
 use std::io;
+use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
@@ -123,6 +124,8 @@ pub struct Inner {
     /// The receive stream's length at the last readiness update.
     rx_seen: u64,
     poller_active: bool,
+    /// The poller's wake-up eventfd ([`thread_wake`]), while it polls.
+    poller_wake: Option<Arc<OwnedFd>>,
     /// The poller's `poll` asks for socket space too: it wakes by itself
     /// when bytes can go.
     polling_out: bool,
@@ -139,7 +142,7 @@ pub struct Inner {
     pub read_timeout: Option<Duration>,
     /// [`Shared`]'s duplicate of the socket, which a socket duplication
     /// points at the new one ([`resume`]).
-    sock: Arc<RwLock<OwnedFd>>,
+    sock: Arc<RwLock<Arc<TcpStream>>>,
     /// [`Shared::id`].
     id: u64,
     /// SO_SNDTIMEO.
@@ -174,6 +177,16 @@ struct Lend<'a> {
 }
 
 impl Inner {
+    /// Wakes the thread polling the socket, once until it looks.
+    fn wake_poller(&mut self) {
+        if self.poller_active && !self.wake_pending {
+            if let Some(w) = &self.poller_wake {
+                self.wake_pending = true;
+                let _ = rustix::io::write(&**w, &1u64.to_ne_bytes());
+            }
+        }
+    }
+
     /// Reads the socket, drives the link, writes what is queued, acts on
     /// the teardown and the timers, until nothing moves. True if anything
     /// did.
@@ -531,11 +544,10 @@ impl Inner {
         }
     }
 
-    /// Creates the readiness descriptor; returns a duplicate of the
-    /// descriptor to poll.
-    fn arm_readiness(&mut self) -> io::Result<OwnedFd> {
+    /// Creates the readiness descriptor; returns the descriptor to poll.
+    fn arm_readiness(&mut self) -> io::Result<Arc<OwnedFd>> {
         let r = Readiness::new()?;
-        let user = crate::fds::dup_high(r.user_fd())?;
+        let user = r.user_shared();
         self.readiness = Some(r);
         self.update_readiness();
         Ok(user)
@@ -581,15 +593,14 @@ pub struct Shared {
     /// The figures for observability, copied in at each unlock.
     counters: Counters,
     kick: AtomicBool,
-    wake: OwnedFd,
-    /// A duplicate of the socket, to poll it without the lock: a stable
-    /// descriptor number, pointed at the new socket by a socket
-    /// duplication (written under the link's lock, and only while no
-    /// application thread polls it).
-    sock: Arc<RwLock<OwnedFd>>,
+    /// The endpoint's socket, shared (one descriptor), to poll it
+    /// without the lock: a stable descriptor number, pointed at the new
+    /// socket by a socket duplication (written under the link's lock, and
+    /// only while no application thread polls it).
+    sock: Arc<RwLock<Arc<TcpStream>>>,
     deadline: AtomicU64,
     /// The readiness descriptor the application polls, once asked for.
-    readiness: OnceLock<OwnedFd>,
+    readiness: OnceLock<Arc<OwnedFd>>,
     /// Mirror of [`Inner::released`], readable without the lock.
     released: AtomicBool,
     /// An event reported hang-up, not yet passed to [`Inner`].
@@ -628,12 +639,8 @@ impl Shared {
         id: u64,
         readiness: Option<Readiness>,
     ) -> io::Result<Shared> {
-        let sock = Arc::new(RwLock::new(crate::fds::dup_high(ep.stream().as_fd())?));
-        let wake = crate::fds::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
-        let user = match &readiness {
-            Some(r) => Some(crate::fds::dup_high(r.user_fd())?),
-            None => None,
-        };
+        let sock = Arc::new(RwLock::new(ep.shared_stream()));
+        let user = readiness.as_ref().map(Readiness::user_shared);
         let mut inner = Inner {
             link,
             ep,
@@ -644,6 +651,7 @@ impl Shared {
             readiness: None,
             rx_seen: 0,
             poller_active: false,
+            poller_wake: None,
             polling_out: false,
             cond_waiters: 0,
             wake_pending: false,
@@ -673,7 +681,6 @@ impl Shared {
             poller: AtomicBool::new(false),
             counters: Counters::default(),
             kick: AtomicBool::new(false),
-            wake,
             sock,
             deadline: AtomicU64::new(NO_DEADLINE),
             readiness: user_fd,
@@ -706,7 +713,7 @@ impl Shared {
     /// [`Shared::readiness`]'s). One asked for before keeps its last
     /// state and no longer follows the stream.
     pub fn adopt_readiness(&self, r: Readiness) -> io::Result<()> {
-        let user = crate::fds::dup_high(r.user_fd())?;
+        let user = r.user_shared();
         let mut g = self.lock();
         g.readiness = Some(r);
         g.update_readiness();
@@ -729,17 +736,27 @@ impl Shared {
         self.lock_inner().written_out()
     }
 
-    /// The socket (a duplicate, whose number stays the same across a
+    /// The socket (the endpoint's, whose number stays the same across a
     /// socket duplication), for epoll.
-    pub fn sock(&self) -> RwLockReadGuard<'_, OwnedFd> {
+    pub fn sock(&self) -> RwLockReadGuard<'_, Arc<TcpStream>> {
         self.sock.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The readiness descriptor (see [`super::readiness`]), created and
     /// kept up to date from the first call on.
     pub fn readiness(&self) -> io::Result<BorrowedFd<'_>> {
+        self.readiness_shared().map(|_| ())?;
+        self.readiness
+            .get()
+            .map(|fd| fd.as_fd())
+            .ok_or_else(|| io::Error::other("no readiness descriptor"))
+    }
+
+    /// [`Shared::readiness`], shared: the same descriptor (no duplicate)
+    /// for a holder that outlives the borrow.
+    pub fn readiness_shared(&self) -> io::Result<Arc<OwnedFd>> {
         if let Some(fd) = self.readiness.get() {
-            return Ok(fd.as_fd());
+            return Ok(fd.clone());
         }
         let mut g = self.lock();
         if self.readiness.get().is_none() {
@@ -749,7 +766,7 @@ impl Shared {
         drop(g);
         self.readiness
             .get()
-            .map(|fd| fd.as_fd())
+            .cloned()
             .ok_or_else(|| io::Error::other("no readiness descriptor"))
     }
 
@@ -971,10 +988,9 @@ impl Shared {
         g.poller_active = false;
         g.cond_waiters = 0;
         self.poller.store(false, Ordering::SeqCst);
-        if std::mem::take(&mut g.wake_pending) {
-            let mut buf = [0u8; 8];
-            let _ = rustix::io::read(&self.wake, &mut buf);
-        }
+        // Their eventfds went with them.
+        g.wake_pending = false;
+        g.poller_wake = None;
         g.zc_writer_waiting = false;
         if g.zc_owner.take().is_some() {
             // The thread that lent a Zcopy buffer is not here: this copy
@@ -988,10 +1004,7 @@ impl Shared {
     /// Wakes the threads waiting for the stream: the poller through the
     /// eventfd, the others on the condition variable.
     fn wake_waiters(&self, g: &mut Inner) {
-        if g.poller_active && !g.wake_pending {
-            g.wake_pending = true;
-            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-        }
+        g.wake_poller();
         if g.cond_waiters > 0 {
             self.bell.ring();
         }
@@ -1107,15 +1120,13 @@ impl<'a> Locked<'a> {
             if (owed || !g.poller_active) && g.cond_waiters > 0 {
                 shared.bell.ring();
             }
-            if owed && g.poller_active && !g.wake_pending {
-                g.wake_pending = true;
-                let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+            if owed {
+                g.wake_poller();
             }
-        } else if g.zc_owner.is_some() && g.poller_active && !g.wake_pending {
+        } else if g.zc_owner.is_some() {
             // We own the Zcopy buffer and another thread sleeps in poll:
             // wake it so that it leaves the socket to us.
-            g.wake_pending = true;
-            let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
+            g.wake_poller();
         }
         if g.poller_active || zc_elsewhere {
             g.cond_waiters += 1;
@@ -1130,7 +1141,9 @@ impl<'a> Locked<'a> {
                 r => r,
             };
         }
+        let wake = thread_wake();
         g.poller_active = true;
+        g.poller_wake = wake.clone();
         shared.poller.store(true, Ordering::SeqCst);
         let mut flags = PollFlags::IN;
         // Bytes waiting for socket space (not work the engine holds back,
@@ -1140,6 +1153,12 @@ impl<'a> Locked<'a> {
         }
         g.polling_out = flags.contains(PollFlags::OUT);
         drop(g);
+        // Without an eventfd (the process is out of descriptors) the
+        // poller looks again every few milliseconds instead.
+        let timeout = match wake {
+            Some(_) => timeout,
+            None => Some(timeout.map_or(NO_WAKE_POLL, |t| t.min(NO_WAKE_POLL))),
+        };
         let ts = timeout.map(|t| Timespec {
             tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(t.subsec_nanos()),
@@ -1149,9 +1168,13 @@ impl<'a> Locked<'a> {
             let sock = shared.sock();
             let mut fds = [
                 PollFd::new(&*sock, flags),
-                PollFd::new(&shared.wake, PollFlags::IN),
+                match &wake {
+                    Some(w) => PollFd::new(&**w, PollFlags::IN),
+                    None => PollFd::new(&*sock, flags),
+                },
             ];
-            match poll(&mut fds, ts.as_ref()) {
+            let n = if wake.is_some() { 2 } else { 1 };
+            match poll(&mut fds[..n], ts.as_ref()) {
                 Ok(_) => Ok(()),
                 Err(Errno::INTR) if !interruptible => Ok(()),
                 Err(e) => Err(e.into()),
@@ -1159,20 +1182,48 @@ impl<'a> Locked<'a> {
         };
         let mut g = shared.lock_inner();
         g.poller_active = false;
+        g.poller_wake = None;
         shared.poller.store(false, Ordering::SeqCst);
         if g.zc_owner.is_some() && g.cond_waiters > 0 {
             // They may read what the owner's pump brings, or take the
             // socket over.
             shared.bell.ring();
         }
-        if g.wake_pending {
-            let mut buf = [0u8; 8];
-            let _ = rustix::io::read(&shared.wake, &mut buf);
-            g.wake_pending = false;
+        if std::mem::take(&mut g.wake_pending) {
+            if let Some(w) = &wake {
+                let mut buf = [0u8; 8];
+                let _ = rustix::io::read(&**w, &mut buf);
+            }
         }
         self.guard = Some(g);
         r
     }
+}
+
+/// How long a poller without a wake-up eventfd sleeps at most.
+const NO_WAKE_POLL: Duration = Duration::from_millis(5);
+
+thread_local! {
+    static THREAD_WAKE: std::cell::OnceCell<Option<Arc<OwnedFd>>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// The calling thread's wake-up eventfd, made on its first wait as a
+/// stream's poller: a thread sleeps in one call at a time, so one
+/// descriptor per thread serves every stream it ever waits on, not one
+/// per connection. `None` if it cannot be made.
+fn thread_wake() -> Option<Arc<OwnedFd>> {
+    THREAD_WAKE
+        .try_with(|w| {
+            w.get_or_init(|| {
+                eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                    .ok()
+                    .map(|fd| Arc::new(crate::fds::high(fd)))
+            })
+            .clone()
+        })
+        .ok()
+        .flatten()
 }
 
 impl Drop for Locked<'_> {

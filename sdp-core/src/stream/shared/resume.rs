@@ -21,7 +21,6 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsFd;
 use std::time::Instant;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -79,10 +78,13 @@ impl Inner {
                 return;
             }
         };
-        let swapped = super::super::progress::swap_socket(self.id, &self.sock, ep.stream().as_fd());
-        self.socket_moved = true;
+        // The old endpoint goes first: its socket's last holder is then
+        // `sock`, whose number the new socket takes.
         let old = std::mem::replace(&mut self.ep, ep);
         drop(old);
+        let swapped =
+            super::super::progress::swap_socket(self.id, &self.sock, &self.ep.shared_stream());
+        self.socket_moved = true;
         self.llp_end = false;
         self.shut_wr = false;
         self.reset = false;
