@@ -500,7 +500,14 @@ impl Connection {
 
     /// The next event: startup events, then the data path's.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front().or_else(|| self.dp.poll_event())
+        if let Some(e) = self.events.pop_front() {
+            return Some(e);
+        }
+        // Startup's events come once: their queue's memory goes with them.
+        if self.events.capacity() > 0 {
+            self.events = VecDeque::new();
+        }
+        self.dp.poll_event()
     }
 
     /// The EMSS FPDUs are sized for.

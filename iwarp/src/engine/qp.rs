@@ -487,7 +487,13 @@ impl DataPath {
 
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let e = self.events.pop_front();
+        // Events are rare (establishment, the end): an idle connection
+        // keeps no queue for them.
+        if e.is_none() && self.events.capacity() > 0 {
+            self.events = VecDeque::new();
+        }
+        e
     }
 
     fn set_status(&mut self, seq: u64, status: Status) {

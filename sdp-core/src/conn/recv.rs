@@ -51,7 +51,9 @@ use crate::wire::{Body, Flags, MessageRepr, Mid};
 /// connection).
 #[derive(Debug, Clone)]
 pub struct BufferPool {
+    /// Buffers `0..bufs.len()`; the others never held a byte.
     bufs: Vec<Vec<u8>>,
+    count: usize,
     buf_size: usize,
 }
 
@@ -59,19 +61,20 @@ impl BufferPool {
     /// `count` buffers of `buf_size` bytes, none holding memory yet.
     pub fn new(count: usize, buf_size: usize) -> BufferPool {
         BufferPool {
-            bufs: vec![Vec::new(); count],
+            bufs: Vec::new(),
+            count,
             buf_size,
         }
     }
 
     /// Number of buffers.
     pub fn len(&self) -> usize {
-        self.bufs.len()
+        self.count
     }
 
     /// Whether the pool has no buffers.
     pub fn is_empty(&self) -> bool {
-        self.bufs.is_empty()
+        self.count == 0
     }
 
     /// Size of each buffer in bytes.
@@ -82,7 +85,10 @@ impl BufferPool {
     /// The bytes placed so far in buffer `i` (a prefix of it, the rest
     /// never written), or `None` if there is no such buffer.
     pub fn buffer(&self, i: usize) -> Option<&[u8]> {
-        self.bufs.get(i).map(Vec::as_slice)
+        if i >= self.count {
+            return None;
+        }
+        Some(self.bufs.get(i).map_or(&[], Vec::as_slice))
     }
 
     /// Buffer `i` for writing, all `buf_size` bytes, or `None` if there is
@@ -95,8 +101,11 @@ impl BufferPool {
     /// them), or `None` if there is no such buffer or the range passes
     /// its end.
     pub fn range_mut(&mut self, i: usize, range: core::ops::Range<usize>) -> Option<&mut [u8]> {
-        if range.end > self.buf_size {
+        if range.end > self.buf_size || i >= self.count {
             return None;
+        }
+        if self.bufs.len() <= i {
+            self.bufs.resize_with(i + 1, Vec::new);
         }
         let buf = self.bufs.get_mut(i)?;
         grow(buf, range.end, self.buf_size);
@@ -121,7 +130,7 @@ pub(crate) fn grow(buf: &mut Vec<u8>, len: usize, cap: usize) {
 
 /// The smallest allocation [`grow`] makes: a Hello or a short message
 /// fits.
-const GROW_MIN: usize = 256;
+const GROW_MIN: usize = 64;
 
 /// Received payload not yet read: bytes `start..end` of buffer `buf`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
