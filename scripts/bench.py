@@ -34,6 +34,7 @@ LATENCY_TARGET = 1.10  # SDP/TCP at 64-byte ping-pong, at most
 SETUP_TARGET = 2.0  # SDP/TCP connection setup time, warm PM cache, at most
 SERVER_TARGET = 0.95  # SDP/TCP requests per second of real servers, at least
 CHURN_TARGET = 0.5  # SDP/TCP connections per second, 100 clients at once, at least
+MEMORY_TARGET = 16.0  # KiB per idle SDP connection, both ends together, at most
 
 FULL = {
     "reps": 3,
@@ -852,6 +853,20 @@ class Bench:
         judge("churn, 100 clients at once",
               [r for r in self.rows if r["section"] == "churn"],
               lambda x: x >= CHURN_TARGET, (">=", CHURN_TARGET))
+        # Memory: an absolute limit on the SDP figure, not a ratio (TCP's
+        # connection memory is in the kernel, about 0 in RSS).
+        both = [r for r in self.rows if r["section"] == "memory" and r["tool"] == "both" and not r.get("error")]
+        worst = max(both, key=lambda r: r["sdp"]["median"], default=None)
+        ok = bool(both) and all(r["sdp"]["median"] <= MEMORY_TARGET and r["sdp_transport"] == "SDP" for r in both)
+        out.append({
+            "target": "memory per idle connection, both ends", "limit": f"SDP <= {MEMORY_TARGET:g} KiB",
+            "status": "not measured" if not both else ("met" if ok else "missed"),
+            "worst": None if worst is None else {
+                "tool": "both ends", "size": None, "metric": "KiB/connection", "ratio": worst["sdp"]["median"]},
+            "rows": len(both), "fell_back": sum(r["sdp_transport"] != "SDP" for r in both), "failed": 0,
+        })
+        for r in both:
+            r["target"] = "met" if r["sdp"]["median"] <= MEMORY_TARGET else "missed"
         judge("connection setup, warm PM cache",
               [r for r in self.rows if r["section"] == "connections"
                and (r.get("error") or (r["tool"] == "PM cache warm" and r["metric"] == "setup p50 µs"))],
