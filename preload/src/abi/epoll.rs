@@ -472,7 +472,13 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
         if !stale && new == events_for(which, old) {
             continue;
         }
-        kernel_ctl(epfd, libc::EPOLL_CTL_MOD, k, new, token(id, which))?;
+        match kernel_ctl(epfd, libc::EPOLL_CTL_MOD, k, new, token(id, which)) {
+            // The socket's registration is a help, not the program's: it
+            // went with the old socket when a socket duplication moved
+            // the stream's number to the new one.
+            Err(libc::ENOENT) if which == SOCKET => {}
+            r => r?,
+        }
     }
     with_registry(|r| {
         if let Some(reg) = r.by_id.get_mut(&id) {

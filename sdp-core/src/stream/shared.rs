@@ -140,7 +140,7 @@ pub struct Inner {
     pub nonblocking: bool,
     /// SO_RCVTIMEO.
     pub read_timeout: Option<Duration>,
-    /// [`Shared`]'s duplicate of the socket, which a socket duplication
+    /// [`Shared`]'s handle of the socket, which a socket duplication
     /// points at the new one ([`resume`]).
     sock: Arc<RwLock<Arc<TcpStream>>>,
     /// [`Shared::id`].
@@ -745,18 +745,18 @@ impl Shared {
     /// The readiness descriptor (see [`super::readiness`]), created and
     /// kept up to date from the first call on.
     pub fn readiness(&self) -> io::Result<BorrowedFd<'_>> {
-        self.readiness_shared().map(|_| ())?;
-        self.readiness
-            .get()
-            .map(|fd| fd.as_fd())
-            .ok_or_else(|| io::Error::other("no readiness descriptor"))
+        self.armed_readiness().map(|fd| fd.as_fd())
     }
 
     /// [`Shared::readiness`], shared: the same descriptor (no duplicate)
     /// for a holder that outlives the borrow.
     pub fn readiness_shared(&self) -> io::Result<Arc<OwnedFd>> {
+        self.armed_readiness().cloned()
+    }
+
+    fn armed_readiness(&self) -> io::Result<&Arc<OwnedFd>> {
         if let Some(fd) = self.readiness.get() {
-            return Ok(fd.clone());
+            return Ok(fd);
         }
         let mut g = self.lock();
         if self.readiness.get().is_none() {
@@ -766,7 +766,6 @@ impl Shared {
         drop(g);
         self.readiness
             .get()
-            .cloned()
             .ok_or_else(|| io::Error::other("no readiness descriptor"))
     }
 
