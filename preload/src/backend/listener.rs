@@ -5,13 +5,16 @@
 //! A connection is taken from Q by the program's `accept`, as a TCP
 //! connection is taken from the kernel's queue: `accept` takes the next
 //! one and, when its MPA Request (with the Hello) is already there — the
-//! client sends it right after its TCP connect — answers it at once and
-//! returns the connection, whose RTR and HelloAck the progress thread
-//! carries (reads and writes wait for them). A nonblocking `accept` never
-//! waits for a handshake: a connection whose Request has not come yet goes
-//! on in the service thread ([`super::service`]) and is handed out once
-//! set up. The listener is readable while a connection is set up here or
-//! waits in Q (`Shared::q_pending`); an epoll set polls Q too.
+//! client sends it right after its TCP connect — answers it at once. The
+//! service thread ([`super::service`]) then waits for the RTR and sends
+//! the HelloAck, and the connection is handed out once set up: one the
+//! program closed at once would otherwise cut the client's setup short,
+//! where TCP's connect is complete. A connection whose Request has not
+//! come yet goes on in the service thread the same way. A nonblocking
+//! `accept` never waits for a handshake; a blocking one sleeps until a
+//! connection is set up. The listener is readable while a connection is
+//! set up here or waits in Q (`Shared::q_pending`); an epoll set polls Q
+//! too.
 //!
 //! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
 //! the program's listening socket and the readiness of the connections set
