@@ -588,39 +588,33 @@ class Bench:
                         f"  server {{ listen 127.0.0.1:{ports[sdp]}; root {root}/www; }} }}\n")
             servers[sdp] = self.server(f"nginx ({'SDP' if sdp else 'TCP'})",
                                        ["nginx", "-c", conf, "-p", d], ports[sdp], sdp)
-        for size in sizes:
-            def run(sdp, rep, size=size):
-                url = f"http://127.0.0.1:{ports[sdp]}/{size_name(size).replace(' ', '')}"
-                p, seen = self.run_client(
-                    f"wrk {'SDP' if sdp else 'TCP'} {size_name(size)}",
-                    ["wrk", "-t", "1", "-c", "10", "-d", f"{sec}s", url],
-                    sdp, sec + 30, watch_ports=(ports[sdp],), servers=(servers[sdp],),
-                )
-                out = p.output()
-                if re.search(r"Socket errors|Non-2xx", out):
-                    raise p.failed("wrk counted errors")
-                m = re.search(r"^Requests/sec:\s+([\d.]+)", out, re.M)
-                if not m or float(m.group(1)) <= 0:
-                    raise p.failed("no requests per second in wrk's output")
-                return float(m.group(1)), seen
-
-            self.row("servers", "nginx keep-alive", size, "requests/s", "higher", "nginx", run)
-
-        # Churn: 100 clients, a new connection for every request.
-        def close_run(sdp, rep):
-            url = f"http://127.0.0.1:{ports[sdp]}/1KiB"
+        def wrk(sdp, name, args, path, errors):
+            """One wrk run against the TCP or SDP nginx: requests/s, and
+            what sdp-stat saw. Output matching `errors` fails the run."""
             p, seen = self.run_client(
-                f"wrk Connection: close {'SDP' if sdp else 'TCP'}",
-                ["wrk", "-t", "2", "-c", "100", "-d", f"{sec}s", "-H", "Connection: close", url],
+                f"wrk {name} {'SDP' if sdp else 'TCP'}",
+                ["wrk"] + args + ["-d", f"{sec}s", f"http://127.0.0.1:{ports[sdp]}/{path}"],
                 sdp, sec + 30, watch_ports=(ports[sdp],), servers=(servers[sdp],),
             )
             out = p.output()
-            if re.search(r"Non-2xx", out):
+            if re.search(errors, out):
                 raise p.failed("wrk counted errors")
             m = re.search(r"^Requests/sec:\s+([\d.]+)", out, re.M)
             if not m or float(m.group(1)) <= 0:
                 raise p.failed("no requests per second in wrk's output")
             return float(m.group(1)), seen
+
+        for size in sizes:
+            def run(sdp, rep, size=size):
+                name = size_name(size)
+                return wrk(sdp, name, ["-t", "1", "-c", "10"], name.replace(" ", ""), r"Socket errors|Non-2xx")
+
+            self.row("servers", "nginx keep-alive", size, "requests/s", "higher", "nginx", run)
+
+        # Churn: 100 clients, a new connection for every request.
+        def close_run(sdp, rep):
+            return wrk(sdp, "Connection: close", ["-t", "2", "-c", "100", "-H", "Connection: close"], "1KiB",
+                       r"Non-2xx")
 
         self.row("churn", "nginx Connection: close, 100 clients", KIB, "requests/s", "higher", "nginx", close_run)
         for s in servers.values():

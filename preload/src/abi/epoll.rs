@@ -323,13 +323,6 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         wake_events(events),
         token(id, WAKE),
     )?;
-    let drop_wake = || {
-        if wake_dup {
-            close_quietly(wake);
-        } else {
-            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
-        }
-    };
     if kernel {
         if let Err(e) = kernel_ctl(
             epfd,
@@ -339,7 +332,9 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             token(id, LISTENER),
         ) {
             let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
-            drop_wake();
+            if wake_dup {
+                close_quietly(wake);
+            }
             return Err(e);
         }
     }
