@@ -861,6 +861,17 @@ class Bench:
         })
         for r in both:
             r["target"] = "met" if r["sdp"]["median"] <= MEMORY_TARGET else "missed"
+        # Scale: every connection of the row held over SDP and used (no
+        # ratio: TCP's figure is the reference for the time and RSS).
+        held = [r for r in self.rows if r["section"] == "scale"]
+        ran = [r for r in held if not r.get("error")]
+        ok = bool(ran) and len(ran) == len(held) and all(r["sdp_transport"] == "SDP" for r in ran)
+        out.append({
+            "target": "connections at once, each used", "limit": f"SDP: all {self.cfg.get('scale', '-')}",
+            "status": "not measured" if not held else ("met" if ok else "missed"),
+            "worst": None, "rows": len(held),
+            "fell_back": sum(r["sdp_transport"] != "SDP" for r in ran), "failed": len(held) - len(ran),
+        })
         judge("connection setup, warm PM cache",
               [r for r in self.rows if r["section"] == "connections"
                and (r.get("error") or (r["tool"] == "PM cache warm" and r["metric"] == "setup p50 µs"))],

@@ -33,10 +33,11 @@
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+pub use sdp_core::stream::readiness::LevelWatch;
 pub use sdp_core::stream::{Block, Pumped};
 
 /// An `errno` value.
@@ -278,6 +279,10 @@ pub trait SdpEndpoint: Send + Sync {
     /// `SO_LINGER`, which it reads from the socket; `nonblocking` is the
     /// program's `O_NONBLOCK`: a lingering close blocks only without it).
     fn close(&self, nonblocking: bool);
+    /// The program is closing `fd`, one of its numbers for the endpoint
+    /// (called before the kernel's `close`): a connection that runs on that
+    /// very number moves to one of its own first.
+    fn leave_fd(&self, _fd: RawFd) {}
     /// An option the endpoint answers itself (`SO_ERROR`, `SO_RCVBUF` as
     /// SDP buffering, `TCP_INFO`...): `Some(Ok(len written))`; `None` lets
     /// the hooks ask the kernel socket.
@@ -349,6 +354,14 @@ pub trait SdpEndpoint: Send + Sync {
     }
     /// Sets the wake fd's levels as the endpoint is now.
     fn sync_readiness(&self) {}
+    /// Tells `w` of the connection's levels, now and at each change
+    /// ([`LevelWatch`]), instead of a wake fd: an epoll set's ready list.
+    /// False (and `w` is not kept) while there is no connected stream.
+    fn watch_levels(&self, _w: Arc<dyn LevelWatch>) -> bool {
+        false
+    }
+    /// Takes back a [`SdpEndpoint::watch_levels`].
+    fn unwatch_levels(&self, _w: &Arc<dyn LevelWatch>) {}
     /// An epoll set starts (`on`) or stops watching the endpoint's socket
     /// ([`SdpEndpoint::kernel_fd`]), its waiting thread calling
     /// [`SdpEndpoint::pump`] when bytes arrive: background reads of that
@@ -387,8 +400,9 @@ pub trait SdpEndpoint: Send + Sync {
 
 /// A connection the hidden SDP listener accepted.
 pub struct Accepted {
-    /// The new kernel socket (becomes the fd `accept` returns).
-    pub fd: OwnedFd,
+    /// The connection's kernel socket, under the number `accept` returns
+    /// (the endpoint's too: [`SdpEndpoint::leave_fd`] when it is closed).
+    pub fd: RawFd,
     /// The peer's address as TCP would report it.
     pub peer: SocketAddr,
     pub endpoint: Arc<dyn SdpEndpoint>,

@@ -671,6 +671,9 @@ pub fn remove(fd: i32) {
     let Some(s) = slot(fd) else { return };
     let old = s.entry.with(|e| store(s, fd, e, None));
     drop(_g);
+    if let Some(SdpSide::Stream(h)) = old.as_ref().map(|e| &e.sdp) {
+        h.endpoint.leave_fd(fd);
+    }
     retire(old);
 }
 

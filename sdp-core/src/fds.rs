@@ -1,10 +1,11 @@
 //! Where the library's own descriptors go: high in the descriptor table,
 //! out of the program's way.
 //!
-//! An SDP connection holds descriptors a TCP socket does not: the
-//! engine's own descriptor of its socket and, once something polls it,
-//! the two ends of its readiness socket pair (and each thread that waits
-//! on a stream, one wake-up eventfd).
+//! The library holds descriptors a TCP program does not: a connection's
+//! own descriptor of its socket once the program closed its number and
+//! the connection still finishes its close, the two ends of a readiness
+//! socket pair once `poll` asks for it, an eventfd per epoll set and per
+//! thread that waits on a stream.
 //! Taking the lowest free numbers, as `socket`, `dup` and `eventfd` do,
 //! they would push every descriptor the program opens next up the table:
 //! a program that sizes a table by its connection count (an `ae` event
@@ -53,6 +54,11 @@ pub fn high(fd: OwnedFd) -> OwnedFd {
         }
         Err(_) => fd,
     }
+}
+
+/// Whether `fd` is in the top quarter, where [`high`] places.
+pub fn is_high(fd: BorrowedFd<'_>) -> bool {
+    rustix::fd::AsRawFd::as_raw_fd(&fd) >= floor()
 }
 
 /// A duplicate of `fd` at or above the floor, close-on-exec, in one

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use iwarp::engine::{Connection, ConnectionConfig, Event};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use sdp_core::stream::readiness::LevelWatch;
 use sdp_core::stream::{SdpListener, SdpStream};
 
 fn pair() -> (SdpStream, SdpStream) {
@@ -156,6 +157,77 @@ fn nonblocking_readiness_is_exact() {
     b.shutdown(Shutdown::Write).unwrap();
     assert!(readiness(&a, PollFlags::IN, 2000).0);
     assert_eq!((&a).read(&mut buf).unwrap(), 0);
+}
+
+/// What a [`LevelWatch`] was told, in order.
+#[derive(Default)]
+struct Told {
+    levels: std::sync::Mutex<Vec<(bool, bool)>>,
+    changed: std::sync::Condvar,
+}
+
+impl LevelWatch for Told {
+    fn levels(&self, readable: bool, writable: bool) {
+        self.levels.lock().unwrap().push((readable, writable));
+        self.changed.notify_all();
+    }
+}
+
+impl Told {
+    /// Waits (at most 5 s) until the last levels told are `want`.
+    fn until(&self, want: (bool, bool)) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut told = self.levels.lock().unwrap();
+        while told.last() != Some(&want) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "never told {want:?}; told {:?}", *told);
+            told = self.changed.wait_timeout(told, left).unwrap().0;
+        }
+    }
+}
+
+#[test]
+fn a_level_watch_is_told_each_change_and_nothing_once_it_stops() {
+    let (a, b) = pair();
+    a.set_nonblocking(true).unwrap();
+    let told = std::sync::Arc::new(Told::default());
+    let watch: std::sync::Arc<dyn LevelWatch> = told.clone();
+    a.watch_levels(watch.clone());
+    // The levels of now first: connected, nothing received.
+    assert_eq!(*told.levels.lock().unwrap(), [(false, true)]);
+    // The peer writes: readable (the progress thread tells it).
+    (&b).write_all(b"ping").unwrap();
+    told.until((true, true));
+    let mut buf = vec![0; 1 << 20];
+    assert_eq!((&a).read(&mut buf).unwrap(), 4);
+    told.until((false, true));
+    // Out of credits: neither readable nor writable.
+    let mut sent = 0u64;
+    loop {
+        match (&a).write(&buf) {
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    told.until((false, false));
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0; 1 << 16];
+        let mut got = 0u64;
+        while got < sent {
+            got += (&b).read(&mut buf).unwrap() as u64;
+        }
+        b
+    });
+    let b = reader.join().unwrap();
+    told.until((false, true));
+    // Stopped: the next arrival is read, and the watch heard nothing of it.
+    a.unwatch_levels(&watch);
+    let before = told.levels.lock().unwrap().len();
+    (&b).write_all(b"pong").unwrap();
+    a.set_nonblocking(false).unwrap();
+    assert_eq!((&a).read(&mut buf).unwrap(), 4);
+    assert_eq!(told.levels.lock().unwrap().len(), before);
 }
 
 #[test]

@@ -94,8 +94,8 @@ pub mod setup;
 use core::fmt;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, IoSlice, IoSliceMut, Read};
-use std::net::{Shutdown, TcpStream};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -196,6 +196,13 @@ impl fmt::Display for Rejected {
 }
 
 impl std::error::Error for Rejected {}
+
+/// One `read` of the socket, by system call: the socket's number may be an
+/// application's, which a library interposing on the C library's socket
+/// calls (the SDP preload) serves itself.
+fn read_socket(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    rustix::io::read(stream, buf).map_err(io::Error::from)
+}
 
 /// An iWARP connection over a TCP socket (see the module docs).
 pub struct Endpoint {
@@ -353,6 +360,14 @@ impl Endpoint {
     /// polls it without a borrow of the endpoint.
     pub fn shared_stream(&self) -> Arc<TcpStream> {
         self.stream.clone()
+    }
+
+    /// Points the endpoint at `to`, another descriptor of the same socket,
+    /// and gives back the one it had: the holder of a descriptor number
+    /// that must go away (a program's `close`) keeps the connection on a
+    /// number of its own.
+    pub fn replace_stream(&mut self, to: Arc<TcpStream>) -> Arc<TcpStream> {
+        std::mem::replace(&mut self.stream, to)
     }
 
     /// What the MPA startup agreed, when [`connect`] or [`accept`] ran it.
@@ -513,7 +528,7 @@ impl Endpoint {
         if !self.conn.rejected() {
             self.conn.handle_llp_closed(now);
         }
-        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Both);
     }
 
     /// Feeds `scratch[from..to]` to the engine; keeps what it does not
@@ -562,7 +577,7 @@ impl Endpoint {
         if self.conn.in_startup() {
             // Exactly the frame: what follows it may not be ours.
             let want = self.startup_want().min(self.scratch.len());
-            let n = (&*self.stream).read(&mut self.scratch[..want])?;
+            let n = read_socket(&self.stream, &mut self.scratch[..want])?;
             self.feed(now, 0, n, mem);
             return Ok((n, want));
         }
@@ -587,10 +602,16 @@ impl Endpoint {
                         .checked_add(len)
                         .and_then(|end| mem.region_range_mut(region, offset..end));
                     match dst {
-                        Some(dst) => Some((&*self.stream).read_vectored(&mut [
-                            IoSliceMut::new(dst),
-                            IoSliceMut::new(&mut self.scratch[..trail]),
-                        ])?),
+                        Some(dst) => Some(
+                            rustix::io::readv(
+                                &*self.stream,
+                                &mut [
+                                    IoSliceMut::new(dst),
+                                    IoSliceMut::new(&mut self.scratch[..trail]),
+                                ],
+                            )
+                            .map_err(io::Error::from)?,
+                        ),
                         None => None,
                     }
                 };
@@ -610,7 +631,7 @@ impl Endpoint {
                         // engine finds the region missing and fails the
                         // stream (local catastrophic error).
                         let max = len.min(self.scratch.len());
-                        let n = (&*self.stream).read(&mut self.scratch[..max])?;
+                        let n = read_socket(&self.stream, &mut self.scratch[..max])?;
                         self.feed(now, 0, n, mem);
                         Ok((n, max))
                     }
@@ -618,7 +639,7 @@ impl Endpoint {
             }
             RecvTarget::Scratch { max } => {
                 let max = max.max(READ_AHEAD).min(self.scratch.len());
-                let n = (&*self.stream).read(&mut self.scratch[..max])?;
+                let n = read_socket(&self.stream, &mut self.scratch[..max])?;
                 self.feed(now, 0, n, mem);
                 self.grow_scratch(n);
                 Ok((n, max))
@@ -777,7 +798,7 @@ impl Endpoint {
         }
         if self.must_shut_down() && self.conn.txq().is_empty() {
             // RFC 5040 §5.4 / RFC 5044 §8: after the Terminate, close.
-            let _ = self.stream.shutdown(Shutdown::Write);
+            let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Write);
             self.tx_closed = true;
             return Ok(Progress::Closed);
         }

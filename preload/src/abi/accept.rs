@@ -12,7 +12,6 @@ use crate::sys::guard::Guard;
 use crate::sys::real;
 use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
 use libc::{c_int, sockaddr, socklen_t};
-use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -170,7 +169,7 @@ unsafe fn sdp_accept_inner(
     loop {
         match h.listener.accept(dontwait) {
             Ok(acc) => {
-                let new = acc.fd.into_raw_fd();
+                let new = acc.fd;
                 let _errno = SavedErrno::save();
                 // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
                 unsafe {

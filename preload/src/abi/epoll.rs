@@ -4,23 +4,27 @@
 //! While no fd is SDP and nothing is registered here, every call goes to
 //! the C library unchanged. An SDP fd is never put in the kernel epoll set
 //! itself (its kernel socket carries protocol bytes, not the program's
-//! data). Instead `epoll_ctl` registers a private duplicate of the endpoint's
-//! wake fd ([`crate::sdp::WakeFd`]) under a token of a reserved range, and
-//! keeps the program's interest and `epoll_data` here. `epoll_wait`
-//! translates each token event back into one event per fd, with the exact
-//! readiness bits of that moment ([`crate::sdp::Readiness`]), in the
-//! program's data, and drops wake-ups that no longer hold.
+//! data). A connected stream tells the set's ready list ([`ReadyList`])
+//! of each change of its levels ([`crate::sdp::LevelWatch`]); the list's
+//! one eventfd per set is registered in the kernel set under a token of a
+//! reserved range, readable while the list holds something. A stream still
+//! connecting, and a listener, have their wake fd
+//! ([`crate::sdp::WakeFd`]) registered instead. The program's interest
+//! and `epoll_data` are kept here. `epoll_wait` translates the list and
+//! each token event back into one event per fd, with the exact readiness
+//! bits of that moment ([`crate::sdp::Readiness`]), in the program's
+//! data, and drops wake-ups that no longer hold.
 //!
-//! * Level-triggered: the wake fd's `POLLIN`/`POLLOUT` are levels, so a
-//!   ready fd is reported on every wait.
-//! * `EPOLLET`: the wake fd is registered edge-triggered; each change of a
-//!   level is a new edge, and so is each arrival of data (the stream
-//!   renews the wake fd's readability), as with TCP.
-//! * `EPOLLONESHOT`: after a report the wake registration is disarmed
-//!   until `EPOLL_CTL_MOD`.
+//! * Level-triggered: a ready stream reported stays on the list, and the
+//!   next wait looks at the list before it sleeps, so a ready fd is
+//!   reported on every wait (a wake fd's `POLLIN`/`POLLOUT` are levels).
+//! * `EPOLLET`: each change of a level is a new edge, and so is each
+//!   arrival of data, as with TCP (a wake fd is registered
+//!   edge-triggered, and the stream renews its readability).
+//! * `EPOLLONESHOT`: after a report the registration is disarmed until
+//!   `EPOLL_CTL_MOD`.
 //! * One fd in several epoll sets: one registration per (epoll fd, fd),
-//!   each with its own duplicate (the kernel keys registrations by fd
-//!   number, so duplicates keep them apart).
+//!   each on its set's list.
 //! * After a `fork`, an SDP connection belongs to the first process that
 //!   uses it ([`crate::backend`]); while one waits for that, `epoll_wait`
 //!   counts as a use of the SDP fds registered in the set.
@@ -32,13 +36,13 @@
 //! * A stream's own socket is registered too (edge-triggered, the third
 //!   token): when bytes arrive, `epoll_wait` has the endpoint read them
 //!   before it looks at the readiness, so the program need not wait for
-//!   the progress thread to do it and wake the wake fd. After the peer
+//!   the progress thread to do it and tell the list. After the peer
 //!   moved the connection to a new TCP connection (SuspComm, draft §13.1.1)
-//!   that duplicate still refers to the old socket and stays quiet; the
-//!   wake fd alone reports the connection then.
+//!   that registration went with the old socket; the list alone reports
+//!   the connection then.
 //!
 //! Tokens are `0x5D50 << 48 | id << 2 | which`: a non-canonical address,
-//! never a user pointer. Registrations end with the close of the fd number
+//! never a user pointer; id 0 is the ready list's. Registrations end with the close of the fd number
 //! or of the epoll fd; when an SDP connection falls back to TCP its
 //! registrations become ordinary ones of the fd.
 //!
@@ -48,7 +52,8 @@
 //!   an `EPOLL_CTL_ADD` of the same fd sets again only what differs. Event
 //!   loops that add and delete an fd around every request
 //!   (redis-benchmark's `ae` does) so cost at most one `epoll_ctl` per
-//!   kernel registration, not two duplicates made and closed each time.
+//!   kernel registration, not two duplicates made and closed each time
+//!   (a dormant stream stays on its set's list, its reports dropped).
 //!   An `EPOLL_CTL_MOD` leaves the kernel registrations whose events it
 //!   does not change alone.
 #![allow(clippy::missing_safety_doc)]
@@ -63,8 +68,8 @@ use libc::{c_int, epoll_event, sigset_t, timespec};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 const TOKEN_TAG: u64 = 0x5D50 << 48;
 const TOKEN_MASK: u64 = 0xFFFF << 48;
@@ -80,8 +85,11 @@ struct Registration {
     data: u64,
     side: Side,
     /// The wake fd's number in the kernel set: the endpoint's own, or
-    /// (`wake_dup`) our duplicate of it.
+    /// (`wake_dup`) our duplicate of it; -1 for a stream the set's ready
+    /// list watches instead (`levels`).
     wake: c_int,
+    /// A connected stream: its levels come to the set's ready list.
+    levels: Option<Arc<Watch>>,
     wake_dup: bool,
     /// A listener: the kernel listening socket `fd` is registered too
     /// (TCP connections arrive there), under the second token.
@@ -118,7 +126,9 @@ struct Registration {
 impl Registration {
     /// The kernel registrations: (fd, which token).
     fn kernel_fds(&self) -> impl Iterator<Item = (c_int, u64)> {
-        std::iter::once((self.wake, WAKE))
+        (self.wake >= 0)
+            .then_some((self.wake, WAKE))
+            .into_iter()
             .chain(self.kernel.then_some((self.fd, LISTENER)))
             .chain(self.sock.map(|s| (s, SOCKET)))
             .chain(self.queue.map(|q| (q, QUEUE)))
@@ -160,7 +170,173 @@ type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 struct Registry {
     by_id: IntMap<u64, Registration>,
     by_key: IntMap<(c_int, c_int), u64>,
+    /// The ready list of each epoll fd that has one.
+    sets: IntMap<c_int, Arc<ReadyList>>,
     next: u64,
+}
+
+/// The token of a set's ready list eventfd (no registration has id 0).
+const READY_TOKEN: u64 = TOKEN_TAG;
+
+/// An epoll set's ready list: the streams whose levels changed since the
+/// set last looked (or that stay ready, level-triggered), with an eventfd
+/// in the kernel set, readable while the list is not empty. One
+/// descriptor per set where a readiness descriptor per stream took two.
+struct ReadyList {
+    queued: Mutex<Queued>,
+    efd: c_int,
+}
+
+#[derive(Default)]
+struct Queued {
+    watches: Vec<Arc<Watch>>,
+    /// The eventfd is readable.
+    signaled: bool,
+}
+
+impl ReadyList {
+    /// A list with its eventfd in the kernel set `epfd`.
+    fn new(epfd: c_int) -> Result<ReadyList, c_int> {
+        // SAFETY: plain eventfd creation.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(real::errno());
+        }
+        let efd = match hidden_dup(efd) {
+            Some(d) => {
+                close_quietly(efd);
+                d
+            }
+            None => efd,
+        };
+        // Dropped on failure, closing the eventfd.
+        let list = ReadyList {
+            queued: Mutex::new(Queued::default()),
+            efd,
+        };
+        kernel_ctl(
+            epfd,
+            libc::EPOLL_CTL_ADD,
+            efd,
+            libc::EPOLLIN as u32,
+            READY_TOKEN,
+        )?;
+        Ok(list)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queued> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `w` once, for a change of its levels: the eventfd turns
+    /// readable, waking a thread asleep on the set.
+    fn push(&self, w: &Arc<Watch>) {
+        if w.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut q = self.lock();
+        q.watches.push(w.clone());
+        if !std::mem::replace(&mut q.signaled, true) {
+            let _errno = SavedErrno::save();
+            // SAFETY: our eventfd, a local 8-byte counter increment.
+            unsafe { real::write(self.efd, (&1u64 as *const u64).cast(), 8) };
+        }
+    }
+
+    /// Queues `w` once for the next wait of the thread that reported it
+    /// (level-triggered, still ready), which looks at the list before it
+    /// sleeps: no wake-up.
+    fn requeue(&self, w: &Arc<Watch>) {
+        if !w.queued.swap(true, Ordering::AcqRel) {
+            self.lock().watches.push(w.clone());
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lock().watches.is_empty()
+    }
+
+    /// Takes what is queued, emptying the eventfd: one queued after that
+    /// makes it readable again.
+    fn take(&self) -> Vec<Arc<Watch>> {
+        let mut q = self.lock();
+        if std::mem::take(&mut q.signaled) {
+            let mut n = 0u64;
+            let _errno = SavedErrno::save();
+            // SAFETY: our eventfd, into a local 8-byte counter.
+            unsafe { real::read(self.efd, (&mut n as *mut u64).cast(), 8) };
+        }
+        let taken = std::mem::take(&mut q.watches);
+        drop(q);
+        for w in &taken {
+            w.queued.store(false, Ordering::Release);
+        }
+        taken
+    }
+}
+
+impl Drop for ReadyList {
+    fn drop(&mut self) {
+        close_quietly(self.efd);
+    }
+}
+
+/// What a stream tells of its levels to a set's [`ReadyList`], for
+/// registration `id` ([`crate::sdp::LevelWatch`]).
+struct Watch {
+    id: u64,
+    list: Weak<ReadyList>,
+    me: Weak<Watch>,
+    /// In the list now.
+    queued: AtomicBool,
+    /// The levels last told: `POLLIN`, `POLLOUT` bits.
+    levels: AtomicU32,
+}
+
+impl crate::sdp::LevelWatch for Watch {
+    fn levels(&self, readable: bool, writable: bool) {
+        let bits = if readable { libc::EPOLLIN as u32 } else { 0 }
+            | if writable { libc::EPOLLOUT as u32 } else { 0 };
+        self.levels.store(bits, Ordering::Release);
+        // Under the stream's lock: the list's lock is a leaf.
+        if let (Some(list), Some(me)) = (self.list.upgrade(), self.me.upgrade()) {
+            list.push(&me);
+        }
+    }
+}
+
+impl Watch {
+    fn new(id: u64, list: &Arc<ReadyList>) -> Arc<Watch> {
+        Arc::new_cyclic(|me| Watch {
+            id,
+            list: Arc::downgrade(list),
+            me: me.clone(),
+            queued: AtomicBool::new(false),
+            levels: AtomicU32::new(0),
+        })
+    }
+
+    /// Queues the registration if its stream is ready for `events` now.
+    fn push_if_ready(&self, events: u32) {
+        if self.levels.load(Ordering::Acquire) & events & (libc::EPOLLIN | libc::EPOLLOUT) as u32
+            != 0
+        {
+            if let (Some(list), Some(me)) = (self.list.upgrade(), self.me.upgrade()) {
+                list.push(&me);
+            }
+        }
+    }
+}
+
+/// The ready list of the set `epfd`, made on first use.
+fn ready_list(epfd: c_int) -> Result<Arc<ReadyList>, c_int> {
+    if let Some(l) = with_registry(|r| r.sets.get(&epfd).cloned()) {
+        return Ok(l);
+    }
+    let list = Arc::new(ReadyList::new(epfd)?);
+    Ok(with_registry(|r| {
+        r.sets.entry(epfd).or_insert(list).clone()
+    }))
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -313,16 +489,29 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         r.next
     });
     let kernel = matches!(side, Side::Listener(_));
+    // A connected stream tells the set's ready list of its levels; a
+    // listener, or a stream still connecting, has a wake fd.
+    let levels = match &side {
+        Side::Stream(h) => {
+            let list = ready_list(epfd)?;
+            let w = Watch::new(id, &list);
+            h.endpoint.watch_levels(w.clone()).then_some(w)
+        }
+        Side::Listener(_) => None,
+    };
     // A listener's wake fd changes in a fork child: the set keeps its own
     // duplicate.
     let own = matches!(side, Side::Stream(_));
-    let (wake, wake_dup) = kernel_add(
-        epfd,
-        side.wake_fd(),
-        own,
-        wake_events(events),
-        token(id, WAKE),
-    )?;
+    let (wake, wake_dup) = match levels {
+        Some(_) => (-1, false),
+        None => kernel_add(
+            epfd,
+            side.wake_fd(),
+            own,
+            wake_events(events),
+            token(id, WAKE),
+        )?,
+    };
     if kernel {
         if let Err(e) = kernel_ctl(
             epfd,
@@ -331,6 +520,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             kernel_events(events),
             token(id, LISTENER),
         ) {
+            // (A listener: the wake fd is there.)
             let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
             if wake_dup {
                 close_quietly(wake);
@@ -377,6 +567,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
                 data,
                 side,
                 wake,
+                levels: levels.clone(),
                 wake_dup,
                 kernel,
                 sock,
@@ -390,6 +581,10 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             },
         );
     });
+    // Ready already: told before the registration was here to take it.
+    if let Some(w) = levels {
+        w.push_if_ready(events);
+    }
     watch(id);
     Ok(())
 }
@@ -475,19 +670,23 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
             r => r?,
         }
     }
-    with_registry(|r| {
-        if let Some(reg) = r.by_id.get_mut(&id) {
-            reg.events = events;
-            reg.data = data;
-            reg.disarmed = false;
-            reg.dormant = false;
-            reg.silenced = false;
-            if let Some((k, dup)) = added {
-                reg.sock = Some(k);
-                reg.sock_dup = dup;
-            }
+    let levels = with_registry(|r| {
+        let reg = r.by_id.get_mut(&id)?;
+        reg.events = events;
+        reg.data = data;
+        reg.disarmed = false;
+        reg.dormant = false;
+        reg.silenced = false;
+        if let Some((k, dup)) = added {
+            reg.sock = Some(k);
+            reg.sock_dup = dup;
         }
+        reg.levels.clone()
     });
+    // What the kernel would report again of a wake fd: the levels of now.
+    if let Some(w) = levels {
+        w.push_if_ready(events);
+    }
     watch(id);
     Ok(())
 }
@@ -533,9 +732,22 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             })
             .collect()
     });
+    // A set left without registrations lets go of its ready list (a
+    // program may close the epoll fd while we are not looking).
+    with_registry(|r| {
+        for reg in &gone {
+            if reg.levels.is_some() && !r.by_id.values().any(|g| g.epfd == reg.epfd) {
+                r.sets.remove(&reg.epfd);
+            }
+        }
+    });
     for reg in &gone {
         if let (true, Side::Stream(h)) = (reg.watching, &reg.side) {
             h.endpoint.watch_socket(false);
+        }
+        if let (Some(w), Side::Stream(h)) = (&reg.levels, &reg.side) {
+            let w: Arc<dyn crate::sdp::LevelWatch> = w.clone();
+            h.endpoint.unwatch_levels(&w);
         }
         for (k, _) in reg.kernel_fds().filter(|_| reg.owner == pid()) {
             // Before closing our duplicates: a registration lives on while
@@ -568,6 +780,9 @@ pub fn forget_fd(fd: c_int) {
         return;
     }
     remove_where(|r| r.fd == fd || r.epfd == fd);
+    // An epoll fd: its ready list goes (its eventfd closes with the last
+    // holder).
+    with_registry(|r| r.sets.remove(&fd));
 }
 
 /// `fd` fell back from SDP to TCP: its registrations become ordinary
@@ -608,11 +823,13 @@ fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
     bits as u16 as u32
 }
 
-/// Rewrites the first `n` kernel events in place: program events pass,
-/// token events become the program's, merged per fd, stale ones dropped.
-/// Returns how many remain, and whether an edge-triggered socket event was
-/// left for the wake fd to report (so the caller looks once more).
-fn translate(events: &mut [epoll_event]) -> (usize, bool) {
+/// Rewrites the first `n` kernel events of `events` (room for all of it)
+/// in place: program events pass, token events become the program's,
+/// merged per fd, stale ones dropped, and the set's ready list (`epfd`'s)
+/// adds those of its streams. Returns how many remain, and whether an
+/// edge-triggered socket event was left for the ready list or the wake
+/// fd to report (so the caller looks once more).
+fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool) {
     struct Hit {
         id: u64,
         side: Side,
@@ -624,23 +841,54 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
         fds: KernelFds,
         /// The connection's socket had news: read it first.
         pump: bool,
-        /// The wake fd (or a listener's socket) fired, not only the
-        /// connection's socket.
+        /// The wake fd (or a listener's socket) fired, or the ready list
+        /// had it, not only the connection's socket.
         woken: bool,
+        /// Level-triggered from the ready list: queued again while ready.
+        levels: Option<Arc<Watch>>,
     }
     let mut out = 0;
     let mut hits: Vec<(usize, Hit)> = Vec::new();
     let mut silence = Vec::new();
-    for i in 0..events.len() {
-        let ev = events[i];
-        let data = ev.u64;
-        if data & TOKEN_MASK != TOKEN_TAG {
-            events[out] = ev;
-            out += 1;
-            continue;
-        }
-        let id = (data & !TOKEN_MASK) >> 2;
-        let pump = data & 3 == SOCKET;
+    let mut from_list: Vec<Arc<Watch>> = Vec::new();
+    let mut list = None;
+    // The kernel's events first, then the ready list's.
+    let mut i = 0;
+    loop {
+        let (id, pump) = if i < n {
+            let ev = events[i];
+            i += 1;
+            let data = ev.u64;
+            if data & TOKEN_MASK != TOKEN_TAG {
+                events[out] = ev;
+                out += 1;
+                continue;
+            }
+            if data == READY_TOKEN {
+                list = with_registry(|r| r.sets.get(&epfd).cloned());
+                if let Some(l) = &list {
+                    from_list = l.take();
+                    from_list.reverse();
+                }
+                continue;
+            }
+            ((data & !TOKEN_MASK) >> 2, data & 3 == SOCKET)
+        } else {
+            match from_list.pop() {
+                Some(w) if out < events.len() => (w.id, false),
+                // No room left: the next wait has the rest.
+                Some(w) => {
+                    if let Some(l) = &list {
+                        l.push(&w);
+                        for w in from_list.drain(..) {
+                            l.push(&w);
+                        }
+                    }
+                    break;
+                }
+                None => break,
+            }
+        };
         if let Some((_, h)) = hits.iter_mut().find(|(_, h)| h.id == id) {
             h.pump |= pump;
             h.woken |= !pump;
@@ -668,6 +916,7 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
                 fds: reg.kernel_fds().collect(),
                 pump,
                 woken: !pump,
+                levels: reg.levels.clone(),
             })
         });
         if let Some(hit) = hit {
@@ -733,6 +982,13 @@ fn translate(events: &mut [epoll_event]) -> (usize, bool) {
             events: bits,
             u64: hit.data,
         };
+        // Level-triggered: reported again at the next wait while it holds,
+        // as the kernel does (the next report looks at the stream again).
+        if let (Some(w), false) = (&hit.levels, hit.interest & MODE_FLAGS != 0) {
+            if let Some(l) = w.list.upgrade() {
+                l.requeue(w);
+            }
+        }
         if hit.oneshot {
             with_registry(|r| {
                 if let Some(g) = r.by_id.get_mut(&hit.id) {
@@ -925,17 +1181,34 @@ fn wait_translated_inner(
     protect("epoll_wait", || touch_pending(epfd), || ());
     protect("epoll_wait", settle_levels, || ());
     let _waiting = Waiting::begin(epfd);
+    // Level-triggered streams reported last time and still queued: looked
+    // at before sleeping, as the kernel reports a ready fd at every wait.
+    if max > 0 && !events.is_null() {
+        let list = with_registry(|r| r.sets.get(&epfd).cloned());
+        if list.is_some_and(|l| !l.is_empty()) {
+            // SAFETY: the program's array of max events.
+            let got = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
+            got[0] = epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: READY_TOKEN,
+            };
+            let (kept, _) = protect("epoll_wait", || translate(epfd, got, 1), || (0, false));
+            if kept > 0 {
+                return kept as c_int;
+            }
+        }
+    }
     let mut look_again = true;
     loop {
         let n = wait(timeout.remaining());
         if n <= 0 || events.is_null() {
             return n;
         }
-        // SAFETY: the kernel wrote n <= max events into the program's array.
-        let got = unsafe {
-            std::slice::from_raw_parts_mut(events, (n as usize).min(max.max(0) as usize))
-        };
-        let (kept, deferred) = protect("epoll_wait", || translate(got), || (0, false));
+        // SAFETY: the program's array of max events, the first n <= max
+        // written by the kernel.
+        let got = unsafe { std::slice::from_raw_parts_mut(events, max.max(0) as usize) };
+        let n = (n as usize).min(got.len());
+        let (kept, deferred) = protect("epoll_wait", || translate(epfd, got, n), || (0, false));
         if kept > 0 {
             return kept as c_int;
         }

@@ -34,7 +34,7 @@ use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::{Driver, SdpStream};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -651,6 +651,13 @@ impl Connector {
                     None => Ok(()),
                 };
                 if stream.set_nonblocking(true).is_ok() && adopted.is_ok() {
+                    // The stream runs on the program's number from now on
+                    // (one descriptor), until the program's close takes it
+                    // back ([`SdpEndpoint::leave_fd`]); our duplicate
+                    // closes.
+                    // SAFETY: the program's number, its connecting socket
+                    // still (checked under the endpoint's lock).
+                    let _ = stream.move_socket(unsafe { OwnedFd::from_raw_fd(fd) });
                     stream.set_credit_bound(ep.nonblocking());
                     let _ = stream.set_nodelay(ep.nodelay());
                     ep.connect(&mut st, stream);

@@ -6,12 +6,17 @@
 //! that may wait sleeps in the stream (on the socket, as the stream's
 //! poller, so the progress thread keeps off and no readiness descriptor
 //! is kept up to date for it), outside the fork gate; the stream's own
-//! mode stays nonblocking. poll, select and epoll use the
+//! mode stays nonblocking. poll and select use the
 //! wake fd, the stream's readiness descriptor (a socket pair end whose
 //! `POLLIN`/`POLLOUT` are exact), made only when first asked for: each
-//! change of its levels costs system calls on every message. A
+//! change of its levels costs system calls on every message; an epoll set
+//! is told of the levels instead ([`SdpEndpoint::watch_levels`]). A
 //! nonblocking connect hands the wake fd out before the stream exists; the
 //! stream adopts it once its setup succeeded.
+//!
+//! The stream runs on the program's own fd number (its socket) once
+//! connected; the program's `close` of that number moves it to a
+//! duplicate of its own first ([`SdpEndpoint::leave_fd`]).
 //!
 //! Every call that touches the stream runs inside the fd table's fork gate
 //! (a fork waits until it is out, so a child never inherits one of the
@@ -25,8 +30,8 @@ use super::owner::{Claim, Orphan, OrphanStep, Ownership, Release};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{
-    Block, Counters, Errno, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags, Setup,
-    Shutdown, Stats, WakeFd,
+    Block, Counters, Errno, LevelWatch, Mode, Pumped, Readiness, RecvFlags, SdpEndpoint, SendFlags,
+    Setup, Shutdown, Stats, WakeFd,
 };
 use crate::sys::real;
 use crate::table;
@@ -35,7 +40,7 @@ use sdp_core::conn::{FlowControlMode, RecvFlags as SdpRecv, SendFlags as SdpSend
 use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -1030,6 +1035,35 @@ impl SdpEndpoint for Ep {
         stream.close();
     }
 
+    fn leave_fd(&self, fd: RawFd) {
+        let _g = table::enter_gate();
+        // Under the state's lock: a connect that completes meanwhile moves
+        // the stream onto `fd` before or not at all.
+        let _st = self.lock();
+        if self.sock.load(Ordering::Relaxed) != fd {
+            return;
+        }
+        let Some(stream) = self.live.get() else {
+            return;
+        };
+        // SAFETY: the program's number, open until its close returns.
+        let to = sdp_core::fds::dup_high(unsafe { BorrowedFd::borrow_raw(fd) });
+        match to.and_then(|to| stream.move_socket(to)) {
+            Ok(lent) => {
+                // The program's close closes its number.
+                let _ = lent.into_raw_fd();
+                self.sock.store(stream.socket_fd(), Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Out of descriptors: the connection cannot outlive the
+                // number, so it ends with it, reset.
+                crate::log!(Level::Error, "fd {fd}: SDP connection reset at close: {e}");
+                let _ = stream.set_linger(Some(Duration::ZERO));
+                stream.close();
+            }
+        }
+    }
+
     fn set_nonblocking(&self, on: bool) {
         self.nonblocking.store(on, Ordering::Relaxed);
         self.mark(|s| s.set_credit_bound(on));
@@ -1049,6 +1083,18 @@ impl SdpEndpoint for Ep {
 
     fn watch_socket(&self, on: bool) -> bool {
         self.mark(|s| s.watch_socket(on))
+    }
+
+    fn watch_levels(&self, w: Arc<dyn LevelWatch>) -> bool {
+        self.mark(|s| s.watch_levels(w))
+    }
+
+    fn unwatch_levels(&self, w: &Arc<dyn LevelWatch>) {
+        // Closed or not: the set lets go of the stream either way.
+        let _g = table::enter_gate();
+        if let Some(s) = self.live.get() {
+            s.unwatch_levels(w);
+        }
     }
 
     fn poll_socket(&self) -> bool {

@@ -45,7 +45,7 @@
 use super::endpoint::Ep;
 use super::service::{self, Task, Wait};
 use crate::log::Level;
-use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
+use crate::sdp::{Accepted, Errno, LevelWatch, Readiness, SdpListener, WakeFd};
 use crate::table;
 use portmapper::control::ControlClient;
 use sdp_core::stream::accept::{self, Answer};
@@ -54,7 +54,7 @@ use sdp_core::stream::{Driver, Endpoint, SdpStream};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -377,7 +377,7 @@ impl Shared {
     /// Takes the connections waiting on Q, as many as wanted.
     fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) {
         while self.wanted() {
-            let Some((tcp, peer)) = self.take_q() else {
+            let Some((tcp, peer)) = self.take_q(true) else {
                 return;
             };
             match Handshake::new(self.clone(), tcp, peer, now) {
@@ -394,16 +394,18 @@ impl Shared {
     /// the kernel's `accept` on: a `poll` in another thread finds the
     /// listener readable (Q) or a setup under way, never neither (then a
     /// nonblocking `accept` waits for the setup, see `SdpListener`).
-    fn take_q(&self) -> Option<(std::net::TcpStream, SocketAddr)> {
+    /// Taken `ahead` of an `accept`, its descriptor goes high, out of the
+    /// way of the numbers the program opens meanwhile; an `accept`'s keeps
+    /// the number a TCP accept would give, which the program gets.
+    fn take_q(&self, ahead: bool) -> Option<(std::net::TcpStream, SocketAddr)> {
         self.lock().setting_up += 1;
         loop {
             match self.q.accept() {
-                // The stream's own descriptor goes high: the program's,
-                // duplicated from it, takes the number a TCP accept would.
-                Ok((c, a)) => {
+                Ok((c, a)) if ahead => {
                     let c = std::net::TcpStream::from(sdp_core::fds::high(OwnedFd::from(c)));
                     return Some((c, a));
                 }
+                Ok((c, a)) => return Some((c, a)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // ECONNABORTED, EMFILE...: tried again on the next event.
@@ -427,7 +429,7 @@ impl Shared {
     /// (it is handed out once set up); `None` when Q is empty.
     fn take_now(self: &Arc<Self>, now: Instant) -> Option<()> {
         loop {
-            let (tcp, peer) = self.take_q()?;
+            let (tcp, peer) = self.take_q(false)?;
             let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
                 Ok(h) => h,
                 Err(e) => {
@@ -526,10 +528,11 @@ enum HsPhase {
     /// Waiting for the MPA Request and its Hello.
     Request(Box<Endpoint>, sdp_core::conn::Config),
     /// Accepted; waiting for the RTR, then the HelloAck goes (the progress
-    /// thread carries it).
+    /// thread carries it). The stream turns writable once set up (or
+    /// failed), and `watch` wakes the service thread then.
     Setup {
         stream: SdpStream,
-        watch: Arc<OwnedFd>,
+        watch: Arc<dyn LevelWatch>,
     },
     Done,
 }
@@ -558,7 +561,7 @@ impl Handshake {
         peer: SocketAddr,
         now: Instant,
     ) -> io::Result<Handshake> {
-        let watch = stream.readiness_shared()?;
+        let watch = setup_watch(&stream);
         Ok(Handshake {
             lst,
             peer,
@@ -590,14 +593,14 @@ impl Handshake {
                         }
                         Request::Failed(why) => return self.fail(&why),
                     };
-                    let watch = match stream.readiness_shared() {
-                        Ok(w) => w,
-                        Err(e) => return self.fail(&format!("readiness: {e}")),
-                    };
+                    let watch = setup_watch(&stream);
                     self.phase = HsPhase::Setup { stream, watch };
                 }
                 HsPhase::Setup { stream, watch } => {
                     let st = stream.poll_state();
+                    if st.connected || st.writable || now >= self.until {
+                        stream.unwatch_levels(&watch);
+                    }
                     if st.connected {
                         let peer = self.peer;
                         self.lst.done(Some(Ready { stream, peer }));
@@ -610,9 +613,8 @@ impl Handshake {
                         drop(stream);
                         return self.fail(&why);
                     }
-                    let step = Some((watch.as_raw_fd(), libc::POLLOUT, Some(self.until)));
                     self.phase = HsPhase::Setup { stream, watch };
-                    return step;
+                    return Some((-1, 0, Some(self.until)));
                 }
             }
         }
@@ -663,14 +665,49 @@ impl Handshake {
     }
 }
 
-fn dup_for_program(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD (no close-on-exec: accept4's flags decide).
-    let d = unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD, 3) };
-    if d < 0 {
+/// Wakes the service thread when the stream turns writable: set up, or
+/// failed (a setup needs no readiness descriptor).
+struct SetupWatch;
+
+impl LevelWatch for SetupWatch {
+    fn levels(&self, _readable: bool, writable: bool) {
+        if writable {
+            service::wake();
+        }
+    }
+}
+
+fn setup_watch(stream: &SdpStream) -> Arc<dyn LevelWatch> {
+    let w: Arc<dyn LevelWatch> = Arc::new(SetupWatch);
+    stream.watch_levels(w.clone());
+    w
+}
+
+/// The stream's socket under the number a TCP accept would give, without
+/// close-on-exec (accept4's flags decide): one descriptor for the program
+/// and the stream, lent to the program until its `close` takes the
+/// number back ([`crate::sdp::SdpEndpoint::leave_fd`]). A socket taken ahead (high)
+/// moves down.
+fn program_number(stream: &SdpStream) -> io::Result<RawFd> {
+    use crate::sys::real;
+    let fd = stream.socket_fd();
+    // SAFETY: a descriptor of the stream, borrowed for the call.
+    if !sdp_core::fds::is_high(unsafe { BorrowedFd::borrow_raw(fd) }) {
+        // SAFETY: F_SETFD takes an int.
+        if unsafe { real::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD (no close-on-exec).
+    let low = unsafe { real::fcntl(fd, libc::F_DUPFD, 3) };
+    if low < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: a fresh descriptor of ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+    // SAFETY: a fresh descriptor of ours, which the stream takes; the high
+    // one it gives back closes.
+    drop(stream.move_socket(unsafe { OwnedFd::from_raw_fd(low) })?);
+    Ok(low)
 }
 
 /// The setup of one connection, carried on by the service thread.
@@ -751,16 +788,15 @@ impl SdpListener for Lst {
             };
             // A connection that ended while it waited is still handed out,
             // as TCP does (the program's first read tells).
-            let fd = match dup_for_program(stream.socket_fd()) {
+            let fd = match program_number(&stream) {
                 Ok(fd) => fd,
                 Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };
-            match Ep::connected(stream, fd.as_raw_fd()) {
+            match Ep::connected(stream, fd) {
                 Ok(ep) => {
                     crate::log!(
                         Level::Debug,
-                        "fd {}: accepted SDP connection from {peer} on {}",
-                        fd.as_raw_fd(),
+                        "fd {fd}: accepted SDP connection from {peer} on {}",
                         self.sh.p
                     );
                     return Ok(Accepted {

@@ -24,7 +24,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What a task waits for: until `fd` polls one of `events` (`fd` -1:
-/// nothing to poll), or until the deadline.
+/// until the thread is woken, [`wake`]), or until the deadline.
 pub type Wait = (RawFd, i16, Option<Instant>);
 
 /// Work for the service thread: a state machine it steps each time what
@@ -77,6 +77,19 @@ fn service() -> Option<&'static Service> {
 /// Starts the thread if it does not run yet (statistics publishing).
 pub fn ensure() {
     let _ = service();
+}
+
+/// Wakes the service thread: tasks that wait on no descriptor (-1) step.
+pub fn wake() {
+    let Some(Some(s)) = SERVICES
+        .get(GENERATION.load(Ordering::Acquire))
+        .and_then(OnceLock::get)
+    else {
+        return;
+    };
+    let one: u64 = 1;
+    // SAFETY: an 8-byte eventfd write from a local.
+    unsafe { real::write(s.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 /// Hands `task` to the service thread.
@@ -186,7 +199,8 @@ impl Service {
             unsafe { real::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             let now = Instant::now();
             let _g = table::enter_gate();
-            if pfds[0].revents != 0 {
+            let woken = pfds[0].revents != 0;
+            if woken {
                 let mut v: u64 = 0;
                 // SAFETY: an 8-byte eventfd read into a local.
                 unsafe { real::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -196,7 +210,9 @@ impl Service {
                 .zip(&pfds[1..])
                 .map(|(s, p)| match s.wait {
                     None => true,
-                    Some((_, _, d)) => p.revents != 0 || d.is_some_and(|d| now >= d),
+                    Some((fd, _, d)) => {
+                        p.revents != 0 || (fd < 0 && woken) || d.is_some_and(|d| now >= d)
+                    }
                 })
                 .collect();
             let mut spawned = Vec::new();

@@ -649,6 +649,17 @@ impl SdpStream {
         Pumped { moved, quiet }
     }
 
+    /// Tells `w` of the stream's levels from now on, first of those of now
+    /// ([`readiness::LevelWatch`]): readiness without a descriptor.
+    pub fn watch_levels(&self, w: Arc<dyn readiness::LevelWatch>) {
+        self.shared().watch_levels(w);
+    }
+
+    /// Stops telling `w` ([`SdpStream::watch_levels`]).
+    pub fn unwatch_levels(&self, w: &Arc<dyn readiness::LevelWatch>) {
+        self.shared().unwatch_levels(w);
+    }
+
     /// Sets the readiness descriptor's levels as the stream is now (after
     /// [`SdpStream::pump_quietly`]).
     pub fn sync_readiness(&self) {
@@ -1103,10 +1114,17 @@ impl SdpStream {
     }
 
     /// The kernel TCP socket (the endpoint's), whose number stays valid
-    /// for the stream's life and follows a socket duplication (draft
-    /// §13.1.1, the connection moved to a new TCP connection).
+    /// until [`SdpStream::move_socket`] and follows a socket duplication
+    /// (draft §13.1.1, the connection moved to a new TCP connection).
     pub fn socket_fd(&self) -> RawFd {
         self.shared().sock().as_raw_fd()
+    }
+
+    /// Carries the connection on over `to`, another descriptor of its
+    /// socket, and gives back the descriptor it had: a caller that lent
+    /// the stream a number of its own (a program's fd) takes it back.
+    pub fn move_socket(&self, to: OwnedFd) -> io::Result<OwnedFd> {
+        self.shared().move_socket(to)
     }
 
     /// Blocks until every byte accepted so far is handed to the kernel

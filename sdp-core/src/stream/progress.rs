@@ -37,7 +37,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::buffer::spare_capacity;
@@ -299,18 +299,53 @@ pub fn deregister(id: u64) {
 }
 
 /// Points `sock`, link `id`'s stable socket descriptor, at `new` (the
-/// socket of a socket duplication, draft §13.1.1 step 4), keeping the
-/// thread's registration: the old socket's is removed before the number
-/// changes and the new one's added after. The number stays the same
-/// (`dup3`) when `sock` was the last holder of the old socket (the
-/// endpoint that shared it is gone); otherwise `sock` takes `new` itself.
-/// The caller holds the link's lock and no application thread polls
-/// `sock`. Lock order: the table, then `sock` — as the thread takes them.
+/// socket of a socket duplication, draft §13.1.1 step 4). The number
+/// stays the same (`dup3`) when `sock` was the last holder of the old
+/// socket (the endpoint that shared it is gone); otherwise `sock` takes
+/// `new` itself. The caller holds the link's lock and no application
+/// thread polls `sock`.
 pub(super) fn swap_socket(
     id: u64,
-    sock: &std::sync::RwLock<Arc<TcpStream>>,
+    sock: &RwLock<Arc<TcpStream>>,
     new: &Arc<TcpStream>,
 ) -> io::Result<()> {
+    let (r, added) = rekey(id, sock, |cur| {
+        match Arc::try_unwrap(std::mem::replace(cur, new.clone())) {
+            Ok(old) => {
+                let mut fd = OwnedFd::from(old);
+                let r = rustix::io::dup3(&**new, &mut fd, rustix::io::DupFlags::CLOEXEC);
+                if r.is_ok() {
+                    *cur = Arc::new(TcpStream::from(fd));
+                }
+                r.map_err(io::Error::from)
+            }
+            Err(_) => Err(io::Error::other("the old socket is still shared")),
+        }
+    });
+    added.and(r)
+}
+
+/// Points `sock`, link `id`'s socket descriptor, at `to` (another
+/// descriptor of the same socket) and gives back the old one, with
+/// whether the thread's registration followed. The caller holds the
+/// link's lock and points the endpoint at `to` as well.
+pub(super) fn move_socket(
+    id: u64,
+    sock: &RwLock<Arc<TcpStream>>,
+    to: Arc<TcpStream>,
+) -> (Arc<TcpStream>, io::Result<()>) {
+    rekey(id, sock, |cur| std::mem::replace(cur, to))
+}
+
+/// Runs `change` on `sock`, link `id`'s socket, keeping the thread's
+/// registration: the old socket's is removed before the number changes
+/// and the new one's added after (whether that worked is the second
+/// result). Lock order: the table, then `sock` — as the thread takes them.
+fn rekey<R>(
+    id: u64,
+    sock: &RwLock<Arc<TcpStream>>,
+    change: impl FnOnce(&mut Arc<TcpStream>) -> R,
+) -> (R, io::Result<()>) {
     let t = running();
     let links = t.map(|t| lock(&t.links));
     let registered = links.as_ref().is_some_and(|l| l.contains_key(&id));
@@ -318,28 +353,19 @@ pub(super) fn swap_socket(
     if let (Some(t), true) = (t, registered) {
         let _ = epoll::delete(&t.epoll, &**cur);
     }
-    let r = match Arc::try_unwrap(std::mem::replace(&mut *cur, new.clone())) {
-        Ok(old) => {
-            let mut fd = OwnedFd::from(old);
-            let r = rustix::io::dup3(&**new, &mut fd, rustix::io::DupFlags::CLOEXEC);
-            if r.is_ok() {
-                *cur = Arc::new(TcpStream::from(fd));
-            }
-            r.map_err(io::Error::from)
-        }
-        Err(_) => Err(io::Error::other("the old socket is still shared")),
-    };
+    let r = change(&mut cur);
+    let mut added = Ok(());
     if let (Some(t), true) = (t, registered) {
         let flags = links
             .as_ref()
             .and_then(|l| l.get(&id))
             .map_or(EVERYTHING, |s| interest(s));
-        epoll::add(&t.epoll, &**cur, EventData::new_u64(id), flags)?;
+        added = epoll::add(&t.epoll, &**cur, EventData::new_u64(id), flags).map_err(Into::into);
     }
     drop(cur);
     drop(links);
     wake();
-    r
+    (r, added)
 }
 
 /// A link's deadline is now `deadline`: wakes the thread if it sleeps

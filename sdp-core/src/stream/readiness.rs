@@ -30,6 +30,16 @@ use std::sync::Arc;
 use rustix::io::Errno;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
+/// Readiness without a descriptor: told of the stream's levels where the
+/// descriptor's would change (and of each arrival while readable, a new
+/// edge), under the stream's lock, so it must be quick and take no lock
+/// that is held while calling the stream. An epoll set that keeps its own
+/// ready list (as the preload's do) needs no descriptor per stream.
+pub trait LevelWatch: Send + Sync {
+    /// The stream is now readable iff `readable`, writable iff `writable`.
+    fn levels(&self, readable: bool, writable: bool);
+}
+
 /// See the module documentation.
 #[derive(Debug)]
 pub struct Readiness {

@@ -53,7 +53,7 @@ use rustix::io::Errno;
 
 use self::bell::Bell;
 use super::counters::{Counters, Snapshot};
-use super::readiness::Readiness;
+use super::readiness::{LevelWatch, Readiness};
 use crate::link::Link;
 use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
@@ -121,6 +121,10 @@ pub struct Inner {
     /// discarded) waiting for the peer's FIN.
     drain_until: Option<Instant>,
     readiness: Option<Readiness>,
+    /// Told of the levels too ([`Shared::watch_levels`]), with the levels
+    /// they were last told.
+    watches: Watches,
+    told: (bool, bool),
     /// The receive stream's length at the last readiness update.
     rx_seen: u64,
     poller_active: bool,
@@ -462,7 +466,7 @@ impl Inner {
                     && self.ep.connection().datapath().send_outstanding() == 0 =>
             {
                 // Every Send already posted is written: FIN (§8.2.1).
-                let _ = self.ep.stream().shutdown(std::net::Shutdown::Write);
+                let _ = rustix::net::shutdown(self.ep.stream(), rustix::net::Shutdown::Write);
                 self.shut_wr = true;
                 self.drain_until = Some(now + DRAIN);
                 true
@@ -525,21 +529,28 @@ impl Inner {
 
     /// Sets the readiness descriptor from the link's state.
     pub fn update_readiness(&mut self) {
-        if self.quiet_levels {
+        if self.quiet_levels || (self.readiness.is_none() && self.watches.0.is_empty()) {
             return;
         }
+        // Data that arrived since the last update is a new edge for an
+        // edge-triggered poller even if the stream was readable, as for a
+        // TCP socket.
+        let rx = self.link.conn().rx_total();
+        let arrived = rx != self.rx_seen;
+        self.rx_seen = rx;
+        let now = (self.link.readable(), self.link.writable());
         if let Some(r) = &mut self.readiness {
-            // Data that arrived since the last update is a new edge for an
-            // edge-triggered poller even if the stream was readable, as
-            // for a TCP socket.
-            let rx = self.link.conn().rx_total();
-            let arrived = rx != self.rx_seen;
-            self.rx_seen = rx;
             let was = r.is_readable();
-            let _ = r.set(self.link.readable(), self.link.writable());
+            let _ = r.set(now.0, now.1);
             // Turning readable is the arrival's edge already: one write.
             if arrived && was {
                 let _ = r.renew_readable();
+            }
+        }
+        if now != self.told || (arrived && now.0) {
+            self.told = now;
+            for w in &self.watches.0 {
+                w.levels(now.0, now.1);
             }
         }
     }
@@ -580,6 +591,16 @@ impl Inner {
         .into_iter()
         .flatten()
         .min()
+    }
+}
+
+/// The [`LevelWatch`]es of a stream.
+#[derive(Default)]
+struct Watches(Vec<Arc<dyn LevelWatch>>);
+
+impl std::fmt::Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} level watches", self.0.len())
     }
 }
 
@@ -649,6 +670,8 @@ impl Shared {
             reset: false,
             drain_until: None,
             readiness: None,
+            watches: Watches::default(),
+            told: (false, false),
             rx_seen: 0,
             poller_active: false,
             poller_wake: None,
@@ -709,6 +732,26 @@ impl Shared {
         }
     }
 
+    /// Tells `w` of the levels from now on, first of those of now.
+    pub fn watch_levels(&self, w: Arc<dyn LevelWatch>) {
+        let mut g = self.lock();
+        // Those watching already hear of the levels of now first.
+        g.update_readiness();
+        if g.readiness.is_none() && g.watches.0.is_empty() {
+            // Arrivals count from here.
+            g.rx_seen = g.link.conn().rx_total();
+        }
+        let now = (g.link.readable(), g.link.writable());
+        g.told = now;
+        w.levels(now.0, now.1);
+        g.watches.0.push(w);
+    }
+
+    /// Stops telling `w` ([`Shared::watch_levels`]).
+    pub fn unwatch_levels(&self, w: &Arc<dyn LevelWatch>) {
+        self.lock().watches.0.retain(|x| !Arc::ptr_eq(x, w));
+    }
+
     /// Makes `r` the readiness descriptor from now on (kept up to date as
     /// [`Shared::readiness`]'s). One asked for before keeps its last
     /// state and no longer follows the stream.
@@ -740,6 +783,31 @@ impl Shared {
     /// socket duplication), for epoll.
     pub fn sock(&self) -> RwLockReadGuard<'_, Arc<TcpStream>> {
         self.sock.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the connection to `to`, another descriptor of its socket, and
+    /// gives back the one it had: a number the program closes goes, the
+    /// connection stays.
+    pub fn move_socket(&self, to: OwnedFd) -> io::Result<OwnedFd> {
+        let to = Arc::new(TcpStream::from(to));
+        let mut g = self.lock_inner();
+        // A call asleep on the socket lets go of it (and sleeps again on
+        // the new one).
+        g.wake_poller();
+        let from_ep = g.ep.replace_stream(to.clone());
+        let (old, added) = super::progress::move_socket(self.id, &self.sock, to);
+        drop(g);
+        if let Err(e) = added {
+            crate::log::emit(format_args!("socket moved, not watched: {e}"));
+        }
+        drop(from_ep);
+        // The endpoint's and `sock`'s were the only holders. Were there
+        // another, the descriptor would stay open for good rather than be
+        // closed behind its new owner.
+        Arc::try_unwrap(old).map(OwnedFd::from).map_err(|held| {
+            std::mem::forget(held);
+            io::Error::other("the old socket descriptor is still shared")
+        })
     }
 
     /// The readiness descriptor (see [`super::readiness`]), created and

@@ -49,14 +49,19 @@ fn reconnect(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpStream> {
 impl Inner {
     /// See the module documentation.
     pub(super) fn resume(&mut self, now: Instant, port: u16) {
-        let addrs = self
-            .ep
-            .stream()
-            .local_addr()
-            .and_then(|l| Ok((l, self.ep.stream().peer_addr()?)));
+        // By system call: the socket's number may be the application's,
+        // whose names an interposing library reports as it recorded them.
+        let name = |a: rustix::io::Result<rustix::net::SocketAddrAny>| {
+            a.map_err(io::Error::from)
+                .and_then(|a| SocketAddr::try_from(a).map_err(io::Error::from))
+        };
+        let peer = rustix::net::getpeername(self.ep.stream())
+            .and_then(|p| p.ok_or(rustix::io::Errno::NOTCONN));
+        let addrs =
+            name(rustix::net::getsockname(self.ep.stream())).and_then(|l| Ok((l, name(peer)?)));
         // §13.1.1 step 4: "MUST wait for completion of the send of the
         // SuspCommAck Message, then close the LLP connection."
-        let _ = self.ep.stream().shutdown(std::net::Shutdown::Write);
+        let _ = rustix::net::shutdown(self.ep.stream(), rustix::net::Shutdown::Write);
         if !self.link.resume() {
             return;
         }
