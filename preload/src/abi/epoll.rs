@@ -252,6 +252,15 @@ impl ReadyList {
         }
     }
 
+    /// Takes `w` off the list if it is on it.
+    fn unqueue(&self, w: &Arc<Watch>) {
+        if w.queued.load(Ordering::Acquire) {
+            let mut q = self.lock();
+            q.watches.retain(|x| !Arc::ptr_eq(x, w));
+            w.queued.store(false, Ordering::Release);
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.lock().watches.is_empty()
     }
@@ -267,7 +276,8 @@ impl ReadyList {
             unsafe { real::read(self.efd, (&mut n as *mut u64).cast(), 8) };
         }
         let taken = std::mem::take(&mut q.watches);
-        drop(q);
+        // Under the lock: a push meanwhile finds the mark cleared and
+        // queues again.
         for w in &taken {
             w.queued.store(false, Ordering::Release);
         }
@@ -865,10 +875,13 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
                 continue;
             }
             if data == READY_TOKEN {
-                list = with_registry(|r| r.sets.get(&epfd).cloned());
+                // (Twice when the caller added the list to the kernel's
+                // event for it: the second take finds what came since.)
+                if list.is_none() {
+                    list = with_registry(|r| r.sets.get(&epfd).cloned());
+                }
                 if let Some(l) = &list {
-                    from_list = l.take();
-                    from_list.reverse();
+                    from_list.extend(l.take().into_iter().rev());
                 }
                 continue;
             }
@@ -950,6 +963,14 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
                 UNSETTLED.with(|u| u.borrow_mut().push(h.clone()));
             } else {
                 h.endpoint.pump();
+            }
+        }
+        // What this look reports is the stream as it is now: an entry the
+        // pump above queued (or one queued meanwhile) says nothing more.
+        // One queued from here on is news for the next look.
+        if let (Some(w), true) = (&hit.levels, hit.woken) {
+            if let Some(l) = w.list.upgrade() {
+                l.unqueue(w);
             }
         }
         // Edge-triggered, the socket alone fired: what it brought is a new
@@ -1181,26 +1202,41 @@ fn wait_translated_inner(
     protect("epoll_wait", || touch_pending(epfd), || ());
     protect("epoll_wait", settle_levels, || ());
     let _waiting = Waiting::begin(epfd);
-    // Level-triggered streams reported last time and still queued: looked
-    // at before sleeping, as the kernel reports a ready fd at every wait.
-    if max > 0 && !events.is_null() {
-        let list = with_registry(|r| r.sets.get(&epfd).cloned());
-        if list.is_some_and(|l| !l.is_empty()) {
-            // SAFETY: the program's array of max events.
-            let got = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
-            got[0] = epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: READY_TOKEN,
-            };
-            let (kept, _) = protect("epoll_wait", || translate(epfd, got, 1), || (0, false));
-            if kept > 0 {
-                return kept as c_int;
-            }
-        }
-    }
+    // Level-triggered streams reported last time and still queued: the
+    // first look does not sleep and takes the list beside the kernel's
+    // events, as the kernel reports a ready fd at every wait (and the
+    // other ready fds with it).
+    let mut leftovers = max > 0
+        && !events.is_null()
+        && with_registry(|r| r.sets.get(&epfd).cloned()).is_some_and(|l| !l.is_empty());
     let mut look_again = true;
     loop {
-        let n = wait(timeout.remaining());
+        let now = timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let n = if std::mem::take(&mut leftovers) {
+            // The list's event goes after the kernel's (when they left
+            // room; otherwise the next call takes the list).
+            let n = wait(Some(now));
+            if n < 0 {
+                return n;
+            }
+            if n < max {
+                // SAFETY: the program's array of max events, n < max.
+                unsafe {
+                    *events.add(n as usize) = epoll_event {
+                        events: libc::EPOLLIN as u32,
+                        u64: READY_TOKEN,
+                    }
+                };
+                n + 1
+            } else {
+                n
+            }
+        } else {
+            wait(timeout.remaining())
+        };
         if n <= 0 || events.is_null() {
             return n;
         }

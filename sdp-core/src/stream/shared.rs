@@ -83,7 +83,7 @@ pub(super) fn encode(t: Option<Instant>) -> u64 {
     })
 }
 
-fn decode(v: u64) -> Option<Instant> {
+pub(super) fn decode(v: u64) -> Option<Instant> {
     (v != NO_DEADLINE).then(|| base() + Duration::from_nanos(v))
 }
 
@@ -125,6 +125,8 @@ pub struct Inner {
     /// they were last told.
     watches: Watches,
     told: (bool, bool),
+    /// [`Inner::rx_seen`] for the watches.
+    told_rx: u64,
     /// The receive stream's length at the last readiness update.
     rx_seen: u64,
     poller_active: bool,
@@ -164,6 +166,8 @@ pub struct Inner {
     /// The readiness descriptor's levels are left as they are
     /// ([`Inner::pump_quietly`]).
     quiet_levels: bool,
+    /// [`Inner::pump_quietly`] ran under this hold of the lock.
+    quiet_unlock: bool,
     /// The connection moved to a new socket (SuspComm): epoll sets that
     /// watched the old one no longer see it ([`Shared::watch_socket`]).
     pub(super) socket_moved: bool,
@@ -357,6 +361,9 @@ impl Inner {
     pub fn pump_quietly(&mut self, now: Instant) -> bool {
         self.quiet_levels = true;
         let moved = self.pump(now);
+        // Quiet until the unlock ([`Locked`]), which tells the watches
+        // nothing either: the caller reports the levels itself.
+        self.quiet_unlock = true;
         self.quiet_levels = false;
         moved
     }
@@ -527,26 +534,43 @@ impl Inner {
                 && qp.datapath().send_outstanding() == 0)
     }
 
-    /// Sets the readiness descriptor from the link's state.
+    /// Sets the readiness descriptor from the link's state, and tells
+    /// the watches.
     pub fn update_readiness(&mut self) {
-        if self.quiet_levels || (self.readiness.is_none() && self.watches.0.is_empty()) {
+        if self.quiet_levels {
             return;
         }
-        // Data that arrived since the last update is a new edge for an
-        // edge-triggered poller even if the stream was readable, as for a
-        // TCP socket.
-        let rx = self.link.conn().rx_total();
-        let arrived = rx != self.rx_seen;
-        self.rx_seen = rx;
-        let now = (self.link.readable(), self.link.writable());
         if let Some(r) = &mut self.readiness {
+            // Data that arrived since the last update is a new edge for an
+            // edge-triggered poller even if the stream was readable, as
+            // for a TCP socket.
+            let rx = self.link.conn().rx_total();
+            let arrived = rx != self.rx_seen;
+            self.rx_seen = rx;
             let was = r.is_readable();
-            let _ = r.set(now.0, now.1);
+            let _ = r.set(self.link.readable(), self.link.writable());
             // Turning readable is the arrival's edge already: one write.
             if arrived && was {
                 let _ = r.renew_readable();
             }
         }
+        self.tell_watches();
+    }
+
+    /// Tells the watches of the levels if they changed since they were
+    /// last told, or data arrived while readable (a new edge). Done at
+    /// every unlock too ([`Locked`]): a watch has no descriptor whose
+    /// level the kernel keeps reporting, so it must hear of every change,
+    /// also of one a call made without a pump (a read from what was
+    /// buffered, a write that used the last credit).
+    fn tell_watches(&mut self) {
+        if self.watches.0.is_empty() {
+            return;
+        }
+        let rx = self.link.conn().rx_total();
+        let arrived = rx != self.told_rx;
+        self.told_rx = rx;
+        let now = (self.link.readable(), self.link.writable());
         if now != self.told || (arrived && now.0) {
             self.told = now;
             for w in &self.watches.0 {
@@ -672,6 +696,7 @@ impl Shared {
             readiness: None,
             watches: Watches::default(),
             told: (false, false),
+            told_rx: 0,
             rx_seen: 0,
             poller_active: false,
             poller_wake: None,
@@ -690,6 +715,7 @@ impl Shared {
             zc_owner: None,
             zc_writer_waiting: false,
             quiet_levels: false,
+            quiet_unlock: false,
             socket_moved: false,
         };
         let user_fd = OnceLock::new();
@@ -736,10 +762,10 @@ impl Shared {
     pub fn watch_levels(&self, w: Arc<dyn LevelWatch>) {
         let mut g = self.lock();
         // Those watching already hear of the levels of now first.
-        g.update_readiness();
-        if g.readiness.is_none() && g.watches.0.is_empty() {
+        g.tell_watches();
+        if g.watches.0.is_empty() {
             // Arrivals count from here.
-            g.rx_seen = g.link.conn().rx_total();
+            g.told_rx = g.link.conn().rx_total();
         }
         let now = (g.link.readable(), g.link.writable());
         g.told = now;
@@ -1298,6 +1324,9 @@ impl Drop for Locked<'_> {
         let shared = self.shared;
         if let Some(mut g) = self.guard.take() {
             g.news = false;
+            if !std::mem::take(&mut g.quiet_unlock) {
+                g.tell_watches();
+            }
             shared.counters.store(g.snapshot());
             shared.sync_interest(&mut g);
             shared.wake_waiters(&mut g);
