@@ -957,7 +957,8 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
         if let (true, Side::Stream(h)) = (hit.pump, &hit.side) {
             // Level-triggered: the report below comes from the stream's
             // state, and the program calls on it next; the wake fd's levels
-            // catch up then, or at this thread's next wait.
+            // (and the ready list) catch up then, or at this thread's next
+            // wait.
             let level = hit.interest & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 == 0;
             if level && h.endpoint.pump_quietly().quiet {
                 UNSETTLED.with(|u| u.borrow_mut().push(h.clone()));
@@ -974,8 +975,9 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
             }
         }
         // Edge-triggered, the socket alone fired: what it brought is a new
-        // edge of the wake fd (the pump renewed it), reported from there —
-        // once, as TCP reports each arrival once.
+        // edge of the wake fd or a new entry of the ready list (the pump
+        // made it), reported from there — once, as TCP reports each
+        // arrival once.
         let edge_only_from_socket = hit.interest & libc::EPOLLET as u32 != 0 && !hit.woken;
         deferred |= edge_only_from_socket;
         let bits = if edge_only_from_socket {
@@ -1249,8 +1251,8 @@ fn wait_translated_inner(
             return kept as c_int;
         }
         if timeout.expired() {
-            // A deferred edge is on the wake fd now: one more look (the
-            // deadline passed, so it does not wait).
+            // A deferred edge is on the wake fd or the ready list now: one
+            // more look (the deadline passed, so it does not wait).
             if std::mem::take(&mut look_again) && deferred {
                 continue;
             }
