@@ -52,6 +52,28 @@ fn readiness(s: &SdpStream, want: PollFlags, ms: u64) -> (bool, bool) {
     (ev.contains(PollFlags::IN), ev.contains(PollFlags::OUT))
 }
 
+/// Writes `buf` over and over on nonblocking `s` until a write would
+/// block; returns the bytes taken.
+fn fill_until_blocked(s: &SdpStream, buf: &[u8]) -> u64 {
+    let mut sent = 0u64;
+    loop {
+        match (&*s).write(buf) {
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return sent,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Reads `n` bytes from blocking `s`, whatever they are.
+fn read_count(s: &SdpStream, n: u64) {
+    let mut buf = vec![0; 1 << 16];
+    let mut got = 0u64;
+    while got < n {
+        got += (&*s).read(&mut buf).unwrap() as u64;
+    }
+}
+
 #[test]
 fn echo_100_concurrent_connections() {
     let listener = SdpListener::bind("127.0.0.1:0").unwrap();
@@ -124,14 +146,7 @@ fn nonblocking_readiness_is_exact() {
     assert_eq!((&a).read(&mut buf).unwrap(), 4);
     assert_eq!(readiness(&a, PollFlags::IN, 0), (false, false));
     // Fill our send path until a write would block: not writable.
-    let mut sent = 0u64;
-    loop {
-        match (&a).write(&buf) {
-            Ok(n) => sent += n as u64,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let sent = fill_until_blocked(&a, &buf);
     assert!(sent > 0);
     assert_eq!(
         readiness(&a, PollFlags::IN | PollFlags::OUT, 0),
@@ -139,15 +154,7 @@ fn nonblocking_readiness_is_exact() {
     );
     // The peer reads everything: credit updates come back (protocol-only
     // traffic: never readable), and we turn writable again.
-    let mut got = 0u64;
-    let reader = std::thread::spawn(move || {
-        let mut buf = vec![0; 1 << 16];
-        while got < sent {
-            got += (&b).read(&mut buf).unwrap() as u64;
-        }
-        b
-    });
-    let b = reader.join().unwrap();
+    read_count(&b, sent);
     let t = Instant::now();
     while readiness(&a, PollFlags::OUT, 2000) != (false, true) {
         assert!(t.elapsed() < Duration::from_secs(5), "never writable again");
@@ -202,24 +209,9 @@ fn a_level_watch_is_told_each_change_and_nothing_once_it_stops() {
     assert_eq!((&a).read(&mut buf).unwrap(), 4);
     told.until((false, true));
     // Out of credits: neither readable nor writable.
-    let mut sent = 0u64;
-    loop {
-        match (&a).write(&buf) {
-            Ok(n) => sent += n as u64,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let sent = fill_until_blocked(&a, &buf);
     told.until((false, false));
-    let reader = std::thread::spawn(move || {
-        let mut buf = vec![0; 1 << 16];
-        let mut got = 0u64;
-        while got < sent {
-            got += (&b).read(&mut buf).unwrap() as u64;
-        }
-        b
-    });
-    let b = reader.join().unwrap();
+    read_count(&b, sent);
     told.until((false, true));
     // Stopped: the next arrival is read, and the watch heard nothing of it.
     a.unwatch_levels(&watch);
