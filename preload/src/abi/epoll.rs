@@ -742,11 +742,13 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
             })
             .collect()
     });
-    // A set left without registrations lets go of its ready list (a
-    // program may close the epoll fd while we are not looking).
+    // A set left without registrations lets go of its ready list (any
+    // stream's registration made one, connected or not): the program may
+    // close the epoll fd while we are not looking, and a new set under the
+    // same number must not find this one's list.
     with_registry(|r| {
         for reg in &gone {
-            if reg.levels.is_some() && !r.by_id.values().any(|g| g.epfd == reg.epfd) {
+            if !r.by_id.values().any(|g| g.epfd == reg.epfd) {
                 r.sets.remove(&reg.epfd);
             }
         }
