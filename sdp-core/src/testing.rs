@@ -1111,6 +1111,23 @@ impl<T: Transport> Pair<T> {
     ///
     /// If the Accepting Peer refuses the Hello or setup does not finish.
     pub fn with_transport(a: &Config, b: &Config, seed: u64, transport: T) -> Pair<T> {
+        let mut pair = Pair::answered(a, b, seed, transport);
+        // The RTR arrives at the responder.
+        pair.feed(1, Event::Established);
+        pair.drain();
+        let ok = pair.run(10_000, |p| p.conns[0].state() == State::Connected);
+        assert!(ok, "setup did not finish");
+        pair
+    }
+
+    /// The pair as the Accepting Peer hands its connection to the program:
+    /// the Hello accepted and both sides' buffers posted, the RTR not yet
+    /// arrived (feed [`Event::Established`] to side 1 for it).
+    ///
+    /// # Panics
+    ///
+    /// If the Accepting Peer refuses the Hello.
+    pub fn answered(a: &Config, b: &Config, seed: u64, transport: T) -> Pair<T> {
         let client = Conn::connect(a);
         let hello = client.hello().map(<[u8]>::to_vec).unwrap_or_default();
         let server = Conn::accept(b, &hello).expect("Hello refused");
@@ -1134,12 +1151,8 @@ impl<T: Transport> Pair<T> {
             buf: Vec::new(),
             expect: Vec::new(),
         };
-        // Both post their buffers; then the RTR arrives at the responder.
+        // Both post their buffers.
         pair.drain();
-        pair.feed(1, Event::Established);
-        pair.drain();
-        let ok = pair.run(10_000, |p| p.conns[0].state() == State::Connected);
-        assert!(ok, "setup did not finish");
         pair
     }
 

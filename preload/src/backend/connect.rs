@@ -82,8 +82,9 @@ pub enum Step {
 pub struct Connector {
     /// The program's fd number.
     fd: RawFd,
-    /// A duplicate of the program's socket (same socket, our number).
-    sock: OwnedFd,
+    /// A duplicate of the program's socket (same socket, our number),
+    /// until the stream takes it.
+    sock: Option<OwnedFd>,
     /// S:P as the program gave it.
     dest: SocketAddr,
     /// S:P for the port mapper (a v4-mapped address as IPv4).
@@ -281,7 +282,7 @@ impl Connector {
         let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
         let mut c = Connector {
             fd,
-            sock,
+            sock: Some(sock),
             dest,
             ap,
             v6,
@@ -361,9 +362,14 @@ impl Connector {
         }
         self.replace_socket(self.nonblocking)
             .map_err(|_| TcpReason::Internal)?;
-        self.sock = dup_cloexec(self.fd).ok_or(TcpReason::Internal)?;
+        self.sock = Some(dup_cloexec(self.fd).ok_or(TcpReason::Internal)?);
         self.share_with_duplicates();
         self.ask(None)
+    }
+
+    /// Our duplicate of the program's socket (-1 once the stream took it).
+    fn sock_fd(&self) -> RawFd {
+        self.sock.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The program closed the fd of a nonblocking connect: stop.
@@ -429,7 +435,7 @@ impl Connector {
                         self.fd,
                         self.dest
                     );
-                    match connect_raw(self.sock.as_raw_fd(), a) {
+                    match connect_raw(self.sock_fd(), a) {
                         Ok(()) => self.phase = Phase::StartSetup,
                         Err(libc::EINPROGRESS | libc::EINTR) => self.phase = Phase::Tcp,
                         Err(libc::ECONNREFUSED) if self.from_cache => {
@@ -449,7 +455,7 @@ impl Connector {
                 }
                 Phase::Tcp => {
                     let mut p = libc::pollfd {
-                        fd: self.sock.as_raw_fd(),
+                        fd: self.sock_fd(),
                         events: libc::POLLOUT,
                         revents: 0,
                     };
@@ -457,9 +463,9 @@ impl Connector {
                     unsafe { real::poll(&mut p, 1, 0) };
                     if p.revents == 0 {
                         self.phase = Phase::Tcp;
-                        return Step::Wait((self.sock.as_raw_fd(), libc::POLLOUT, None));
+                        return Step::Wait((self.sock_fd(), libc::POLLOUT, None));
                     }
-                    match so_error(self.sock.as_raw_fd()) {
+                    match so_error(self.sock_fd()) {
                         0 => self.phase = Phase::StartSetup,
                         libc::ETIMEDOUT => return self.failed(TcpReason::Timeout),
                         libc::ECONNREFUSED if self.from_cache => {
@@ -477,7 +483,9 @@ impl Connector {
                     } else {
                         Driver::Caller
                     };
-                    let stream = dup_cloexec(self.sock.as_raw_fd()).and_then(|d| {
+                    // The stream takes our duplicate; it moves to the
+                    // program's number once set up (`finish`).
+                    let stream = self.sock.take().and_then(|d| {
                         let tcp = std::net::TcpStream::from(d);
                         SdpStream::start_connect_by(tcp, &super::sdp_config(), driver).ok()
                     });
@@ -508,9 +516,13 @@ impl Connector {
                         None => {
                             // Blocking: this thread reads the MPA Reply and
                             // the HelloAck itself, no hand-off both ways;
-                            // then the progress thread takes the stream on,
-                            // set up or closing.
+                            // then the progress thread takes the stream on:
+                            // set up, once on the program's number
+                            // (`finish`), or closing, now.
                             let _ = stream.wait_connected(Some(until));
+                            if stream.poll_state().connected {
+                                return Step::Done(Ok(stream));
+                            }
                             if stream.to_progress().is_err() {
                                 return self.failed(TcpReason::Internal);
                             }
@@ -634,14 +646,29 @@ impl Connector {
     /// gets [`Setup::Fallback`]: its fd, a fresh socket if need be, waits
     /// for the caller's TCP connect and then `Connector::fall_back`.
     pub fn finish(&mut self, result: Result<SdpStream, Fail>) -> Setup {
+        // A blocking connect's stream is not with the progress thread yet.
+        let to_progress = |s: &SdpStream| {
+            if self.nonblocking {
+                Ok(())
+            } else {
+                s.to_progress()
+            }
+        };
+        let closed = |result: Result<SdpStream, Fail>| {
+            if let Ok(s) = result {
+                // It closes in the background.
+                let _ = to_progress(&s);
+            }
+            Setup::Failed(libc::ECONNABORTED)
+        };
         let Some(ep) = self.ep.clone() else {
-            return Setup::Failed(libc::ECONNABORTED);
+            return closed(result);
         };
         let mut st = ep.lock();
         let mut levels = match &mut *st {
             State::Connecting { levels } => levels.take(),
             // Closed by the program meanwhile: nothing to report.
-            _ => return Setup::Failed(libc::ECONNABORTED),
+            _ => return closed(result),
         };
         let fd = self.fd;
         let fail = match result {
@@ -658,6 +685,12 @@ impl Connector {
                     // SAFETY: the program's number, its connecting socket
                     // still (checked under the endpoint's lock).
                     let _ = stream.move_socket(unsafe { OwnedFd::from_raw_fd(fd) });
+                    if to_progress(&stream).is_err() {
+                        crate::log!(
+                            Level::Error,
+                            "fd {fd}: the SDP progress thread cannot start"
+                        );
+                    }
                     stream.set_credit_bound(ep.nonblocking());
                     let _ = stream.set_nodelay(ep.nodelay());
                     ep.connect(&mut st, stream);
@@ -682,6 +715,7 @@ impl Connector {
                     );
                     return Setup::InProgress;
                 }
+                let _ = to_progress(&stream);
                 drop(stream);
                 Fail {
                     reason: TcpReason::Internal,

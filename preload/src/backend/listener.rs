@@ -4,25 +4,33 @@
 //!
 //! A connection is taken from Q by the program's `accept`, as a TCP
 //! connection is taken from the kernel's queue: `accept` takes the next
-//! one and, when its MPA Request (with the Hello) is already there — the
-//! client sends it right after its TCP connect — answers it at once. The
-//! service thread ([`super::service`]) then waits for the RTR and sends
-//! the HelloAck, and the connection is handed out once set up: one the
-//! program closed at once would otherwise cut the client's setup short,
-//! where TCP's connect is complete. A connection whose Request has not
-//! come yet goes on in the service thread the same way. A nonblocking
-//! `accept` never waits for a handshake; a blocking one sleeps until a
-//! connection is set up. The listener is readable while a connection is
-//! set up here or waits in Q (`Shared::q_pending`); an epoll set polls Q
-//! too.
+//! one, answers its MPA Request (with the Hello; the client sends it right
+//! after its TCP connect, and Q queues a connection only once it came)
+//! and returns it at once. The RTR and the HelloAck follow in whichever
+//! thread drives the connection next — the program's own read, write or
+//! wait on it, or the progress thread — so a setup costs no hand-off
+//! between threads. Until the HelloAck went the connection reads and
+//! writes nothing (EAGAIN, or a blocking call waits), and a `close` or
+//! `shutdown` meanwhile lets the setup finish before its DisConn: the
+//! client's connect succeeds, as TCP's did before the `accept`. A
+//! connection whose Request has not come yet goes on in the service
+//! thread ([`super::service`]) and is handed out once answered. A
+//! nonblocking `accept` never waits for a handshake; a blocking one
+//! sleeps until a connection is answered. The listener is readable while
+//! an answered connection waits here or one waits in Q
+//! (`Shared::q_pending`); an epoll set polls Q too.
 //!
 //! A blocking `accept`, `poll`, `select` and epoll sets wait on Q (beside
 //! the program's listening socket and the readiness of the connections set
 //! up here), so no connection is taken for them before an `accept`.
 //! Only the process that called `listen`, until it forks, has the service
-//! thread take connections ahead, up to `MAX_QUEUED`: a program may
+//! thread take connections ahead, up to `MAX_QUEUED`, of those that
+//! waited in Q for `TAKE_AHEAD_AFTER` without an `accept`: a program may
 //! connect to its own listener before it accepts, as with TCP, and its
 //! connect needs the server's half of the setup done without an `accept`.
+//! Connections are answered, and handed out, in Q's order: whoever takes
+//! from Q holds `Shared::taking` until the connection it took is answered
+//! and queued or returned.
 //! A connection set up here can be accepted only here, and one left when
 //! the process exits is reset, where a TCP connection would wait in the
 //! kernel's queue for the next process: so a prefork master that merely
@@ -45,7 +53,7 @@
 use super::endpoint::Ep;
 use super::service::{self, Task, Wait};
 use crate::log::Level;
-use crate::sdp::{Accepted, Errno, LevelWatch, Readiness, SdpListener, WakeFd};
+use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
 use crate::table;
 use portmapper::control::ControlClient;
 use sdp_core::stream::accept::{self, Answer};
@@ -59,11 +67,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Connections being set up or ready, at most, per listener and process.
+/// Connections being answered or answered, at most, per listener and
+/// process.
 const MAX_QUEUED: usize = 64;
 
-/// How long a connection's setup may take (the MPA startup timer, 5 s,
-/// normally decides first).
+/// How long a connection waits in Q for an `accept` before the service
+/// thread takes it ahead: an attentive program takes it itself, in its own
+/// thread, with no hand-off.
+const TAKE_AHEAD_AFTER: Duration = Duration::from_millis(2);
+
+/// How long a connection's MPA Request may take to come (the MPA startup
+/// timer, 5 s, normally decides first).
 const SETUP_LIMIT: Duration = Duration::from_secs(10);
 
 struct Ready {
@@ -72,8 +86,9 @@ struct Ready {
 }
 
 struct Queue {
+    /// Answered connections, in Q's order.
     ready: VecDeque<Ready>,
-    /// Connections being set up.
+    /// Connections taken from Q and not answered yet.
     setting_up: usize,
     /// POLLIN while `ready` holds a connection.
     levels: Levels,
@@ -89,6 +104,10 @@ pub struct Shared {
     /// P: the program's listening address.
     p: SocketAddr,
     queue: Mutex<Queue>,
+    /// Held from taking a connection from Q until it is answered and in
+    /// `queue.ready` or returned by `accept` (see the module
+    /// documentation); taken before `queue`.
+    taking: Mutex<()>,
     /// This process called `listen` and has not forked since.
     listening: AtomicBool,
     /// A task of this process's service thread takes from Q.
@@ -205,6 +224,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
                 wake,
                 closed: false,
             }),
+            taking: Mutex::new(()),
             listening: AtomicBool::new(true),
             task: AtomicBool::new(false),
             control: Mutex::new(control),
@@ -223,19 +243,36 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
 }
 
 /// The service thread's task taking connections from Q
-/// ([`Shared::listen_step`]).
-struct Listen(Arc<Shared>);
+/// ([`Shared::listen_step`]) that waited there `TAKE_AHEAD_AFTER`.
+struct Listen {
+    sh: Arc<Shared>,
+    /// Q had a connection: when to take what is still there.
+    due: Option<Instant>,
+}
 
 impl Task for Listen {
     fn advance(
-        self: Box<Self>,
+        mut self: Box<Self>,
         now: Instant,
         spawned: &mut Vec<Box<dyn Task>>,
     ) -> Option<(Box<dyn Task>, Wait)> {
-        if !self.0.listen_step(now, spawned) {
-            return None;
+        match self.due {
+            // Woken for another task's sake.
+            Some(due) if now < due => return Some((self, (-1, 0, Some(due)))),
+            Some(_) => {
+                self.due = None;
+                if !self.sh.listen_step(now, spawned) {
+                    return None;
+                }
+            }
+            None => {}
         }
-        let fd = self.0.q_fd();
+        if self.sh.q_pending() {
+            let due = now + TAKE_AHEAD_AFTER;
+            self.due = Some(due);
+            return Some((self, (-1, 0, Some(due))));
+        }
+        let fd = self.sh.q_fd();
         Some((self, (fd, libc::POLLIN, None)))
     }
 }
@@ -356,7 +393,10 @@ impl Shared {
     /// none runs.
     fn kick(self: &Arc<Self>) {
         if self.wanted() && !self.task.swap(true, Ordering::AcqRel) {
-            service::submit(Box::new(Listen(self.clone())));
+            service::submit(Box::new(Listen {
+                sh: self.clone(),
+                due: None,
+            }));
         }
     }
 
@@ -374,167 +414,115 @@ impl Shared {
         false
     }
 
-    /// Takes the connections waiting on Q, as many as wanted.
+    /// Takes the connections waiting on Q, as many as wanted: answered at
+    /// once (their Request is there), or set up by a task in `out`.
     fn take_connections(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) {
         while self.wanted() {
-            let Some((tcp, peer)) = self.take_q(true) else {
+            let _taking = self.taking.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(mut h) = self.take_q(true, now) else {
                 return;
             };
-            match Handshake::new(self.clone(), tcp, peer, now) {
-                Ok(h) => out.push(Box::new(h)),
-                Err(e) => {
-                    self.setup_failed();
-                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
+            match h.answer(now) {
+                Ok(Some(stream)) => {
+                    let peer = h.peer;
+                    self.answered(Ready { stream, peer });
                 }
+                Ok(None) => out.push(self.pending(h)),
+                Err(why) => h.fail(&why),
             }
         }
     }
 
-    /// Takes the next connection from Q, counted as in setup from before
-    /// the kernel's `accept` on: a `poll` in another thread finds the
-    /// listener readable (Q) or a setup under way, never neither (then a
-    /// nonblocking `accept` waits for the setup, see `SdpListener`).
-    /// Taken `ahead` of an `accept`, its descriptor goes high, out of the
-    /// way of the numbers the program opens meanwhile; an `accept`'s keeps
-    /// the number a TCP accept would give, which the program gets.
-    fn take_q(&self, ahead: bool) -> Option<(std::net::TcpStream, SocketAddr)> {
-        self.lock().setting_up += 1;
+    /// Takes the next connection from Q and starts its handshake; `None`
+    /// when Q is empty. Taken `ahead` of an `accept`, its descriptor goes
+    /// high, out of the way of the numbers the program opens meanwhile; an
+    /// `accept`'s keeps the number a TCP accept would give, which the
+    /// program gets.
+    fn take_q(self: &Arc<Self>, ahead: bool, now: Instant) -> Option<Handshake> {
         loop {
-            match self.q.accept() {
+            let (tcp, peer) = match self.q.accept() {
                 Ok((c, a)) if ahead => {
                     let c = std::net::TcpStream::from(sdp_core::fds::high(OwnedFd::from(c)));
-                    return Some((c, a));
+                    (c, a)
                 }
-                Ok((c, a)) => return Some((c, a)),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok((c, a)) => (c, a),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // ECONNABORTED, EMFILE...: tried again on the next event.
                     if e.kind() != io::ErrorKind::WouldBlock {
                         crate::log!(Level::Debug, "hidden listener {}: accept: {e}", self.p);
                     }
-                    self.setup_failed();
                     return None;
                 }
-            }
-        }
-    }
-
-    fn setup_failed(&self) {
-        let mut q = self.lock();
-        q.setting_up = q.setting_up.saturating_sub(1);
-    }
-
-    /// An `accept` takes the next connection from Q itself: answered at
-    /// once when its MPA Request is there, else left to the service thread
-    /// (it is handed out once set up); `None` when Q is empty.
-    fn take_now(self: &Arc<Self>, now: Instant) -> Option<()> {
-        loop {
-            let (tcp, peer) = self.take_q(false)?;
-            let mut h = match Handshake::new(self.clone(), tcp, peer, now) {
-                Ok(h) => h,
-                Err(e) => {
-                    self.setup_failed();
-                    crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                    continue;
-                }
             };
-            match h.request_now(now) {
-                // The program gets the connection once its setup is over
-                // (the service thread waits for the RTR and sends the
-                // HelloAck): one it closed at once would cut the client's
-                // setup short, where TCP's connect is complete.
-                Some(Ok(stream)) => match Handshake::answered(self.clone(), stream, peer, now) {
-                    Ok(h) => {
-                        service::submit(Box::new(h));
-                        return Some(());
-                    }
-                    Err(e) => {
-                        self.setup_failed();
-                        crate::log!(Level::Debug, "SDP setup with {peer}: {e}");
-                    }
-                },
-                Some(Err(())) => self.setup_failed(),
-                None => {
-                    service::submit(Box::new(h));
-                    return Some(());
+            match Handshake::new(self.clone(), tcp, peer, now) {
+                Ok(h) => return Some(h),
+                Err(e) => crate::log!(Level::Debug, "SDP setup with {peer}: {e}"),
+            }
+        }
+    }
+
+    /// An `accept` (holding `taking`) takes the next connection from Q
+    /// itself and returns it answered; one whose MPA Request has not come
+    /// yet goes on in the service thread (and is handed out from `ready`
+    /// once answered). `None` when Q is empty.
+    fn take_now(self: &Arc<Self>, now: Instant) -> Option<Ready> {
+        loop {
+            let mut h = self.take_q(false, now)?;
+            match h.answer(now) {
+                Ok(Some(stream)) => {
+                    let peer = h.peer;
+                    return Some(Ready { stream, peer });
                 }
+                Ok(None) => service::submit(self.pending(h)),
+                Err(why) => h.fail(&why),
             }
         }
     }
 
-    fn done(self: &Arc<Self>, ready: Option<Ready>) {
+    /// A handshake whose MPA Request has not come, for the service thread:
+    /// counted as in setup until it ends (a nonblocking `accept` then waits
+    /// for it, see `SdpListener::setting_up`).
+    fn pending(&self, h: Handshake) -> Box<dyn Task> {
+        self.lock().setting_up += 1;
+        Box::new(h)
+    }
+
+    /// An answered connection waits for an `accept`.
+    fn answered(&self, r: Ready) {
         let mut q = self.lock();
-        q.setting_up = q.setting_up.saturating_sub(1);
+        if q.closed {
+            // Nobody will accept it: close it (graceful, background).
+            drop(q);
+            drop(r);
+            return;
+        }
+        q.ready.push_back(r);
+        let _ = q.levels.set(true, false);
+    }
+
+    /// A pending handshake ended: answered (`Some`) or failed.
+    fn pending_ended(self: &Arc<Self>, ready: Option<Ready>) {
+        {
+            let mut q = self.lock();
+            q.setting_up = q.setting_up.saturating_sub(1);
+        }
         match ready {
-            Some(r) if q.closed => {
-                // Nobody will accept it: close it (graceful, background).
-                drop(q);
-                drop(r);
-            }
-            Some(r) => {
-                q.ready.push_back(r);
-                let _ = q.levels.set(true, false);
-            }
-            None => {
-                // Failed: the call that wanted it wants another.
-                drop(q);
-                self.kick();
-            }
+            Some(r) => self.answered(r),
+            // Failed: the call that wanted it wants another.
+            None => self.kick(),
         }
     }
 }
 
-/// What the MPA Request phase of a handshake came to.
-enum Request {
-    /// Answered: the stream, waiting for the RTR.
-    Answered(SdpStream),
-    /// Not there yet: wait for `fd` until `deadline`.
-    Wait(Box<Endpoint>, sdp_core::conn::Config, RawFd, Instant),
-    Failed(String),
-}
-
-/// Reads the MPA Request and its Hello from `ep` if they came, and answers
-/// them (the Reply with the HelloAck's parameters, or a reject): sdp-core's
-/// step ([`accept::answer_request`]), within the setup's limit `until`.
-fn answer_request(
-    ep: Box<Endpoint>,
-    config: sdp_core::conn::Config,
-    now: Instant,
-    until: Instant,
-) -> Request {
-    if now >= until {
-        return Request::Failed("setup timed out".into());
-    }
-    match accept::answer_request(ep, &config, now, Driver::Progress) {
-        Answer::Answered(s) => Request::Answered(s),
-        Answer::Pending(ep) => {
-            let deadline = ep.poll_timeout().map_or(until, |t| t.min(until));
-            let fd = ep.raw_fd();
-            Request::Wait(ep, config, fd, deadline)
-        }
-        Answer::Failed(e) => Request::Failed(e.to_string()),
-    }
-}
-
-/// The Accepting Peer's setup of one connection (DESIGN §4).
+/// The Accepting Peer's setup of one connection up to its answered MPA
+/// Request (DESIGN §4); the stream carries the rest on.
 pub struct Handshake {
     lst: Arc<Shared>,
     peer: SocketAddr,
     until: Instant,
-    phase: HsPhase,
-}
-
-enum HsPhase {
-    /// Waiting for the MPA Request and its Hello.
-    Request(Box<Endpoint>, sdp_core::conn::Config),
-    /// Accepted; waiting for the RTR, then the HelloAck goes (the progress
-    /// thread carries it). The stream turns writable once set up (or
-    /// failed), and `watch` wakes the service thread then.
-    Setup {
-        stream: SdpStream,
-        watch: Arc<dyn LevelWatch>,
-    },
-    Done,
+    /// The endpoint and its fitted configuration, until answered.
+    ep: Option<(Box<Endpoint>, sdp_core::conn::Config)>,
 }
 
 impl Handshake {
@@ -549,138 +537,83 @@ impl Handshake {
             lst,
             peer,
             until: now + SETUP_LIMIT,
-            phase: HsPhase::Request(ep, config),
+            ep: Some((ep, config)),
         })
     }
 
-    /// A handshake whose MPA Request an `accept` answered, left to wait
-    /// for the RTR in the service thread.
-    fn answered(
-        lst: Arc<Shared>,
-        stream: SdpStream,
-        peer: SocketAddr,
-        now: Instant,
-    ) -> io::Result<Handshake> {
-        let watch = setup_watch(&stream);
-        Ok(Handshake {
-            lst,
-            peer,
-            until: now + SETUP_LIMIT,
-            phase: HsPhase::Setup { stream, watch },
-        })
-    }
-
-    /// The listener was closed: stop.
-    pub fn abandoned(&self) -> bool {
-        self.lst.is_closed()
-    }
-
-    /// One step (service thread, inside the fork gate): what to wait for
-    /// next, or `None` once it ended.
-    pub fn step(&mut self, now: Instant) -> Option<Wait> {
-        loop {
-            match std::mem::replace(&mut self.phase, HsPhase::Done) {
-                HsPhase::Done => {
-                    self.lst.done(None);
-                    return None;
-                }
-                HsPhase::Request(ep, config) => {
-                    let stream = match answer_request(ep, config, now, self.until) {
-                        Request::Answered(stream) => stream,
-                        Request::Wait(ep, config, fd, deadline) => {
-                            self.phase = HsPhase::Request(ep, config);
-                            return Some((fd, libc::POLLIN, Some(deadline)));
-                        }
-                        Request::Failed(why) => return self.fail(&why),
-                    };
-                    let watch = setup_watch(&stream);
-                    self.phase = HsPhase::Setup { stream, watch };
-                }
-                HsPhase::Setup { stream, watch } => {
-                    let st = stream.poll_state();
-                    if st.connected || st.writable || now >= self.until {
-                        stream.unwatch_levels(&watch);
-                    }
-                    if st.connected {
-                        let peer = self.peer;
-                        self.lst.done(Some(Ready { stream, peer }));
-                        return None;
-                    }
-                    if st.writable || now >= self.until {
-                        let why = stream
-                            .close_reason()
-                            .unwrap_or_else(|| "setup timed out".into());
-                        drop(stream);
-                        return self.fail(&why);
-                    }
-                    self.phase = HsPhase::Setup { stream, watch };
-                    return Some((-1, 0, Some(self.until)));
-                }
+    /// Reads the MPA Request and its Hello if they came, and answers them
+    /// (the Reply with the HelloAck's parameters, or a reject): sdp-core's
+    /// step ([`accept::answer_request`]). `Ok(Some)`: the stream, waiting
+    /// for the RTR; `Ok(None)`: not there yet ([`Handshake::wait`]);
+    /// `Err`: why it failed.
+    fn answer(&mut self, now: Instant) -> Result<Option<SdpStream>, String> {
+        if now >= self.until {
+            return Err("setup timed out".into());
+        }
+        let Some((ep, config)) = self.ep.take() else {
+            return Err("answered already".into());
+        };
+        match accept::answer_request(ep, &config, now, Driver::Progress) {
+            Answer::Answered(s) => Ok(Some(s)),
+            Answer::Pending(ep) => {
+                self.ep = Some((ep, config));
+                Ok(None)
             }
+            Answer::Failed(e) => Err(e.to_string()),
         }
     }
 
-    fn fail(&mut self, why: &str) -> Option<Wait> {
+    /// What a handshake whose Request has not come waits for: its socket,
+    /// until the MPA startup timer or the setup's limit.
+    fn wait(&self) -> Wait {
+        match &self.ep {
+            Some((ep, _)) => {
+                let deadline = ep.poll_timeout().map_or(self.until, |t| t.min(self.until));
+                (ep.raw_fd(), libc::POLLIN, Some(deadline))
+            }
+            None => (-1, 0, Some(self.until)),
+        }
+    }
+
+    fn fail(&self, why: &str) {
         crate::log!(
             Level::Debug,
             "listener {}: SDP setup with {} failed: {why}",
             self.lst.p,
             self.peer
         );
-        self.lst.done(None);
-        None
     }
+}
 
-    /// For an `accept` that took the connection itself: its MPA Request
-    /// answered now (`Some(Ok)`: the stream, its RTR and HelloAck to come;
-    /// the handshake is then spent), failed (`Some(Err)`, logged), or not
-    /// there yet (`None`: the service thread goes on with it).
-    fn request_now(&mut self, now: Instant) -> Option<Result<SdpStream, ()>> {
-        let HsPhase::Request(ep, config) = std::mem::replace(&mut self.phase, HsPhase::Done) else {
-            return Some(Err(()));
-        };
-        match answer_request(ep, config, now, self.until) {
-            Request::Answered(stream) => Some(Ok(stream)),
-            Request::Wait(ep, config, ..) => {
-                self.phase = HsPhase::Request(ep, config);
+/// A handshake whose MPA Request had not come when its connection was
+/// taken, carried on by the service thread; answered, the connection
+/// waits in `ready` for an `accept`.
+impl Task for Handshake {
+    fn advance(
+        mut self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        if self.lst.is_closed() {
+            return None;
+        }
+        match self.answer(now) {
+            Ok(Some(stream)) => {
+                let peer = self.peer;
+                self.lst.pending_ended(Some(Ready { stream, peer }));
                 None
             }
-            Request::Failed(why) => {
-                crate::log!(
-                    Level::Debug,
-                    "listener {}: SDP setup with {} failed: {why}",
-                    self.lst.p,
-                    self.peer
-                );
-                Some(Err(()))
+            Ok(None) => {
+                let wait = self.wait();
+                Some((self, wait))
+            }
+            Err(why) => {
+                self.fail(&why);
+                self.lst.pending_ended(None);
+                None
             }
         }
     }
-
-    /// A child of `fork` inherited this handshake: the parent finishes it.
-    pub fn forget(self) {
-        if let HsPhase::Setup { stream, .. } = self.phase {
-            stream.detach();
-        }
-    }
-}
-
-/// Wakes the service thread when the stream turns writable: set up, or
-/// failed (a setup needs no readiness descriptor).
-struct SetupWatch;
-
-impl LevelWatch for SetupWatch {
-    fn levels(&self, _readable: bool, writable: bool) {
-        if writable {
-            service::wake();
-        }
-    }
-}
-
-fn setup_watch(stream: &SdpStream) -> Arc<dyn LevelWatch> {
-    let w: Arc<dyn LevelWatch> = Arc::new(SetupWatch);
-    stream.watch_levels(w.clone());
-    w
 }
 
 /// The stream's socket under the number a TCP accept would give, without
@@ -708,21 +641,6 @@ fn program_number(stream: &SdpStream) -> io::Result<RawFd> {
     // one it gives back closes.
     drop(stream.move_socket(unsafe { OwnedFd::from_raw_fd(low) })?);
     Ok(low)
-}
-
-/// The setup of one connection, carried on by the service thread.
-impl Task for Handshake {
-    fn advance(
-        mut self: Box<Self>,
-        now: Instant,
-        _spawned: &mut Vec<Box<dyn Task>>,
-    ) -> Option<(Box<dyn Task>, Wait)> {
-        if self.abandoned() {
-            return None;
-        }
-        let wait = self.step(now)?;
-        Some((self, wait))
-    }
 }
 
 impl SdpListener for Lst {
@@ -759,33 +677,27 @@ impl SdpListener for Lst {
     fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
         let _g = table::enter_gate();
         loop {
-            let r = {
-                let mut q = self.sh.lock();
-                let r = q.ready.pop_front();
-                if q.ready.is_empty() {
-                    let _ = q.levels.set(false, false);
-                }
-                r
-            };
-            let (stream, peer) = match r {
-                Some(Ready { stream, peer }) => {
-                    // Room for the next one, for a listener that takes
-                    // them ahead (not for a waiting call: it has this one).
-                    if self.sh.takes_ahead() {
-                        self.sh.kick();
+            let taken = {
+                let _taking = self.sh.taking.lock().unwrap_or_else(|p| p.into_inner());
+                let answered = {
+                    let mut q = self.sh.lock();
+                    let r = q.ready.pop_front();
+                    if q.ready.is_empty() {
+                        let _ = q.levels.set(false, false);
                     }
-                    (stream, peer)
-                }
-                // The next connection in Q, taken by this call.
-                None => match self.sh.take_now(Instant::now()) {
-                    // Its setup goes on in the service thread.
-                    Some(()) => continue,
-                    None => {
-                        self.sh.kick();
-                        return Err(libc::EAGAIN);
-                    }
-                },
+                    r
+                };
+                // Else the next connection in Q, taken by this call.
+                answered.or_else(|| self.sh.take_now(Instant::now()))
             };
+            let Some(Ready { stream, peer }) = taken else {
+                self.sh.kick();
+                return Err(libc::EAGAIN);
+            };
+            // Room for the next one, for a listener that takes them ahead.
+            if self.sh.takes_ahead() {
+                self.sh.kick();
+            }
             // A connection that ended while it waited is still handed out,
             // as TCP does (the program's first read tells).
             let fd = match program_number(&stream) {

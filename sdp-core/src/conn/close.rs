@@ -83,10 +83,13 @@ pub(super) enum Llp {
 /// abortive) and the steps both closes share.
 impl Conn {
     /// `shutdown(2)`. SHUT_WR sends DisConn once every accepted byte is
-    /// sent (§8.2.1); receiving goes on. ENOTCONN before setup finished or
-    /// after the connection closed.
+    /// sent (§8.2.1); receiving goes on. ENOTCONN while the Connecting
+    /// Peer waits for the HelloAck, as TCP's before its connect finished,
+    /// and after the connection closed. An accepted connection waiting
+    /// for the RTR is one the program already has, as TCP's accepted one:
+    /// its DisConn follows the HelloAck.
     pub fn shutdown(&mut self, how: Shutdown) -> Result<(), Error> {
-        if self.state != State::Connected {
+        if !matches!(self.state, State::Connected | State::HelloReceived) {
             return Err(Error::NotConnected);
         }
         if matches!(how, Shutdown::Read | Shutdown::Both) && self.reading == Reading::Open {
@@ -107,11 +110,15 @@ impl Conn {
         self.reading = Reading::Released;
         match self.state {
             State::Closed => {}
-            State::HelloSent | State::HelloReceived => {
+            State::HelloSent => {
                 self.reason.get_or_insert(CloseReason::LocalAbort);
                 self.finish(Teardown::Abortive);
             }
-            State::Connected => {
+            // The peer's connect is not complete before the HelloAck: the
+            // setup finishes, then the graceful close goes as for a
+            // connected one (an abort would make the peer's connect fail,
+            // where TCP's succeeded before the accept).
+            State::HelloReceived | State::Connected => {
                 if self.rx.queued() > 0 {
                     self.abort_with(CloseReason::LocalAbort, None);
                 } else {

@@ -499,6 +499,16 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Accepting Peer: the setup ends at `deadline` unless the iWARP
+    /// connection is up by then — the RTR, the last startup frame (RFC
+    /// 6581 §5), is waited for as RFC 5044 §7.1.2 rule 10 asks of the
+    /// frames before it ("a reasonable timeout").
+    pub fn await_rtr(&mut self, deadline: Instant) {
+        if self.state == State::HelloReceived {
+            self.deadline = Some(deadline);
+        }
+    }
+
     /// The Hello Message to send in Streaming Mode (Connecting Peer only).
     pub fn hello(&self) -> Option<&[u8]> {
         self.hello.as_ref().map(|h| &h[..])
@@ -755,6 +765,10 @@ impl Conn {
                     // commence data transfer."
                     self.state = State::Connected;
                     self.hello_ack_due = true;
+                    // The RTR's timer ends; a close made meanwhile gets
+                    // its own.
+                    self.deadline = (self.reading == close::Reading::Released)
+                        .then(|| now + self.config.close_timeout);
                 }
             }
             Event::RecvDone { wr_id, len } => self.on_recv(now, wr_id, len, None),
@@ -792,7 +806,13 @@ impl Conn {
         if self.state == State::Closed {
             return;
         }
-        if matches!(self.ending, Ending::DisConn { done: true, .. }) && self.peer_disconn.is_some()
+        if self.state == State::HelloReceived {
+            // No RTR (see [`Conn::await_rtr`]): the peer never finished
+            // its connect; to the program that has the connection, as a
+            // reset.
+            self.abort_with(CloseReason::Timeout, Some(Error::ConnectionReset));
+        } else if matches!(self.ending, Ending::DisConn { done: true, .. })
+            && self.peer_disconn.is_some()
         {
             // Both DisConns went; the peer never closed the LLP.
             self.reason.get_or_insert(CloseReason::Graceful);

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::testing::{Pair, Rng, StreamHash};
+use crate::testing::{MemTransport, Pair, Rng, StreamHash};
 use crate::verbs::{Event, Op, SendKind, Teardown, WrId};
 use crate::wire::{Body, Flags, HelloAckRepr, MessageRepr};
 
@@ -476,6 +476,75 @@ fn close_finishes_without_the_application() {
     assert!(pair.settle(100_000));
     assert_eq!(reason(&pair, 0), Some(CloseReason::Graceful));
     assert_eq!(reason(&pair, 1), Some(CloseReason::Graceful));
+}
+
+/// The accepting program closes, or shuts its writing half, before the
+/// RTR came: the setup still finishes — the peer's connect succeeds, as
+/// TCP's did before the accept — and the close is graceful after the
+/// HelloAck.
+#[test]
+fn an_accepted_connection_closed_before_the_rtr_finishes_its_setup_first() {
+    for shut in [false, true] {
+        let mut pair = Pair::answered(&small(), &small(), 12, MemTransport::default());
+        assert_eq!(pair.conns[1].state(), State::HelloReceived);
+        if shut {
+            assert_eq!(pair.conns[1].shutdown(Shutdown::Write), Ok(()));
+        } else {
+            pair.conns[1].close(pair.now);
+        }
+        pair.drain();
+        assert_eq!(pair.conns[1].state(), State::HelloReceived);
+        assert!(pair.on_wire(1).is_empty(), "no FPDU before the RTR");
+        pair.feed(1, Event::Established);
+        pair.drain();
+        let wire = pair.on_wire(1);
+        assert_eq!(wire.len(), 2, "{wire:?}");
+        assert!(wire[0].starts_with("HelloAck"), "{wire:?}");
+        assert_eq!(wire[1], "DisConn");
+        pair.apps[0].to_write = if shut { 3_000 } else { 0 };
+        pair.apps[0].shutdown_when_done = true;
+        assert!(pair.settle(100_000));
+        assert!(pair.apps[0].eof);
+        assert!(pair.apps[0].errors.is_empty(), "{:?}", pair.apps[0].errors);
+        if shut {
+            assert_eq!(pair.apps[1].read, 3_000);
+            assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+        }
+        assert_eq!(reason(&pair, 0), Some(CloseReason::Graceful));
+        assert_eq!(reason(&pair, 1), Some(CloseReason::Graceful));
+    }
+}
+
+/// No RTR comes by the deadline: the accepted connection ends, and the
+/// program that has it reads ECONNRESET.
+#[test]
+fn an_accepted_connection_without_its_rtr_ends_at_the_deadline() {
+    let mut pair = Pair::answered(&small(), &small(), 14, MemTransport::default());
+    let start = pair.now;
+    pair.conns[1].await_rtr(start + Duration::from_secs(5));
+    pair.apps[1].reading = false;
+    assert!(pair.settle(100_000));
+    assert!(pair.now >= start + Duration::from_secs(5));
+    assert_eq!(reason(&pair, 1), Some(CloseReason::Timeout));
+    assert_eq!(
+        pair.conns[1].recv(&mut [0; 8], RecvFlags::EMPTY),
+        Err(Error::ConnectionReset)
+    );
+}
+
+/// The Connecting Peer has no connection before the HelloAck: its
+/// shutdown is ENOTCONN and its close aborts the setup.
+#[test]
+fn a_connecting_peer_closed_before_the_helloack_aborts() {
+    let mut pair = Pair::answered(&small(), &small(), 13, MemTransport::default());
+    assert_eq!(pair.conns[0].state(), State::HelloSent);
+    assert_eq!(
+        pair.conns[0].shutdown(Shutdown::Write),
+        Err(Error::NotConnected)
+    );
+    pair.conns[0].close(pair.now);
+    assert_eq!(reason(&pair, 0), Some(CloseReason::LocalAbort));
+    assert_eq!(pair.conns[0].state(), State::Closed);
 }
 
 #[test]

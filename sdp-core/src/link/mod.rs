@@ -327,6 +327,8 @@ impl Link {
             }
         };
         let mut link = Link::new(conn);
+        let rtr_due = now + connection_config(config).startup.timeout;
+        link.conn.await_rtr(rtr_due);
         link.drive(now, qp);
         qp.accept(&[]).map_err(AcceptError::Mpa)?;
         Ok(link)

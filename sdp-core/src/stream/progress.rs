@@ -372,7 +372,9 @@ fn rekey<R>(
     }
     drop(cur);
     drop(links);
-    wake();
+    if registered {
+        wake();
+    }
     (r, added)
 }
 
