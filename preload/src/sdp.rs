@@ -422,9 +422,11 @@ pub trait SdpListener: Send + Sync {
     }
     /// `POLLIN` ⇔ an SDP connection is ready to be accepted.
     fn wake_fd(&self) -> WakeFd;
-    /// An established SDP connection, or `Err(EAGAIN)`; `nonblocking`: the
-    /// program's call does not wait (the next connection is set up for it).
-    fn accept(&self, nonblocking: bool) -> Result<Accepted, Errno>;
+    /// An answered SDP connection, or `Err(EAGAIN)`; its descriptor
+    /// close-on-exec as `cloexec` asks (`accept4`'s `SOCK_CLOEXEC`).
+    /// `nonblocking`: the program's call does not wait, not even for the
+    /// rest of the connection's setup.
+    fn accept(&self, nonblocking: bool, cloexec: bool) -> Result<Accepted, Errno>;
     /// The kernel socket whose queue holds SDP connections no process took
     /// yet: `POLLIN` while `accept` would take one from it. A set that
     /// polls the listener polls it too (epoll).

@@ -167,18 +167,15 @@ unsafe fn sdp_accept_inner(
     // How long a nonblocking call waits for a connection already in setup.
     let setup_deadline = Instant::now() + SETUP_WAIT;
     loop {
-        match h.listener.accept(dontwait) {
+        match h.listener.accept(dontwait, flags & libc::SOCK_CLOEXEC != 0) {
             Ok(acc) => {
                 let new = acc.fd;
                 let _errno = SavedErrno::save();
-                // SAFETY: our new fd; F_SETFL/F_SETFD take an int.
+                // SAFETY: our new fd; F_SETFL takes an int.
                 unsafe {
                     if flags & libc::SOCK_NONBLOCK != 0 {
                         let fl = real::fcntl(new, libc::F_GETFL, 0);
                         real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
-                    }
-                    if flags & libc::SOCK_CLOEXEC != 0 {
-                        real::fcntl(new, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
                     }
                 }
                 // The listener's TCP_NODELAY goes on to what it accepts, as

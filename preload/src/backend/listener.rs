@@ -6,7 +6,9 @@
 //! connection is taken from the kernel's queue: `accept` takes the next
 //! one, answers its MPA Request (with the Hello; the client sends it right
 //! after its TCP connect, and Q queues a connection only once it came)
-//! and returns it at once. The RTR and the HelloAck follow in whichever
+//! and returns it at once — a blocking `accept`, which has nothing else
+//! to do, once it took the RTR and sent the HelloAck itself, or after
+//! `RTR_WAIT` without them. The RTR and the HelloAck follow in whichever
 //! thread drives the connection next — the program's own read, write or
 //! wait on it, or the progress thread — so a setup costs no hand-off
 //! between threads. Until the HelloAck went the connection reads and
@@ -75,6 +77,10 @@ const MAX_QUEUED: usize = 64;
 /// thread takes it ahead: an attentive program takes it itself, in its own
 /// thread, with no hand-off.
 const TAKE_AHEAD_AFTER: Duration = Duration::from_millis(2);
+
+/// How long a blocking `accept` waits for the RTR of the connection it
+/// returns (it returns it either way).
+const RTR_WAIT: Duration = Duration::from_millis(50);
 
 /// How long a connection's MPA Request may take to come (the MPA startup
 /// timer, 5 s, normally decides first).
@@ -616,24 +622,30 @@ impl Task for Handshake {
     }
 }
 
-/// The stream's socket under the number a TCP accept would give, without
-/// close-on-exec (accept4's flags decide): one descriptor for the program
+/// The stream's socket under the number a TCP accept would give,
+/// close-on-exec as `cloexec` says (accept4's flags): one descriptor for the program
 /// and the stream, lent to the program until its `close` takes the
 /// number back ([`crate::sdp::SdpEndpoint::leave_fd`]). A socket taken ahead (high)
 /// moves down.
-fn program_number(stream: &SdpStream) -> io::Result<RawFd> {
+fn program_number(stream: &SdpStream, cloexec: bool) -> io::Result<RawFd> {
     use crate::sys::real;
     let fd = stream.socket_fd();
     // SAFETY: a descriptor of the stream, borrowed for the call.
     if !sdp_core::fds::is_high(unsafe { BorrowedFd::borrow_raw(fd) }) {
+        // Taken from Q close-on-exec.
         // SAFETY: F_SETFD takes an int.
-        if unsafe { real::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+        if !cloexec && unsafe { real::fcntl(fd, libc::F_SETFD, 0) } < 0 {
             return Err(io::Error::last_os_error());
         }
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD (no close-on-exec).
-    let low = unsafe { real::fcntl(fd, libc::F_DUPFD, 3) };
+    let dup = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: F_DUPFD(_CLOEXEC) takes an int.
+    let low = unsafe { real::fcntl(fd, dup, 3) };
     if low < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -674,10 +686,10 @@ impl SdpListener for Lst {
         self.sh.lock().setting_up > 0
     }
 
-    fn accept(&self, _nonblocking: bool) -> Result<Accepted, Errno> {
-        let _g = table::enter_gate();
+    fn accept(&self, nonblocking: bool, cloexec: bool) -> Result<Accepted, Errno> {
         loop {
             let taken = {
+                let _g = table::enter_gate();
                 let _taking = self.sh.taking.lock().unwrap_or_else(|p| p.into_inner());
                 let answered = {
                     let mut q = self.sh.lock();
@@ -691,16 +703,26 @@ impl SdpListener for Lst {
                 answered.or_else(|| self.sh.take_now(Instant::now()))
             };
             let Some(Ready { stream, peer }) = taken else {
+                let _g = table::enter_gate();
                 self.sh.kick();
                 return Err(libc::EAGAIN);
             };
+            if !nonblocking {
+                // A blocking call has nothing else to do: it takes the RTR
+                // and sends the HelloAck itself if they come soon, so the
+                // connection it returns is set up, as a TCP one is, its
+                // client's connect most likely complete too. (Outside the
+                // fork gate: nothing else reaches the stream yet.)
+                let _ = stream.wait_connected(Some(Instant::now() + RTR_WAIT));
+            }
+            let _g = table::enter_gate();
             // Room for the next one, for a listener that takes them ahead.
             if self.sh.takes_ahead() {
                 self.sh.kick();
             }
             // A connection that ended while it waited is still handed out,
             // as TCP does (the program's first read tells).
-            let fd = match program_number(&stream) {
+            let fd = match program_number(&stream, cloexec) {
                 Ok(fd) => fd,
                 Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };

@@ -1220,10 +1220,10 @@ pub fn fit_config(tcp: &TcpStream, config: &Config) -> Config {
 fn settled_mss(tcp: &TcpStream) -> Option<u32> {
     const TCP_HEADER_AND_OPTIONS: u32 = 20 + 40;
     let now = socket2::SockRef::from(tcp).tcp_mss().ok();
-    let path = match tcp.local_addr() {
-        Ok(SocketAddr::V4(_)) => rustix::net::sockopt::ip_mtu(tcp).ok().map(|m| (m, 20)),
-        Ok(SocketAddr::V6(_)) => rustix::net::sockopt::ipv6_mtu(tcp).ok().map(|m| (m, 40)),
-        Err(_) => None,
+    // IPV6_MTU answers only on an IPv6 socket (no address lookup first).
+    let path = match rustix::net::sockopt::ipv6_mtu(tcp) {
+        Ok(m) => Some((m, 40)),
+        Err(_) => rustix::net::sockopt::ip_mtu(tcp).ok().map(|m| (m, 20)),
     };
     let path = path.map(|(mtu, ip)| mtu.saturating_sub(ip + TCP_HEADER_AND_OPTIONS));
     now.max(path).filter(|&m| m > 0)

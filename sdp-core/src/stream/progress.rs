@@ -317,7 +317,7 @@ pub(super) fn swap_socket(
     sock: &RwLock<Arc<TcpStream>>,
     new: &Arc<TcpStream>,
 ) -> io::Result<()> {
-    let (r, added) = rekey(id, sock, |cur| {
+    let (r, added) = rekey(id, sock, true, |cur| {
         match Arc::try_unwrap(std::mem::replace(cur, new.clone())) {
             Ok(old) => {
                 let mut fd = OwnedFd::from(old);
@@ -342,16 +342,21 @@ pub(super) fn move_socket(
     sock: &RwLock<Arc<TcpStream>>,
     to: Arc<TcpStream>,
 ) -> (Arc<TcpStream>, io::Result<()>) {
-    rekey(id, sock, |cur| std::mem::replace(cur, to))
+    // The same socket: what the thread waits for is unchanged, and the
+    // new registration reports at once what is there.
+    rekey(id, sock, false, |cur| std::mem::replace(cur, to))
 }
 
 /// Runs `change` on `sock`, link `id`'s socket, keeping the thread's
 /// registration: the old socket's is removed before the number changes
 /// and the new one's added after (whether that worked is the second
-/// result). Lock order: the table, then `sock` — as the thread takes them.
+/// result); `wake`: the thread looks at the link again (a new connection
+/// under it). Lock order: the table, then `sock` — as the thread takes
+/// them.
 fn rekey<R>(
     id: u64,
     sock: &RwLock<Arc<TcpStream>>,
+    wake: bool,
     change: impl FnOnce(&mut Arc<TcpStream>) -> R,
 ) -> (R, io::Result<()>) {
     let t = running();
@@ -372,8 +377,8 @@ fn rekey<R>(
     }
     drop(cur);
     drop(links);
-    if registered {
-        wake();
+    if wake && registered {
+        self::wake();
     }
     (r, added)
 }
