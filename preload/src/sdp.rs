@@ -433,10 +433,10 @@ pub trait SdpListener: Send + Sync {
     fn queue_fd(&self) -> Option<RawFd> {
         None
     }
-    /// Whether a connection taken from the queue is being set up in this
-    /// process (its MPA Request answered, the RTR to come): `poll` reported
-    /// the listener readable for it, so a nonblocking `accept` waits for it
-    /// a moment rather than fail with `EAGAIN`.
+    /// Whether a connection taken from the queue waits in this process for
+    /// its MPA Request: `poll` reported the listener readable for it, so a
+    /// nonblocking `accept` waits for it a moment rather than fail with
+    /// `EAGAIN`.
     fn setting_up(&self) -> bool {
         false
     }
@@ -446,7 +446,7 @@ pub trait SdpListener: Send + Sync {
     fn fork_parent(&self) {}
     /// After `fork`, in the child.
     fn fork_child(&self);
-    /// The process is exiting with the listener open: connections set up
+    /// The process is exiting with the listener open: connections answered
     /// but not accepted are closed (as the kernel resets TCP ones).
     fn exiting(&self) {}
 }

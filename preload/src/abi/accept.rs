@@ -131,11 +131,12 @@ pub unsafe extern "C" fn accept4(
     unsafe { accept_common(fd, addr, len, flags) }
 }
 
-/// How long a nonblocking `accept` waits for a connection whose setup is
-/// under way (one round trip, the client's RTR, is left once its MPA
-/// Request is answered): the listener was readable for it, and a program
-/// that saw it readable must not get `EAGAIN`, as from TCP's queue. The
-/// bound holds a client that stalls in its setup from stalling the program.
+/// How long a nonblocking `accept` waits for a connection taken from the
+/// queue before its MPA Request came (rare: the queue holds a connection
+/// only once its Request came, or after 10 s without): the listener was
+/// readable for it, and a program that saw it readable must not get
+/// `EAGAIN`, as from TCP's queue. The bound holds a client that stalls in
+/// its setup from stalling the program.
 const SETUP_WAIT: Duration = Duration::from_millis(500);
 
 /// `accept` on a listening fd with a hidden SDP listener beside it: the

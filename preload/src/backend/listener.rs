@@ -378,8 +378,8 @@ impl Shared {
         unsafe { crate::sys::real::poll(&mut p, 1, 0) > 0 }
     }
 
-    /// How many connections the service thread may hold set up or in
-    /// setup for this process ahead of any `accept`.
+    /// How many connections the service thread may hold answered or
+    /// pending for this process ahead of any `accept`.
     fn limit(&self) -> usize {
         if self.takes_ahead() {
             MAX_QUEUED
@@ -407,7 +407,7 @@ impl Shared {
     }
 
     /// The service thread's task on Q (inside the fork gate): takes the
-    /// connections wanted and starts their setup; false when it ends
+    /// connections wanted and answers them; false when it ends
     /// (nothing wanted: a later want starts another).
     pub fn listen_step(self: &Arc<Self>, now: Instant, out: &mut Vec<Box<dyn Task>>) -> bool {
         self.take_connections(now, out);
