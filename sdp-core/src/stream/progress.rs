@@ -350,13 +350,13 @@ pub(super) fn move_socket(
 /// Runs `change` on `sock`, link `id`'s socket, keeping the thread's
 /// registration: the old socket's is removed before the number changes
 /// and the new one's added after (whether that worked is the second
-/// result); `wake`: the thread looks at the link again (a new connection
-/// under it). Lock order: the table, then `sock` — as the thread takes
+/// result); `look_again`: the thread is woken to look at the link (a new
+/// connection under it). Lock order: the table, then `sock` — as the thread takes
 /// them.
 fn rekey<R>(
     id: u64,
     sock: &RwLock<Arc<TcpStream>>,
-    wake: bool,
+    look_again: bool,
     change: impl FnOnce(&mut Arc<TcpStream>) -> R,
 ) -> (R, io::Result<()>) {
     let t = running();
@@ -377,8 +377,8 @@ fn rekey<R>(
     }
     drop(cur);
     drop(links);
-    if wake && registered {
-        self::wake();
+    if look_again && registered {
+        wake();
     }
     (r, added)
 }
