@@ -1673,6 +1673,7 @@ mod tests {
             kind: SendKind::Send,
             header: crate::verbs::SendHeader::from_slice(&out[..header_len]).unwrap(),
             payload: 0..(out.len() - header_len) as u64,
+            local: None,
         })
     }
 

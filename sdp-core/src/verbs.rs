@@ -100,9 +100,10 @@ pub const fn is_solicited(mid: Mid, flags: Flags) -> bool {
     }
 }
 
-/// The largest SDP header: BSDH (16 bytes) plus SinkAH (20 bytes), §10
-/// constraint 4.
-pub const MAX_HEADER_LEN: usize = 36;
+/// The largest SDP header: BSDH (16 bytes) plus the same-host extension's
+/// LOH (28 bytes, [`crate::wire::local`]); of the draft's own, SinkAH
+/// (20 bytes) is the largest (§10 constraint 4).
+pub const MAX_HEADER_LEN: usize = 44;
 
 /// The header bytes of one SDP Message (BSDH plus extended header), held
 /// inline so that emitting a message allocates nothing.
@@ -128,6 +129,13 @@ impl SendHeader {
         SendHeader {
             bytes,
             len: len.min(MAX_HEADER_LEN) as u8,
+        }
+    }
+
+    /// Sets `bits` in byte `at` (an Rsvd bit of the Hello's family).
+    pub(crate) fn set_bits(&mut self, at: usize, bits: u8) {
+        if at < usize::from(self.len) {
+            self.bytes[at] |= bits;
         }
     }
 
@@ -202,6 +210,9 @@ pub enum Op {
         header: SendHeader,
         /// Send stream offsets of the ULP payload.
         payload: Range<u64>,
+        /// A LocalData (the same-host extension): the adapter writes the
+        /// payload here first, and the message carries only `header`.
+        local: Option<crate::conn::local::PeerSlot>,
     },
     /// Close the LLP connection. The connection emits this once, as its
     /// last Op.
@@ -443,9 +454,9 @@ mod tests {
     }
 
     #[test]
-    fn send_header_holds_at_most_36_bytes() {
-        assert_eq!(SendHeader::from_slice(&[1; 36]).map(|h| h.len()), Some(36));
-        assert_eq!(SendHeader::from_slice(&[1; 37]), None);
+    fn send_header_holds_at_most_44_bytes() {
+        assert_eq!(SendHeader::from_slice(&[1; 44]).map(|h| h.len()), Some(44));
+        assert_eq!(SendHeader::from_slice(&[1; 45]), None);
         assert_eq!(&*SendHeader::from_slice(&[1, 2, 3]).unwrap(), &[1, 2, 3]);
     }
 }

@@ -1020,11 +1020,11 @@ fn corrupted_fpdu(tag: &str, pause: Option<Duration>) {
     }
     let env = Env::new(tag);
     let mut run = Run::new(&env, format!("one FPDU byte flipped (pause {pause:?})"));
-    let (r, port) = listening(
-        &mut run,
-        "reader",
-        peer(&env, Mode::Sdp, &["role=listen".into(), "dir=recv".into()]),
-    );
+    // The flip is aimed at payload on the wire: both ends keep it there
+    // (the same-host path would carry it outside the TCP connection).
+    let mut reader = peer(&env, Mode::Sdp, &["role=listen".into(), "dir=recv".into()]);
+    reader.env("SDP_LOCAL", "off");
+    let (r, port) = listening(&mut run, "reader", reader);
     let q = sdp_port(&env, port);
     let tcp = TcpProxy::start(
         SocketAddr::from(([127, 0, 0, 1], q)),
@@ -1052,7 +1052,8 @@ fn corrupted_fpdu(tag: &str, pause: Option<Duration>) {
             "dir=send".into(),
         ],
     );
-    cmd.env("SDP_PM_PORT", udp.port.to_string());
+    cmd.env("SDP_PM_PORT", udp.port.to_string())
+        .env("SDP_LOCAL", "off");
     let w = run.spawn("writer", cmd, true);
     let (rpid, rfd) = pid_fd(&run.line(r, "connected "));
     let (wpid, wfd) = pid_fd(&run.line(w, "connected "));

@@ -85,7 +85,8 @@ const COALESCE_US: u64 = 5000;
 /// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
 /// go straight from the program's buffer; default 128K); `SDP_COALESCE_US`
 /// (how long a large write's short tail may wait for the next write,
-/// default 5000) (docs/preload.md).
+/// default 5000); `SDP_LOCAL` (off: no same-host path, default on)
+/// (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
     static CONFIG: OnceLock<sdp_core::conn::Config> = OnceLock::new();
@@ -127,6 +128,18 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                     ),
                 }
             }
+            // The same-host path (DESIGN §9): on unless turned off.
+            config.local = match env("SDP_LOCAL").as_deref() {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(v) => {
+                    crate::log!(
+                        crate::log::Level::Warn,
+                        "SDP_LOCAL: {v:?} is neither on nor off; on"
+                    );
+                    true
+                }
+            };
             if let Some(v) = env("SDP_ZCOPY_SINK_WAIT_MS") {
                 match v.parse::<u64>() {
                     Ok(ms) if config.write_zcopy => {

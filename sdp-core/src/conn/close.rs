@@ -315,6 +315,14 @@ pub enum Violation {
     BadChRcvBufAck(u32),
     /// A message this implementation does not handle.
     Unsupported(Mid),
+    /// A LocalData for a slot other than the next, or longer than a slot,
+    /// or empty (the same-host extension, [`crate::wire::local`]).
+    LocalData {
+        /// The slot it named.
+        slot: u32,
+        /// Its Len.
+        len: u32,
+    },
     /// The adapter reported a completion that does not match the oldest
     /// posted work request (RFC 5040 §5: completions are in order).
     BadCompletion,
@@ -357,6 +365,7 @@ impl Violation {
             Violation::BadChRcvBufAck(_) => "§10.6",
             Violation::Unsupported(Mid::MODE_CHANGE) => "§12",
             Violation::Unsupported(_) => "§13",
+            Violation::LocalData { .. } => "§6.1.1, same-host extension",
             Violation::BadCompletion => "RFC 5040 §5",
         }
     }
@@ -411,6 +420,12 @@ impl fmt::Display for Violation {
             Violation::ZcopyLength(mid) => write!(f, "{mid} Len beyond the advertised buffer"),
             Violation::BadChRcvBufAck(n) => write!(f, "ChRcvBufAck size {n} against the request"),
             Violation::Unsupported(mid) => write!(f, "{mid} not supported yet"),
+            Violation::LocalData { slot, len } => {
+                write!(
+                    f,
+                    "LocalData of {len} bytes in slot {slot}, out of the ring"
+                )
+            }
             Violation::BadCompletion => write!(f, "completion out of order"),
         }?;
         write!(f, " ({})", self.rule())

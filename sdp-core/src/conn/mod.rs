@@ -58,6 +58,7 @@
 
 pub mod close;
 pub mod credit;
+pub mod local;
 pub mod recv;
 mod resize;
 pub mod send;
@@ -261,6 +262,8 @@ enum Control {
     ChRcvBuf {
         size: u32,
     },
+    /// Our ring for the peer's LocalData ([`local`]).
+    LocalOffer(wire::LocalOfferRepr),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,6 +333,18 @@ struct Received {
     mode_change: Option<wire::ModeChangeRepr>,
     /// The Destination TCP Port of a SuspComm (§6.5.1.1).
     susp_port: Option<u16>,
+    local_offer: Option<wire::LocalOfferRepr>,
+    local_data: Option<wire::LocalDataRepr>,
+}
+
+impl Received {
+    /// ULP payload bytes: in the buffer, or in our ring for a LocalData.
+    fn payload_len(&self) -> usize {
+        match self.local_data {
+            Some(ldh) => ldh.len as usize,
+            None => self.payload.len(),
+        }
+    }
 }
 
 /// One SDP connection; see the module documentation.
@@ -401,6 +416,8 @@ pub struct Conn {
     resuming: bool,
     /// The Local Peer's side, for tests only (see [`suspend`]).
     local_suspend: LocalSuspend,
+    /// The same-host path ([`local`]).
+    local: local::Local,
 }
 
 impl Conn {
@@ -420,6 +437,7 @@ impl Conn {
         pool: BufferPool,
     ) -> Conn {
         let count = usize::from(config.bufs);
+        let local = local::Local::new(config.local);
         Conn {
             role,
             ird: config.ird,
@@ -464,6 +482,7 @@ impl Conn {
             suspend: Suspend::None,
             resuming: false,
             local_suspend: LocalSuspend::None,
+            local,
         }
     }
 
@@ -492,6 +511,7 @@ impl Conn {
         let (ird, ord) = setup::adjust_ird_ord(&config, &peer);
         let credits = Credits::accepting(peer.bufs, config.bufs);
         let mut conn = Conn::new(Role::Accepting, config, credits, State::HelloReceived);
+        conn.local.both = conn.config.local && peer.local;
         conn.peer = Some(peer);
         conn.ird = ird;
         conn.ord = ord;

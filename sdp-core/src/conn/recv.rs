@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::close::Reading;
+use super::local::{self, Ring};
 use super::send::OOB_PEND_REACH;
 use super::setup::PeerParams;
 use super::suspend::LocalSuspend;
@@ -36,7 +37,7 @@ use super::{
 };
 use crate::errno::Error;
 use crate::verbs::{Teardown, WrId};
-use crate::wire::{Body, Flags, MessageRepr, Mid};
+use crate::wire::{self, Body, Flags, MessageRepr, Mid};
 
 /// The receive Private Buffers of one connection: `count` buffers of
 /// `buf_size` bytes. Kept apart from the rest of the connection so the
@@ -55,6 +56,8 @@ pub struct BufferPool {
     bufs: Vec<Vec<u8>>,
     count: usize,
     buf_size: usize,
+    /// The ring offered to a peer on the same host ([`super::local`]).
+    pub(crate) ring: Option<Ring>,
 }
 
 impl BufferPool {
@@ -64,6 +67,7 @@ impl BufferPool {
             bufs: Vec::new(),
             count,
             buf_size,
+            ring: None,
         }
     }
 
@@ -113,6 +117,17 @@ impl BufferPool {
     }
 }
 
+impl BufferPool {
+    /// The unread bytes of `seg` from `in_seg` on.
+    fn segment(&self, seg: &Segment, in_seg: usize) -> Option<&[u8]> {
+        let from = seg.start + in_seg;
+        match seg.slot {
+            Some(slot) => self.ring.as_ref()?.slot(slot, from..seg.end),
+            None => self.buffer(seg.buf)?.get(from..seg.end),
+        }
+    }
+}
+
 /// Grows `buf` to `len` bytes (zero-filling only the new ones), its
 /// allocation doubling up to `cap`: a buffer that carries small messages
 /// stays small, one that fills at once takes its size in one step, and
@@ -132,12 +147,15 @@ pub(crate) fn grow(buf: &mut Vec<u8>, len: usize, cap: usize) {
 /// fits.
 const GROW_MIN: usize = 64;
 
-/// Received payload not yet read: bytes `start..end` of buffer `buf`.
+/// Received payload not yet read: bytes `start..end` of buffer `buf`, or
+/// of slot `slot` of the ring for a LocalData (whose buffer holds only
+/// its header, and is held all the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Segment {
     buf: usize,
     start: usize,
     end: usize,
+    slot: Option<u32>,
 }
 
 impl Segment {
@@ -248,7 +266,26 @@ impl RxStream {
 
     /// Appends `buf[start..end]` to the stream.
     pub fn push(&mut self, buf: usize, start: usize, end: usize) {
-        let seg = Segment { buf, start, end };
+        self.push_seg(Segment {
+            buf,
+            start,
+            end,
+            slot: None,
+        });
+    }
+
+    /// Appends the first `len` bytes of ring slot `slot`, announced by the
+    /// LocalData in `buf`.
+    pub fn push_local(&mut self, buf: usize, slot: u32, len: usize) {
+        self.push_seg(Segment {
+            buf,
+            start: 0,
+            end: len,
+            slot: Some(slot),
+        });
+    }
+
+    fn push_seg(&mut self, seg: Segment) {
         self.total = self.total.saturating_add(seg.len() as u64);
         self.segs.push_back(seg);
     }
@@ -329,10 +366,7 @@ impl RxStream {
             let Some(seg) = self.segs.get(idx) else {
                 break;
             };
-            let Some(src) = pool
-                .buffer(seg.buf)
-                .and_then(|b| b.get(seg.start + in_seg..seg.end))
-            else {
+            let Some(src) = pool.segment(seg, in_seg) else {
                 break;
             };
             let Some(dst) = out.get_mut(copied..) else {
@@ -365,7 +399,13 @@ impl RxStream {
         let mut new_pool = BufferPool::new(held.saturating_add(fresh), pool.buf_size());
         let mut rx = self.clone();
         for (i, seg) in rx.segs.iter_mut().enumerate() {
-            if let Some(src) = pool.buffer(seg.buf) {
+            // A LocalData's bytes move out of the ring to the same place
+            // in the new buffer: the new connection starts without one.
+            let src = match seg.slot.take() {
+                Some(slot) => pool.ring.as_ref().and_then(|r| r.slot(slot, 0..seg.end)),
+                None => pool.buffer(seg.buf),
+            };
+            if let Some(src) = src {
                 if let Some(dst) = new_pool.range_mut(i, 0..src.len()) {
                     dst.copy_from_slice(src);
                 }
@@ -452,9 +492,18 @@ impl Conn {
         let hello_ack = if self.state == State::HelloSent || self.resuming {
             // §8.1.1 step 2: the Accepting Peer's first iWARP Message is the
             // HelloAck; step 7a checks.
-            Some(setup::check_hello_ack(&msg)?)
+            let mut peer = setup::check_hello_ack(&msg)?;
+            peer.local = bytes
+                .get(setup::RSVD_AT)
+                .is_some_and(|b| b & wire::LOCAL_BIT != 0);
+            Some(peer)
         } else {
             None
+        };
+        let (local_offer, local_data) = match msg.body {
+            Body::LocalOffer(loh) => (Some(loh), None),
+            Body::LocalData(ldh) => (None, Some(ldh)),
+            _ => (None, None),
         };
         let susp_port = match msg.body {
             Body::SuspComm(sch) => Some(sch.port),
@@ -491,6 +540,8 @@ impl Conn {
             last: payload.last().copied().unwrap_or(0),
             hello_ack,
             susp_port,
+            local_offer,
+            local_data,
         })
     }
 
@@ -503,6 +554,7 @@ impl Conn {
         self.ird = ird;
         self.ord = ord;
         self.minor = setup::minor_version(&peer);
+        self.local.both = self.config.local && peer.local;
         self.peer = Some(peer);
     }
 
@@ -533,7 +585,7 @@ impl Conn {
             State::Connected => {}
             State::Closed => return,
         }
-        let has_payload = !msg.payload.is_empty();
+        let has_payload = msg.payload_len() > 0;
         let credit_before = self.credits.send_credit();
         if let Err(fault) = self
             .credits
@@ -565,6 +617,13 @@ impl Conn {
         }
         match msg.mid {
             Mid::DATA => self.on_data(buf, &msg),
+            Mid::LOCAL_DATA if self.pool.ring.is_some() => self.on_local_data(buf, &msg),
+            Mid::LOCAL_OFFER if self.local.both => {
+                self.repost(buf, PostKind::Fresh);
+                if let Some(offer) = msg.local_offer {
+                    self.on_local_offer(offer);
+                }
+            }
             Mid::SRC_AVAIL => self.on_src_avail(buf, &msg),
             Mid::SINK_AVAIL => {
                 let Some(header) = msg.sink_avail else {
@@ -620,6 +679,10 @@ impl Conn {
                 // §8.2.1 (Remote Peer) step 1: complete receives and report
                 // the end of the stream; our SinkAvails count as canceled.
                 self.peer_disconn = Some(msg.mseq_ack);
+                if let Some(ring) = &mut self.pool.ring {
+                    // The peer writes no more into it.
+                    ring.peer_done = true;
+                }
                 self.on_peer_disconn();
                 self.repost(buf, PostKind::Fresh);
                 self.check_graceful(now);
@@ -681,6 +744,7 @@ impl Conn {
         self.on_payload_received(msg.payload.len());
         if !msg.flags.contains(Flags::OOB_PRES) {
             self.rx.push(buf, msg.payload.start, msg.payload.end);
+            self.offer_ring();
             return;
         }
         // §9.5.3: OOB_PEND "MUST be set on an SDP Message that is sent no
@@ -702,6 +766,59 @@ impl Conn {
             self.repost(b, PostKind::Fresh);
         }
         self.freed = freed;
+    }
+
+    /// A LocalData (the same-host extension): its payload is in the next
+    /// slot of our ring; its buffer stays held until the bytes are read,
+    /// which keeps the peer from writing that slot again before.
+    fn on_local_data(&mut self, buf: usize, msg: &Received) {
+        let (Some(ldh), Some(ring)) = (msg.local_data, &self.pool.ring) else {
+            return;
+        };
+        let next = self.local.received % u32::from(ring.slots);
+        if ldh.slot != next || ldh.len == 0 || ldh.len > ring.slot_size {
+            return self.violation(Violation::LocalData {
+                slot: ldh.slot,
+                len: ldh.len,
+            });
+        }
+        if !self.accept_payload(Mid::DATA, msg) {
+            return;
+        }
+        self.local.received = self.local.received.wrapping_add(1);
+        self.local.bytes_received += u64::from(ldh.len);
+        self.on_payload_received(ldh.len as usize);
+        self.rx.push_local(buf, ldh.slot, ldh.len as usize);
+    }
+
+    /// Offers our ring to the peer once this receive half has moved
+    /// enough to be worth one ([`local::OFFER_AFTER`]) and the peer can
+    /// take the offer (its Private Buffers hold the LocalOffer).
+    fn offer_ring(&mut self) {
+        if !self.local.both || self.pool.ring.is_some() || self.rx.total() < local::OFFER_AFTER {
+            return;
+        }
+        let fits = self.peer.is_some_and(|p| {
+            p.rcv_size as usize >= wire::BSDH_LEN + wire::LocalOfferRepr::HEADER_LEN
+        });
+        let slots = u16::try_from(self.pool.len()).ok();
+        let slot_size = u32::try_from(self.pool.buf_size()).ok();
+        let (true, Some(slots), Some(slot_size)) = (fits, slots, slot_size) else {
+            return;
+        };
+        if let Some((ring, offer)) = local::Ring::open(slots, slot_size) {
+            self.pool.ring = Some(ring);
+            self.control.push_back(Control::LocalOffer(offer));
+        }
+    }
+
+    /// The peer's ring offer: checked by the link before the first write.
+    fn on_local_offer(&mut self, offer: wire::LocalOfferRepr) {
+        self.local.send = if offer.slots == 0 || u64::from(offer.slot_size) < local::LOCAL_MIN {
+            local::SendPath::Wire(local::LocalOff::BadOffer)
+        } else {
+            local::SendPath::Check(offer)
+        };
     }
 
     /// §9.2, §11.2, §11.3: a SrcAvail; in Combined Mode it carries the
@@ -745,7 +862,7 @@ impl Conn {
         // §11.2: after a SrcAvail the Data Source "MUST NOT send any SDP
         // Messages containing a ULP payload until ... a RdmaRdCompl or
         // SendSm Message is received"; §11.3 likewise.
-        if let Err(v) = self.zcopy_payload_ok(mid, msg.mseq_ack, msg.payload.len()) {
+        if let Err(v) = self.zcopy_payload_ok(mid, msg.mseq_ack, msg.payload_len()) {
             self.violation(v);
             return false;
         }

@@ -40,6 +40,7 @@ use crate::wire::Flags;
 
 use super::close::Ending;
 use super::credit::{CONTROL_MIN_CREDIT, PAYLOAD_MIN_CREDIT};
+use super::local::{self, LocalOff, PeerSlot};
 use super::suspend::LocalSuspend;
 use super::{
     setup, AbortConn, Conn, Control, SendFlags, SendRecord, Sent, State, Violation, ASK_GAP_MAX,
@@ -357,11 +358,11 @@ impl Conn {
             // Send with SE Message." The credit is the Hello's Bufs, ≥ 3.
             self.hello_ack_due = false;
             let hah = setup::hello_ack_repr(&self.config, self.ird, self.ord);
-            return Some(Work::Op(self.emit(
-                Body::HelloAck(hah),
-                Flags::EMPTY,
-                Sent::Other,
-            )));
+            let mut op = self.emit(Body::HelloAck(hah), Flags::EMPTY, Sent::Other);
+            if let (true, Op::Send { header, .. }) = (self.local.both, &mut op) {
+                header.set_bits(setup::RSVD_AT, wire::LOCAL_BIT);
+            }
+            return Some(Work::Op(op));
         }
         if let Some(&control) = self.control.front() {
             if !control_ok {
@@ -425,6 +426,9 @@ impl Conn {
                 Control::ChRcvBuf { size } => {
                     let crbh = ChRcvBufRepr { des_sz: size };
                     self.emit(Body::ChRcvBuf(crbh), Flags::EMPTY, Sent::Other)
+                }
+                Control::LocalOffer(offer) => {
+                    self.emit(Body::LocalOffer(offer), Flags::EMPTY, Sent::Other)
                 }
                 Control::ChRcvBufAck => {
                     // §10.6: "If the Remote Peer is unable to resize its
@@ -596,10 +600,16 @@ impl Conn {
         self.post_send(body.mid(), flags, header, at..at, what)
     }
 
-    /// Emits a Data Message with payload.
+    /// Emits a Data Message with payload, or a LocalData when the payload
+    /// goes into the peer's ring ([`super::local`]).
     pub(super) fn emit_data(&mut self, chunk: Chunk) -> Op {
-        let (mseq, bufs, mseq_ack) = self.credits.on_send();
         let payload_len = chunk.range.end.saturating_sub(chunk.range.start);
+        if chunk.flags.is_empty() {
+            if let Some((ldh, at)) = self.local.next_slot(payload_len) {
+                return self.emit_local(chunk, ldh, at);
+            }
+        }
+        let (mseq, bufs, mseq_ack) = self.credits.on_send();
         // max_payload keeps this below 2^31.
         let len = u32::try_from(payload_len + wire::BSDH_LEN as u64).unwrap_or(u32::MAX);
         let bsdh = BsdhRepr {
@@ -616,6 +626,91 @@ impl Conn {
         self.tx.on_chunk_sent(&chunk);
         self.on_payload_sent(payload_len);
         self.post_send(Mid::DATA, chunk.flags, header, chunk.range, Sent::Other)
+    }
+
+    fn emit_local(&mut self, chunk: Chunk, ldh: wire::LocalDataRepr, at: PeerSlot) -> Op {
+        if let local::SendPath::On { sent, .. } = &mut self.local.send {
+            *sent = sent.wrapping_add(1);
+        }
+        let mut op = self.emit(Body::LocalData(ldh), Flags::EMPTY, Sent::Other);
+        self.tx.on_chunk_sent(&chunk);
+        self.on_payload_sent(u64::from(ldh.len));
+        if let Op::Send { payload, local, .. } = &mut op {
+            *payload = chunk.range.clone();
+            *local = Some(at);
+        }
+        if let Some(record) = self.sends.back_mut() {
+            record.stream_end = chunk.range.end;
+        }
+        op
+    }
+
+    /// The adapter could not write a LocalData's payload into the peer
+    /// (`why`): the message goes as the Data Message it stands for — same
+    /// credits and sequence number, the payload in the message — and this
+    /// send half stays on the wire from now on. Returns its header.
+    /// `why` is `None` when only this message's bytes were not at hand:
+    /// the path stays on, its slot unused.
+    pub fn local_refused(
+        &mut self,
+        header: &SendHeader,
+        len: u32,
+        why: Option<LocalOff>,
+    ) -> SendHeader {
+        match (why, &mut self.local.send) {
+            (Some(why), send) => *send = local::SendPath::Wire(why),
+            (None, local::SendPath::On { sent, .. }) => *sent = sent.wrapping_sub(1),
+            (None, _) => {}
+        }
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        if let Ok(b) = wire::Bsdh::new_checked(header.as_slice()) {
+            let bsdh = BsdhRepr {
+                mid: Mid::DATA,
+                flags: Flags::EMPTY,
+                bufs: b.bufs(),
+                len: len.saturating_add(wire::BSDH_LEN as u32),
+                mseq: b.mseq(),
+                mseq_ack: b.mseq_ack(),
+            };
+            bsdh.emit(&mut Bsdh::new_unchecked(&mut buf[..wire::BSDH_LEN]));
+        }
+        SendHeader::from_array(buf, wire::BSDH_LEN)
+    }
+
+    /// The peer's ring offer the adapter should check ([`super::local`]).
+    pub fn local_offer_to_check(&self) -> Option<wire::LocalOfferRepr> {
+        match self.local.send {
+            local::SendPath::Check(offer) => Some(offer),
+            _ => None,
+        }
+    }
+
+    /// The adapter's verdict on the offer: LocalData from now on, or the
+    /// wire for good.
+    pub fn local_checked(&mut self, result: Result<(), LocalOff>) {
+        if let local::SendPath::Check(offer) = self.local.send {
+            self.local.send = match result {
+                Ok(()) => local::SendPath::On { offer, sent: 0 },
+                Err(why) => local::SendPath::Wire(why),
+            };
+        }
+    }
+
+    /// Whether each half uses the same-host path: `Ok(())` for the send
+    /// half when it writes into the peer, else why not; and whether our
+    /// ring is offered to the peer.
+    pub fn local_state(&self) -> (Result<(), LocalOff>, bool) {
+        let send = match self.local.send {
+            local::SendPath::On { .. } => Ok(()),
+            local::SendPath::Check(_) => Err(LocalOff::NotOffered),
+            local::SendPath::Wire(why) => Err(why),
+        };
+        (send, self.pool.ring.is_some())
+    }
+
+    /// Payload bytes received by LocalData.
+    pub fn local_bytes_received(&self) -> u64 {
+        self.local.bytes_received
     }
 
     pub(super) fn post_send(
@@ -637,6 +732,7 @@ impl Conn {
             kind: SendKind::for_message(mid, flags),
             header,
             payload,
+            local: None,
         }
     }
 

@@ -112,6 +112,10 @@ pub struct Config {
     /// Zero (the default): never; a socket layer sets it as TCP has
     /// Nagle on by default (the preload: 200 µs, `SDP_COALESCE_US`).
     pub coalesce: Duration,
+    /// Offer the same-host path to a peer that speaks it, and use the
+    /// peer's (DESIGN §9, [`super::local`]). Off by default; the preload
+    /// turns it on unless `SDP_LOCAL=off`.
+    pub local: bool,
 }
 
 /// When the Data Source (Mode Master) moves its send half-connection
@@ -149,6 +153,7 @@ impl Default for Config {
             sink_avail_wait: Duration::ZERO,
             lend_above: 128 * 1024,
             coalesce: Duration::ZERO,
+            local: false,
         }
     }
 }
@@ -180,6 +185,7 @@ impl Config {
             sink_avail_wait: self.sink_avail_wait,
             lend_above: self.lend_above,
             coalesce: self.coalesce,
+            local: self.local,
         }
     }
 }
@@ -230,6 +236,9 @@ pub struct PeerParams {
     pub ord: u16,
     /// The peer's MinV.
     pub min_v: u8,
+    /// The peer speaks the same-host extension (bit 0 of its Rsvd byte,
+    /// [`crate::wire::LOCAL_BIT`]).
+    pub local: bool,
 }
 
 /// The Hello Message of a Connecting Peer with `config` (§6.2.1, §8.1.1
@@ -259,8 +268,15 @@ pub fn hello_message(config: &Config) -> [u8; HELLO_MSG_LEN] {
     };
     let mut out = [0; HELLO_MSG_LEN];
     repr.emit(&mut out);
+    if config.local {
+        out[RSVD_AT] |= wire::LOCAL_BIT;
+    }
     out
 }
+
+/// Where the Rsvd byte of a Hello or HelloAck message is: right after the
+/// version byte of the HH or HAH (§6.2.1.8, §6.2.2.7).
+pub(crate) const RSVD_AT: usize = wire::BSDH_LEN + 1;
 
 /// The HelloAck of an Accepting Peer (§6.2.2, §8.1.1 step 4), with the
 /// IRD and ORD after adjustment.
@@ -307,6 +323,7 @@ pub fn check_hello(bytes: &[u8]) -> Result<PeerParams, Violation> {
         ird: hh.loc_ird,
         ord: hh.loc_ord,
         min_v: hh.min_v,
+        local: bytes.get(RSVD_AT).is_some_and(|b| b & wire::LOCAL_BIT != 0),
     })
 }
 
@@ -325,6 +342,8 @@ pub fn check_hello_ack(msg: &MessageRepr<'_>) -> Result<PeerParams, Violation> {
         ird: hah.loc_ird,
         ord: hah.loc_ord,
         min_v: hah.min_v,
+        // Read from the raw bytes by the caller (Conn::parse).
+        local: false,
     })
 }
 
@@ -453,6 +472,7 @@ mod tests {
             ird: 2,
             ord: 3,
             min_v: 1,
+            local: false,
         };
         // IRD down to the peer's ORD, ORD down to the peer's IRD.
         assert_eq!(adjust_ird_ord(&config, &peer), (3, 2));

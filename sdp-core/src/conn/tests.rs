@@ -723,7 +723,7 @@ fn hostile_peer_violations_close_abortively_with_the_rule() {
             "experimental MID",
             |p| {
                 let mut m = message(p, Flags::EMPTY, Body::DisConn);
-                m[0] = 0x41;
+                m[0] = 0x42;
                 (m, None)
             },
             "§6.1.1",

@@ -88,6 +88,11 @@ pub struct CopyStats {
     /// back into the Private Buffer (the call ended before the message was
     /// whole, or it was not a plain Data Message) — a copy on top.
     pub bytes_copied_back: u64,
+    /// Sent: written straight into the peer's ring (the same-host path,
+    /// [`crate::conn::local`]).
+    pub bytes_sent_local: u64,
+    /// Received: read out of our ring, where the peer wrote them.
+    pub bytes_received_local: u64,
 }
 
 /// A waiting reader's receive ([`Link::lend_recv`]).

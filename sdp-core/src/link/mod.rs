@@ -103,6 +103,7 @@
 //! ```
 
 pub mod direct;
+pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod pair;
 pub mod staging;
@@ -127,6 +128,7 @@ use crate::conn::{
 use crate::errno::Error;
 use crate::verbs::{ErrorKind, Event, Op, SendKind, Teardown, Work, WrId};
 use direct::{CopyStats, SendSpan};
+pub use local::Lent;
 use staging::Staging;
 
 /// A test's look at each verbs operation with the credit state before it
@@ -414,7 +416,10 @@ impl Link {
 
     /// Payload bytes by the way they travelled (DESIGN §7).
     pub fn copy_stats(&self) -> CopyStats {
-        self.stats
+        CopyStats {
+            bytes_received_local: self.conn.local_bytes_received(),
+            ..self.stats
+        }
     }
 
     /// Whether setup finished (both half-connections carry data, maybe
@@ -646,13 +651,21 @@ impl Link {
     /// iWARP connection: events and completions in, verbs operations out.
     /// Call after every input (bytes received, a socket call, a timer).
     pub fn drive(&mut self, now: Instant, qp: &mut Connection) {
-        self.drive_inner(now, qp, None, None)
+        self.drive_all(now, qp, None, Lent::default(), None)
     }
 
     /// [`Link::drive`] while a waiting reader lends `recv_into`
-    /// ([`Link::lend_recv`]).
-    pub fn drive_lent(&mut self, now: Instant, qp: &mut Connection, recv_into: Option<&[u8]>) {
-        self.drive_inner(now, qp, None, recv_into)
+    /// ([`Link::lend_recv`]) and a send lends its bytes (`sent`: those of
+    /// a direct send and of a Zcopy send, which a LocalData's payload may
+    /// come from).
+    pub fn drive_lent(
+        &mut self,
+        now: Instant,
+        qp: &mut Connection,
+        sent: Lent<'_>,
+        recv_into: Option<&[u8]>,
+    ) {
+        self.drive_all(now, qp, None, sent, recv_into)
     }
 
     /// [`Link::drive_lent`], calling `check` with the credit state before
@@ -664,14 +677,15 @@ impl Link {
         check: &mut dyn FnMut(&CreditState, &Op),
         recv_into: Option<&[u8]>,
     ) {
-        self.drive_inner(now, qp, Some(check), recv_into)
+        self.drive_all(now, qp, Some(check), Lent::default(), recv_into)
     }
 
-    fn drive_inner(
+    fn drive_all(
         &mut self,
         now: Instant,
         qp: &mut Connection,
         mut check: Option<Check<'_>>,
+        sent: Lent<'_>,
         recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
@@ -705,6 +719,13 @@ impl Link {
                 self.conn.handle_event(now, ev);
             }
         }
+        if let Some(offer) = self.conn.local_offer_to_check() {
+            let result = local::check(&offer);
+            if let Err(why) = result {
+                self.log(format!("same-host path not taken: {why}"));
+            }
+            self.conn.local_checked(result);
+        }
         loop {
             // Only a checking caller pays for the snapshot.
             let before = check.as_ref().map(|_| self.conn.credit_state());
@@ -714,7 +735,7 @@ impl Link {
                     if let (Some(check), Some(before)) = (check.as_mut(), &before) {
                         check(before, &op);
                     }
-                    self.execute(op, qp);
+                    self.execute(op, qp, sent);
                 }
                 Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp),
             }
@@ -821,7 +842,7 @@ impl Link {
         }
     }
 
-    fn execute(&mut self, op: Op, qp: &mut Connection) {
+    fn execute(&mut self, op: Op, qp: &mut Connection, sent: Lent<'_>) {
         match op {
             Op::PostRecv { wr_id, buf } => {
                 let wr = RecvWr {
@@ -838,13 +859,32 @@ impl Link {
             Op::Send {
                 wr_id,
                 kind,
-                header,
+                mut header,
                 payload,
+                local,
             } => {
-                let slot = self.staging.alloc_header(&header);
                 let mut sges = Vec::with_capacity(4);
+                let mut inline = true;
+                if let Some(at) = local {
+                    let len = payload.end - payload.start;
+                    match self.write_local(at, payload.clone(), sent) {
+                        Ok(()) => {
+                            inline = false;
+                            self.stats.bytes_sent_local += len;
+                        }
+                        Err(why) => {
+                            if let Some(why) = why {
+                                self.log(format!("same-host path left: {why}"));
+                            }
+                            header = self.conn.local_refused(&header, len as u32, why);
+                        }
+                    }
+                }
+                let slot = self.staging.alloc_header(&header);
                 sges.push(self.staging.header_sge(slot, header.len()));
-                self.payload_sges(payload, &mut sges);
+                if inline {
+                    self.payload_sges(payload, &mut sges);
+                }
                 let kind = match kind {
                     SendKind::Send => QpSendKind::Send,
                     SendKind::SendSe => QpSendKind::SendSe,

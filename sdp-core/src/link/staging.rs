@@ -182,13 +182,13 @@ mod tests {
     fn header_slots_are_reused_and_never_move() {
         let mut s = Staging::new(1);
         let a = s.alloc_header(&[1; 16]);
-        let b = s.alloc_header(&[2; 36]);
+        let b = s.alloc_header(&[2; MAX_HEADER_LEN]);
         assert_eq!((a, b), (0, 1));
         s.free_header(a);
         assert_eq!(s.alloc_header(&[3; 4]), 0);
         let h = s.region(HEADER_REGION).unwrap();
         assert_eq!(&h[..4], &[3; 4]);
-        assert_eq!(&h[36..72], &[2; 36]);
-        assert_eq!(s.header_sge(1, 20).offset, 36);
+        assert_eq!(&h[MAX_HEADER_LEN..2 * MAX_HEADER_LEN], &[2; MAX_HEADER_LEN]);
+        assert_eq!(s.header_sge(1, 20).offset, MAX_HEADER_LEN);
     }
 }

@@ -27,9 +27,11 @@ pub struct Snapshot {
     pub send_credit: i64,
     /// The peer's send credit as we last gave it.
     pub remote_credit: i64,
+    /// The same-host path ([`crate::conn::local`]): [`crate::conn::local::code`].
+    pub local: u64,
 }
 
-const FIELDS: usize = 20;
+const FIELDS: usize = 23;
 
 /// How often [`Counters::load`] looks again while a store runs.
 const TRIES: usize = 10_000;
@@ -85,6 +87,9 @@ impl Snapshot {
             c.bytes_copied_back,
             self.send_credit as u64,
             self.remote_credit as u64,
+            c.bytes_sent_local,
+            c.bytes_received_local,
+            self.local,
         ]
     }
 
@@ -111,9 +116,12 @@ impl Snapshot {
                 bytes_received_direct: f[15],
                 bytes_copied_from_pool: f[16],
                 bytes_copied_back: f[17],
+                bytes_sent_local: f[20],
+                bytes_received_local: f[21],
             },
             send_credit: f[18] as i64,
             remote_credit: f[19] as i64,
+            local: f[22],
         }
     }
 }
@@ -181,9 +189,12 @@ mod tests {
                 bytes_received_direct: 14,
                 bytes_copied_from_pool: 15,
                 bytes_copied_back: 16,
+                bytes_sent_local: 18,
+                bytes_received_local: 19,
             },
             send_credit: -1,
             remote_credit: 17,
+            local: 20,
         };
         c.store(s);
         assert_eq!(c.load(), s);
@@ -203,6 +214,8 @@ mod tests {
                     bytes_received_direct: n,
                     bytes_copied_from_pool: n,
                     bytes_copied_back: n,
+                    bytes_sent_local: n,
+                    bytes_received_local: n,
                 };
                 w.store(Snapshot {
                     copies,

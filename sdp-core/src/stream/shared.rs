@@ -54,7 +54,7 @@ use rustix::io::Errno;
 use self::bell::Bell;
 use super::counters::{Counters, Snapshot};
 use super::readiness::{LevelWatch, Readiness};
-use crate::link::Link;
+use crate::link::{Lent, Link};
 use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
 
@@ -411,16 +411,17 @@ impl Inner {
         zcopy: bool,
         zc_send: Option<&[u8]>,
     ) -> bool {
+        let lent = Lent { send_from, zc_send };
         if self.zc_owner.is_some() && !zcopy {
             self.link
-                .drive_lent(now, self.ep.connection_mut(), recv_into);
+                .drive_lent(now, self.ep.connection_mut(), lent, recv_into);
             self.update_readiness();
             return false;
         }
         let mut any = false;
         for _ in 0..64 {
             self.link
-                .drive_lent(now, self.ep.connection_mut(), recv_into);
+                .drive_lent(now, self.ep.connection_mut(), lent, recv_into);
             let mut progressed = false;
             if !self.reset {
                 match self
@@ -601,6 +602,7 @@ impl Inner {
             copies: self.link.copy_stats(),
             send_credit,
             remote_credit,
+            local: crate::conn::local::code(conn.local_state()),
         }
     }
 

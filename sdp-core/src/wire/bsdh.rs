@@ -90,6 +90,12 @@ impl Mid {
     pub const SRC_AVAIL: Mid = Mid(0xfe);
     /// Data, with optional ULP payload (§6.3.1).
     pub const DATA: Mid = Mid(0xff);
+    /// LocalOffer, with LOH: the same-host extension's offer of memory,
+    /// an experimental value ([`super::local`]).
+    pub const LOCAL_OFFER: Mid = Mid(0x40);
+    /// LocalData, with LDH: stream bytes placed in the receiver's memory,
+    /// an experimental value ([`super::local`]).
+    pub const LOCAL_DATA: Mid = Mid(0x41);
 
     /// Reserved values of Figure 3: 00001111, 00010000–00111111 and
     /// 10000000–11111100 ("may be assigned in future versions").
@@ -100,6 +106,12 @@ impl Mid {
     /// Experimental values of Figure 3: 01000000–01111111.
     pub const fn is_experimental(self) -> bool {
         matches!(self.0, 0x40..=0x7f)
+    }
+
+    /// Whether this is one of the same-host extension's experimental
+    /// values ([`super::local`]), which carry no payload.
+    pub const fn is_local(self) -> bool {
+        matches!(self, Mid::LOCAL_OFFER | Mid::LOCAL_DATA)
     }
 
     /// Whether Figure 3 defines a message for this value.
@@ -128,6 +140,8 @@ impl Mid {
             Mid::SINK_AVAIL => "SinkAvail",
             Mid::SRC_AVAIL => "SrcAvail",
             Mid::DATA => "Data",
+            Mid::LOCAL_OFFER => "LocalOffer",
+            Mid::LOCAL_DATA => "LocalData",
             m if m.is_experimental() => "Experimental",
             _ => "Reserved",
         }
@@ -148,6 +162,8 @@ impl Mid {
             Mid::SUSP_COMM => super::susp_comm::HEADER_LEN,
             Mid::SINK_AVAIL => super::sink_avail::HEADER_LEN,
             Mid::SRC_AVAIL => super::src_avail::HEADER_LEN,
+            Mid::LOCAL_OFFER => super::local::LocalOfferRepr::HEADER_LEN,
+            Mid::LOCAL_DATA => super::local::LocalDataRepr::HEADER_LEN,
             _ => 0,
         }
     }
@@ -157,7 +173,8 @@ impl Mid {
     /// SinkAvail, an optional payload for experimental values, and — since
     /// their format is "n/a" — anything for reserved values.
     pub const fn may_carry_payload(self) -> bool {
-        matches!(self, Mid::DATA | Mid::SRC_AVAIL | Mid::SINK_AVAIL) || !self.is_defined()
+        matches!(self, Mid::DATA | Mid::SRC_AVAIL | Mid::SINK_AVAIL)
+            || !(self.is_defined() || self.is_local())
     }
 }
 
@@ -549,6 +566,11 @@ mod tests {
                     assert_eq!(mid.name(), "Reserved");
                     assert_eq!(mid.ext_header_len(), 0);
                     assert!(mid.may_carry_payload());
+                }
+                (false, false, true) if mid.is_local() => {
+                    counts.2 += 1;
+                    assert!(mid.ext_header_len() > 0);
+                    assert!(!mid.may_carry_payload());
                 }
                 (false, false, true) => {
                     counts.2 += 1;

@@ -47,6 +47,7 @@ use super::bsdh::{self, Bsdh, BsdhRepr, Flags, Mid};
 use super::compl::{RdmaRdComplHeader, RdmaRdComplRepr, RdmaWrComplHeader, RdmaWrComplRepr};
 use super::hello::{HelloHeader, HelloRepr};
 use super::hello_ack::{HelloAckHeader, HelloAckRepr};
+use super::local::{LocalDataRepr, LocalOfferRepr};
 use super::mode_change::{ModeChangeHeader, ModeChangeRepr};
 use super::rcv_buf::{ChRcvBufAckHeader, ChRcvBufAckRepr, ChRcvBufHeader, ChRcvBufRepr};
 use super::sink_avail::{SinkAvailHeader, SinkAvailRepr};
@@ -235,6 +236,11 @@ pub enum Body<'a> {
         /// ULP payload for the opposite direction (§9.4).
         payload: &'a [u8],
     },
+    /// LocalOffer with its LOH (the same-host extension, [`super::local`]).
+    LocalOffer(LocalOfferRepr),
+    /// LocalData with its LDH (the same-host extension): the payload is in
+    /// the receiver's memory, not in the message.
+    LocalData(LocalDataRepr),
     /// A reserved or experimental MID (§6.1.1) with the raw bytes after the
     /// BSDH. Parsing only produces it for MIDs that Figure 3 does not
     /// define.
@@ -268,6 +274,8 @@ impl<'a> Body<'a> {
             Body::Data { .. } => Mid::DATA,
             Body::SrcAvail { .. } => Mid::SRC_AVAIL,
             Body::SinkAvail { .. } => Mid::SINK_AVAIL,
+            Body::LocalOffer(_) => Mid::LOCAL_OFFER,
+            Body::LocalData(_) => Mid::LOCAL_DATA,
             Body::Other { mid, .. } => *mid,
         }
     }
@@ -356,6 +364,8 @@ impl<'a> MessageRepr<'a> {
             }
             Mid::SUSP_COMM_ACK => Body::SuspCommAck,
             Mid::DATA => Body::Data { payload },
+            Mid::LOCAL_OFFER => Body::LocalOffer(LocalOfferRepr::parse(ext)?),
+            Mid::LOCAL_DATA => Body::LocalData(LocalDataRepr::parse(ext)?),
             Mid::SRC_AVAIL => Body::SrcAvail {
                 header: SrcAvailRepr::parse(&SrcAvailHeader::new_checked(ext)?)?,
                 payload,
@@ -467,6 +477,8 @@ impl<'a> MessageRepr<'a> {
             Body::SuspComm(sch) => sch.emit(&mut SuspCommHeader::new_unchecked(ext)),
             Body::SrcAvail { header, .. } => header.emit(&mut SrcAvailHeader::new_unchecked(ext)),
             Body::SinkAvail { header, .. } => header.emit(&mut SinkAvailHeader::new_unchecked(ext)),
+            Body::LocalOffer(loh) => loh.emit(ext),
+            Body::LocalData(ldh) => ldh.emit(ext),
             Body::DisConn
             | Body::AbortConn
             | Body::SendSm
@@ -767,15 +779,15 @@ mod tests {
                 ),
             },
             Case {
-                name: "Experimental 0x40",
-                bytes: bsdh(0x40, 0x01, 0, 16, 1, 1),
+                name: "Experimental 0x42",
+                bytes: bsdh(0x42, 0x01, 0, 16, 1, 1),
                 repr: repr(
                     0,
                     Flags::OOB_PRES,
                     1,
                     1,
                     Body::Other {
-                        mid: Mid(0x40),
+                        mid: Mid(0x42),
                         payload: &[],
                     },
                 ),
@@ -982,7 +994,7 @@ mod tests {
     fn unknown_mids_parse_with_raw_bytes() {
         for v in 0..=255u8 {
             let mid = Mid(v);
-            if mid.is_defined() {
+            if mid.is_defined() || mid.is_local() {
                 continue;
             }
             let bytes = cat(&[&bsdh(v, 0x00, 1, 21, 2, 3), b"12345"]);

@@ -17,6 +17,8 @@
 //! | SrcAvail          | SrcAH, 16 bytes             | [`src_avail`]   | optional |
 //! | SinkAvail         | SinkAH, 20 bytes            | [`sink_avail`]  | optional |
 //! | Data              | —                           | —               | optional |
+//! | LocalOffer (0x40, experimental) | LOH, 28 bytes | [`local`]       | none     |
+//! | LocalData (0x41, experimental)  | LDH, 8 bytes  | [`local`]       | none     |
 //! | DisConn, AbortConn, SendSm, SrcAvailCancel, SinkAvailCancel, SinkCancelAck, SuspCommAck | — | — | none |
 //!
 //! [`message`] puts them together: [`Message`] is the checked view of a whole
@@ -165,6 +167,7 @@ pub mod compl;
 pub mod error;
 pub mod hello;
 pub mod hello_ack;
+pub mod local;
 pub mod message;
 pub mod mode_change;
 pub mod rcv_buf;
@@ -177,6 +180,7 @@ pub use compl::{RdmaRdComplHeader, RdmaRdComplRepr, RdmaWrComplHeader, RdmaWrCom
 pub use error::Error;
 pub use hello::{HelloHeader, HelloRepr, MAJOR_VERSION, MINOR_VERSION};
 pub use hello_ack::{HelloAckHeader, HelloAckRepr};
+pub use local::{LocalDataRepr, LocalOfferRepr, LOCAL_BIT};
 pub use message::{Body, Message, MessageRepr};
 pub use mode_change::{Mode, ModeChangeHeader, ModeChangeRepr};
 pub use rcv_buf::{ChRcvBufAckHeader, ChRcvBufAckRepr, ChRcvBufHeader, ChRcvBufRepr};

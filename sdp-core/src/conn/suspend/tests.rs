@@ -89,6 +89,7 @@ fn susp_comm_ack_waits_for_in_process_sends_and_nothing_follows_it() {
             kind,
             header,
             payload,
+            ..
         }] = &out[..]
         else {
             panic!("{out:?}")

@@ -1,0 +1,298 @@
+//! The same-host path of a connection (DESIGN §9; wire format in
+//! [`crate::wire::local`]): when both ends run on one kernel, the Data
+//! Source writes a large message's payload straight into a ring the Data
+//! Sink offered, and sends only the LocalData header on the TCP
+//! connection, after the bytes have landed. The receiving half reads the
+//! bytes from its ring as it reads a Private Buffer.
+//!
+//! The two directions are independent. A receive half offers its ring once
+//! it has received [`OFFER_AFTER`] bytes (a connection that moves little
+//! never pays for one); the peer's send half checks the offer (the link
+//! reads the token back, [`crate::link`]) and from then on sends payloads
+//! of [`LOCAL_MIN`] bytes or more as LocalData. Anything that goes wrong
+//! on the sending side — the check fails, a write is refused — turns that
+//! direction back to the wire for good, with the reason kept for
+//! `sdp-stat`; the message in hand goes as a Data Message, so nothing is
+//! lost.
+//!
+//! Which slot a LocalData uses is its count modulo the ring's slots, and
+//! the ring has at least as many slots as the receiver has Private
+//! Buffers. A LocalData holds its Private Buffer until its bytes are read,
+//! and reads are in stream order, so the credit (§10) that lets the sender
+//! reuse a slot proves the bytes in it were read.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::wire::{LocalDataRepr, LocalOfferRepr};
+
+/// Bytes a receive half takes in Data Messages before it offers its ring.
+pub const OFFER_AFTER: u64 = 256 * 1024;
+
+/// The smallest payload sent as LocalData: below it, a write into the
+/// peer costs more than the bytes in the TCP stream.
+pub const LOCAL_MIN: u64 = 16 * 1024;
+
+/// How long a ring whose peer may still write into it outlives its
+/// connection (an abortive end, a suspended connection): the peer writes
+/// only right before it sends a LocalData, on a connection it believes
+/// open; a reset reaches it long before this.
+const QUARANTINE: Duration = Duration::from_secs(10);
+
+/// Why a send half does not use the same-host path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalOff {
+    /// Turned off here (`Config::local`).
+    Disabled,
+    /// The peer does not speak the extension, or has not offered yet.
+    NotOffered,
+    /// The token read back did not match: another host or another process.
+    OtherHost,
+    /// The peer's memory may not be touched (another user, a
+    /// non-dumpable process): the errno.
+    Refused(i32),
+    /// The peer process is gone (`ESRCH`).
+    Gone,
+    /// The offer's ring does not fit our messages.
+    BadOffer,
+}
+
+impl core::fmt::Display for LocalOff {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LocalOff::Disabled => f.write_str("off"),
+            LocalOff::NotOffered => f.write_str("not offered"),
+            LocalOff::OtherHost => f.write_str("other host"),
+            LocalOff::Refused(e) => write!(f, "refused (errno {e})"),
+            LocalOff::Gone => f.write_str("peer gone"),
+            LocalOff::BadOffer => f.write_str("bad offer"),
+        }
+    }
+}
+
+/// [`crate::conn::Conn::local_state`] as one number for the counters:
+/// bit 16 set while our ring is offered; the low bits 1 while the send
+/// half writes into the peer, else why not: 0 not offered, 2 turned off,
+/// 3 another host, 4 the peer gone, 5 a bad offer, 0x100 + errno refused.
+pub fn code((send, ring): (Result<(), LocalOff>, bool)) -> u64 {
+    let send = match send {
+        Ok(()) => 1,
+        Err(LocalOff::NotOffered) => 0,
+        Err(LocalOff::Disabled) => 2,
+        Err(LocalOff::OtherHost) => 3,
+        Err(LocalOff::Gone) => 4,
+        Err(LocalOff::BadOffer) => 5,
+        Err(LocalOff::Refused(e)) => 0x100 + u64::from(e.unsigned_abs() & 0xff),
+    };
+    send | (u64::from(ring) << 16)
+}
+
+/// The send half's state from [`code`]'s number.
+pub fn decode(code: u64) -> (Result<(), LocalOff>, bool) {
+    let send = match code & 0xffff {
+        1 => Ok(()),
+        2 => Err(LocalOff::Disabled),
+        3 => Err(LocalOff::OtherHost),
+        4 => Err(LocalOff::Gone),
+        5 => Err(LocalOff::BadOffer),
+        n if n >= 0x100 => Err(LocalOff::Refused((n - 0x100) as i32)),
+        _ => Err(LocalOff::NotOffered),
+    };
+    (send, code & (1 << 16) != 0)
+}
+
+/// Where a LocalData's payload goes: the peer process and the address of
+/// the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerSlot {
+    /// The peer process.
+    pub pid: u32,
+    /// Address of the slot's first byte in it.
+    pub addr: u64,
+}
+
+/// The send half's use of the peer's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendPath {
+    /// No offer yet (or the peer does not speak the extension).
+    Wire(LocalOff),
+    /// An offer to check before the first write.
+    Check(LocalOfferRepr),
+    /// Checked: LocalData go to the slots in turn.
+    On {
+        offer: LocalOfferRepr,
+        /// LocalData sent so far.
+        sent: u32,
+    },
+}
+
+/// The same-host state of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Local {
+    /// Both ends speak the extension (Hello and HelloAck bits).
+    pub both: bool,
+    pub send: SendPath,
+    /// LocalData received so far (the next one's slot, modulo the ring).
+    pub received: u32,
+    /// Their payload bytes.
+    pub bytes_received: u64,
+}
+
+impl Local {
+    pub fn new(enabled: bool) -> Local {
+        let off = if enabled {
+            LocalOff::NotOffered
+        } else {
+            LocalOff::Disabled
+        };
+        Local {
+            both: false,
+            send: SendPath::Wire(off),
+            received: 0,
+            bytes_received: 0,
+        }
+    }
+
+    /// The slot for a payload of `len` bytes if it goes as LocalData.
+    pub fn next_slot(&self, len: u64) -> Option<(LocalDataRepr, PeerSlot)> {
+        let SendPath::On { offer, sent } = self.send else {
+            return None;
+        };
+        if len < LOCAL_MIN || len > u64::from(offer.slot_size) {
+            return None;
+        }
+        let slot = sent % u32::from(offer.slots);
+        let addr = offer
+            .ring
+            .checked_add(u64::from(slot) * u64::from(offer.slot_size))?;
+        Some((
+            LocalDataRepr {
+                len: len as u32,
+                slot,
+            },
+            PeerSlot {
+                pid: offer.pid,
+                addr,
+            },
+        ))
+    }
+}
+
+/// A receive half's ring: `slots` slots of `slot_size` bytes, which the
+/// peer process writes into. Its memory is taken from the system untouched
+/// (zeroed pages appear as they are written) and, when the peer may still
+/// write, held back from reuse for a while after the connection ends.
+#[derive(Debug, Clone)]
+pub(crate) struct Ring {
+    mem: Vec<u8>,
+    pub slots: u16,
+    pub slot_size: u32,
+    /// The peer will write no more (its DisConn came).
+    pub peer_done: bool,
+}
+
+impl Ring {
+    /// A ring with its token at the start; returns it with the offer.
+    pub fn open(slots: u16, slot_size: u32) -> Option<(Ring, LocalOfferRepr)> {
+        let len = usize::from(slots).checked_mul(slot_size as usize)?;
+        let mut mem = vec![0u8; len];
+        let token = token();
+        mem.get_mut(..8)?.copy_from_slice(&token.to_ne_bytes());
+        let offer = LocalOfferRepr {
+            pid: std::process::id(),
+            slot_size,
+            slots,
+            ring: mem.as_ptr() as u64,
+            token,
+        };
+        let ring = Ring {
+            mem,
+            slots,
+            slot_size,
+            peer_done: false,
+        };
+        Some((ring, offer))
+    }
+
+    /// Bytes `range` of slot `slot`.
+    pub fn slot(&self, slot: u32, range: core::ops::Range<usize>) -> Option<&[u8]> {
+        if slot >= u32::from(self.slots) || range.end > self.slot_size as usize {
+            return None;
+        }
+        let at = slot as usize * self.slot_size as usize;
+        self.mem.get(at + range.start..at + range.end)
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if self.peer_done || self.mem.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut held = QUARANTINED.lock().unwrap_or_else(|e| e.into_inner());
+        while held.front().is_some_and(|(t, _)| now >= *t) {
+            held.pop_front();
+        }
+        held.push_back((now + QUARANTINE, core::mem::take(&mut self.mem)));
+    }
+}
+
+/// Rings of ended connections whose peers may still write, until when.
+static QUARANTINED: Mutex<VecDeque<(Instant, Vec<u8>)>> = Mutex::new(VecDeque::new());
+
+/// A value the peer cannot guess: it proves that what it reads back is
+/// this ring of this process.
+fn token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_go_in_turn_and_only_for_large_payloads() {
+        let offer = LocalOfferRepr {
+            pid: 9,
+            slot_size: 65536,
+            slots: 4,
+            ring: 0x10000,
+            token: 1,
+        };
+        let mut local = Local::new(true);
+        assert_eq!(local.next_slot(65536), None);
+        local.send = SendPath::On { offer, sent: 5 };
+        assert_eq!(local.next_slot(LOCAL_MIN - 1), None);
+        assert_eq!(local.next_slot(65537), None);
+        let (ldh, at) = local.next_slot(65536).unwrap();
+        assert_eq!((ldh.len, ldh.slot), (65536, 1));
+        assert_eq!(
+            at,
+            PeerSlot {
+                pid: 9,
+                addr: 0x20000
+            }
+        );
+    }
+
+    #[test]
+    fn a_ring_starts_with_its_token_and_bounds_its_slots() {
+        let (ring, offer) = Ring::open(4, 4096).unwrap();
+        let token = ring.slot(0, 0..8).unwrap();
+        assert_eq!(token, offer.token.to_ne_bytes());
+        assert_eq!(offer.pid, std::process::id());
+        assert!(ring.slot(3, 0..4096).is_some());
+        assert!(ring.slot(4, 0..1).is_none());
+        assert!(ring.slot(0, 0..4097).is_none());
+    }
+}

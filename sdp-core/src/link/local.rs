@@ -1,0 +1,303 @@
+//! The link's part of the same-host path ([`crate::conn::local`]): the
+//! two system calls that touch the peer process's memory. Reading the
+//! offer's token back checks it; writing a LocalData's payload into the
+//! slot comes before the message that announces it is posted, so the
+//! bytes have landed before the peer can learn of them.
+
+use std::io::IoSlice;
+
+use nix::errno::Errno;
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
+
+use core::ops::Range;
+
+use iwarp::engine::Sge;
+
+use super::{direct, staging, zcopy, Link};
+use crate::conn::local::{LocalOff, PeerSlot};
+use crate::wire::LocalOfferRepr;
+
+/// The caller's send memory lent for one drive: the bytes of a direct
+/// send ([`Link::send_direct`]) and of a Zcopy send, where a LocalData's
+/// payload may lie.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lent<'a> {
+    /// The direct send's buffers.
+    pub send_from: Option<&'a [&'a [u8]]>,
+    /// The Zcopy send's buffer.
+    pub zc_send: Option<&'a [u8]>,
+}
+
+impl Link {
+    /// Writes the payload `range` of the send stream at `at`. `Err(None)`:
+    /// its bytes are not at hand in this drive (the message goes inline,
+    /// the path stays on); `Err(Some(why))`: the peer refused.
+    pub(super) fn write_local(
+        &self,
+        at: PeerSlot,
+        range: Range<u64>,
+        lent: Lent<'_>,
+    ) -> Result<(), Option<LocalOff>> {
+        let mut sges: Vec<Sge> = Vec::with_capacity(4);
+        self.payload_sges(range, &mut sges);
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(sges.len());
+        for sge in &sges {
+            let region = if sge.region == staging::PAYLOAD_REGION {
+                self.staging.region(sge.region)
+            } else if sge.region == zcopy::SEND_ZCOPY {
+                lent.zc_send
+            } else {
+                direct::send_from_index(sge.region).and_then(|i| lent.send_from?.get(i).copied())
+            };
+            let part = region.and_then(|r| r.get(sge.offset..sge.offset.checked_add(sge.len)?));
+            parts.push(part.ok_or(None)?);
+        }
+        write(at, &parts).map_err(Some)
+    }
+}
+
+/// Checks an offer: the 8 bytes at its ring, read from its process, are
+/// its token. A process of another user, another kernel's process number
+/// or a process gone all fail here, before anything is written.
+pub fn check(offer: &LocalOfferRepr) -> Result<(), LocalOff> {
+    let mut got = [0u8; 8];
+    let remote = [RemoteIoVec {
+        base: usize::try_from(offer.ring).map_err(|_| LocalOff::BadOffer)?,
+        len: got.len(),
+    }];
+    let pid = Pid::from_raw(i32::try_from(offer.pid).map_err(|_| LocalOff::BadOffer)?);
+    let n = process_vm_readv(pid, &mut [std::io::IoSliceMut::new(&mut got)], &remote)
+        .map_err(refusal)?;
+    if n == got.len() && u64::from_ne_bytes(got) == offer.token {
+        Ok(())
+    } else {
+        Err(LocalOff::OtherHost)
+    }
+}
+
+/// Writes `parts` (their concatenation) at `at`; all of it or an error.
+pub fn write(at: PeerSlot, parts: &[&[u8]]) -> Result<(), LocalOff> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let local: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+    let remote = [RemoteIoVec {
+        base: usize::try_from(at.addr).map_err(|_| LocalOff::BadOffer)?,
+        len,
+    }];
+    let pid = Pid::from_raw(i32::try_from(at.pid).map_err(|_| LocalOff::BadOffer)?);
+    match process_vm_writev(pid, &local, &remote) {
+        Ok(n) if n == len => Ok(()),
+        // A partial write means part of the slot is not mapped.
+        Ok(_) => Err(LocalOff::BadOffer),
+        Err(e) => Err(refusal(e)),
+    }
+}
+
+fn refusal(e: Errno) -> LocalOff {
+    match e {
+        Errno::ESRCH => LocalOff::Gone,
+        Errno::EFAULT => LocalOff::BadOffer,
+        e => LocalOff::Refused(e as i32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::local::Ring;
+
+    #[test]
+    fn an_offer_of_this_process_checks_and_takes_writes() {
+        let (ring, offer) = Ring::open(2, 4096).unwrap();
+        assert_eq!(check(&offer), Ok(()));
+        let at = PeerSlot {
+            pid: offer.pid,
+            addr: offer.ring + 4096,
+        };
+        assert_eq!(write(at, &[b"abc", b"def"]), Ok(()));
+        assert_eq!(ring.slot(1, 0..6).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn a_forged_offer_is_refused() {
+        let (_ring, offer) = Ring::open(2, 4096).unwrap();
+        // Right process and address, wrong token: not this ring.
+        let wrong = LocalOfferRepr {
+            token: offer.token ^ 1,
+            ..offer
+        };
+        assert_eq!(check(&wrong), Err(LocalOff::OtherHost));
+        // Memory that is not mapped.
+        let unmapped = LocalOfferRepr { ring: 8, ..offer };
+        assert_eq!(check(&unmapped), Err(LocalOff::BadOffer));
+        // No such process (pid_max is at most 2^22).
+        let gone = LocalOfferRepr {
+            pid: (1 << 22) + 1,
+            ..offer
+        };
+        assert_eq!(check(&gone), Err(LocalOff::Gone));
+    }
+
+    use iwarp::engine::{Payload, SendKind as QpSendKind, SendWr};
+
+    use crate::conn::local::{self, LOCAL_MIN, OFFER_AFTER};
+    use crate::conn::{CloseReason, Config};
+    use crate::link::pair::LinkPair;
+    use crate::verbs::Teardown;
+    use crate::wire::{Body, Flags, LocalDataRepr, MessageRepr};
+
+    fn same_host() -> Config {
+        Config {
+            bufs: 8,
+            buf_size: 64 * 1024,
+            local: true,
+            ..Config::default()
+        }
+    }
+
+    /// Both ways at once, hashes compared, then a graceful close.
+    fn transfer(a: &Config, b: &Config, bytes: u64) -> LinkPair {
+        let mut pair = LinkPair::connected(a, b, 61);
+        pair.max_chunk = 256 * 1024;
+        for app in &mut pair.apps {
+            app.to_write = bytes;
+            app.max_io = 200_000;
+            app.shutdown_when_done = true;
+        }
+        assert!(pair.run(u64::MAX, |p| p.apps.iter().all(|a| a.eof)));
+        for s in 0..2 {
+            assert_eq!(pair.apps[s].read, bytes);
+            assert_eq!(pair.apps[s].read_hash, pair.apps[1 - s].write_hash);
+            assert!(pair.apps[s].errors.is_empty(), "{:?}", pair.apps[s].errors);
+        }
+        assert!(pair.settle(1_000_000));
+        for s in 0..2 {
+            assert_eq!(
+                pair.sides[s].link().close_reason(),
+                Some(&CloseReason::Graceful)
+            );
+        }
+        pair
+    }
+
+    #[test]
+    fn a_stream_goes_through_the_peers_ring_and_hashes_equal() {
+        let bytes = 8 << 20;
+        let mut pair = transfer(&same_host(), &same_host(), bytes);
+        for s in 0..2 {
+            let sent = pair.sides[s].link().copy_stats().bytes_sent_local;
+            let got = pair.sides[1 - s].link().copy_stats().bytes_received_local;
+            assert_eq!(sent, got, "side {s}");
+            // All but the first OFFER_AFTER bytes and the odd short
+            // message went through the ring.
+            assert!(
+                sent > bytes / 2,
+                "side {s}: {sent} of {bytes} through the ring"
+            );
+            assert_eq!(pair.sides[s].link().conn().local_state(), (Ok(()), true));
+        }
+    }
+
+    #[test]
+    fn a_peer_that_does_not_speak_it_sees_none_of_it() {
+        let plain = Config {
+            local: false,
+            ..same_host()
+        };
+        for (a, b) in [(same_host(), plain.clone()), (plain.clone(), same_host())] {
+            let mut pair = transfer(&a, &b, 2 << 20);
+            for s in 0..2 {
+                let st = pair.sides[s].link().copy_stats();
+                assert_eq!((st.bytes_sent_local, st.bytes_received_local), (0, 0));
+                let (send, ring) = pair.sides[s].link().conn().local_state();
+                assert!(send.is_err() && !ring);
+            }
+        }
+    }
+
+    /// Side 1 offers its ring (side 0 sent it enough), then side 0 turns
+    /// hostile and sends `forged` as a real Send; side 1 must refuse it.
+    fn refused(forged: impl FnOnce(u32, u32, u16) -> MessageRepr<'static>) {
+        let c = same_host();
+        let mut pair = LinkPair::connected(&c, &c, 62);
+        pair.apps[0].to_write = OFFER_AFTER + 4 * LOCAL_MIN;
+        pair.apps[0].max_io = 64 * 1024;
+        let target = pair.apps[0].to_write;
+        assert!(pair.run(u64::MAX, |p| p.apps[1].read == target));
+        assert!(pair.settle(100_000));
+        assert!(
+            pair.sides[1].link().conn().local_state().1,
+            "no ring offered"
+        );
+        pair.apps[1].reading = false;
+        let side = &mut pair.sides[0];
+        side.hostile = true;
+        let cs = side.link().credit_state();
+        let msg = forged(cs.lsseq.wrapping_add(1), cs.mseq_ack, cs.bufs);
+        let mut bytes = vec![0; msg.buffer_len()];
+        msg.emit(&mut bytes);
+        side.qp
+            .datapath_mut()
+            .post_send(SendWr {
+                wr_id: 1000,
+                kind: QpSendKind::Send,
+                payload: Payload::Inline(bytes),
+                signaled: false,
+            })
+            .unwrap();
+        assert!(pair.settle(100_000));
+        let victim = pair.sides[1].link();
+        assert_eq!(victim.teardown(), Some(Teardown::Abortive));
+        let lines: Vec<String> = victim.log_lines().map(str::to_string).collect();
+        assert!(
+            lines.iter().any(|l| l.contains("same-host extension")),
+            "{lines:?}"
+        );
+    }
+
+    fn local_data(mseq: u32, ack: u32, bufs: u16, ldh: LocalDataRepr) -> MessageRepr<'static> {
+        MessageRepr {
+            bufs,
+            flags: Flags::EMPTY,
+            mseq,
+            mseq_ack: ack,
+            body: Body::LocalData(ldh),
+        }
+    }
+
+    #[test]
+    fn a_local_data_out_of_turn_or_past_its_slot_is_refused() {
+        let slot_size = same_host().buf_size;
+        // The sender used no slot yet: slot 0 is next, not 3.
+        refused(|m, a, b| local_data(m, a, b, LocalDataRepr { len: 100, slot: 3 }));
+        refused(|m, a, b| {
+            local_data(
+                m,
+                a,
+                b,
+                LocalDataRepr {
+                    len: slot_size + 1,
+                    slot: 0,
+                },
+            )
+        });
+        refused(|m, a, b| local_data(m, a, b, LocalDataRepr { len: 0, slot: 0 }));
+    }
+
+    #[test]
+    fn the_state_code_names_each_reason() {
+        for send in [
+            Ok(()),
+            Err(LocalOff::NotOffered),
+            Err(LocalOff::Disabled),
+            Err(LocalOff::OtherHost),
+            Err(LocalOff::Gone),
+            Err(LocalOff::BadOffer),
+            Err(LocalOff::Refused(1)),
+        ] {
+            for ring in [false, true] {
+                assert_eq!(local::decode(local::code((send, ring))), (send, ring));
+            }
+        }
+    }
+}
