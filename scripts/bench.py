@@ -34,6 +34,8 @@ LATENCY_TARGET = 1.10  # SDP/TCP at 64-byte ping-pong, at most
 SETUP_TARGET = 2.0  # SDP/TCP connection setup time, warm PM cache, at most
 SERVER_TARGET = 0.95  # SDP/TCP requests per second of real servers, at least
 CHURN_TARGET = 0.5  # SDP/TCP connections per second, 100 clients at once, at least
+SAME_HOST_TARGET = 1.5  # SDP/TCP throughput with the same-host path, 64 KiB to 4 MiB, at least
+SAME_HOST_CPU_TARGET = 0.6  # SDP/TCP CPU s/GB with the same-host path, at most
 MEMORY_TARGET = 16.0  # KiB per idle SDP connection, both ends together, at most
 
 FULL = {
@@ -249,6 +251,9 @@ class Bench:
         self.plain_env = {k: v for k, v in base.items() if k != "SDP_STAT_DIR"}
         self.base_env = base
         self.pm = {}
+        # The same-host path (SDP_LOCAL) only in the "same host" step: the
+        # other rows measure the wire path, as between two hosts.
+        self.local = False
 
     # ---- processes ------------------------------------------------------
 
@@ -258,6 +263,7 @@ class Bench:
             SDP_PM_PORT=str(self.pm[pm]["port"]),
             SDP_PM_CONTROL=self.pm[pm]["control"],
             SDP_LOG="error",
+            SDP_LOCAL="on" if self.local else "off",
         )
         return env
 
@@ -415,7 +421,18 @@ class Bench:
             out.append(r)
         return out
 
-    def iperf3(self):
+    def same_host(self):
+        """iperf3 and qperf from 64 KiB up with the same-host path on
+        (DESIGN §9), against TCP on loopback."""
+        self.local = True
+        try:
+            self.iperf3(section="same host", min_size=64 * KIB)
+            self.qperf("bw", section="same host", min_size=64 * KIB)
+        finally:
+            self.local = False
+
+    def iperf3(self, section="throughput", min_size=0):
+        cpu_section = "cpu" if section == "throughput" else f"{section} cpu"
         sec = self.cfg["seconds"]
         ports = {False: free_port(), True: free_port()}
         servers = {
@@ -424,7 +441,7 @@ class Bench:
             for sdp in (False, True)
         }
         # iperf3 refuses blocks above 1 MiB ("block size too large").
-        for size in [s for s in self.cfg["bw_sizes"] if s <= MIB]:
+        for size in [s for s in self.cfg["bw_sizes"] if min_size <= s <= MIB]:
             def run(sdp, rep, size=size):
                 srv = servers[sdp]
                 before = cpu_seconds(srv.pid)
@@ -448,15 +465,16 @@ class Bench:
                 cpu = p.rusage.ru_utime + p.rusage.ru_stime + (after - before)
                 return {"gbps": bps / 1e9, "cpu_s_per_gb": cpu / (nbytes / 1e9)}, seen
 
-            self.row("throughput", "iperf3", size, "Gbit/s", "higher", "iperf3", run, extract=[
-                ("throughput", "iperf3", "Gbit/s", "higher", "gbps"),
-                ("cpu", "iperf3", "CPU s/GB", "lower", "cpu_s_per_gb"),
+            self.row(section, "iperf3", size, "Gbit/s", "higher", "iperf3", run, extract=[
+                (section, "iperf3", "Gbit/s", "higher", "gbps"),
+                (cpu_section, "iperf3", "CPU s/GB", "lower", "cpu_s_per_gb"),
             ])
         for s in servers.values():
             s.stop()
 
-    def qperf(self, kind):
+    def qperf(self, kind, section=None, min_size=0):
         """qperf tcp_bw/tcp_lat (plain) against sdp_bw/sdp_lat (preloaded)."""
+        section = section or ("throughput" if kind == "bw" else "latency")
         sec = self.cfg["seconds"]
         lp = {False: free_port(), True: free_port()}
         ip = {False: free_port(), True: free_port()}
@@ -466,7 +484,7 @@ class Bench:
             for sdp in (False, True)
         }
         sizes = self.cfg["bw_sizes"] if kind == "bw" else self.cfg["lat_sizes"]
-        for size in sizes:
+        for size in [s for s in sizes if s >= min_size]:
             def run(sdp, rep, size=size):
                 test = f"{'sdp' if sdp else 'tcp'}_{kind}"
                 p, seen = self.run_client(
@@ -484,9 +502,9 @@ class Bench:
                 return (v * 8 / 1e9 if kind == "bw" else v / 1e3), seen
 
             if kind == "bw":
-                self.row("throughput", "qperf", size, "Gbit/s", "higher", "qperf", run)
+                self.row(section, "qperf", size, "Gbit/s", "higher", "qperf", run)
             else:
-                self.row("latency", "qperf", size, "µs", "lower", "qperf", run)
+                self.row(section, "qperf", size, "µs", "lower", "qperf", run)
         for s in servers.values():
             s.stop()
 
@@ -837,6 +855,12 @@ class Bench:
         judge("throughput at 64 KiB+ messages",
               [r for r in self.rows if r["section"] == "throughput" and (r["size"] or 0) >= 64 * KIB],
               lambda x: x >= THROUGHPUT_TARGET, (">=", THROUGHPUT_TARGET))
+        judge("same host: throughput at 64 KiB+",
+              [r for r in self.rows if r["section"] == "same host"],
+              lambda x: x >= SAME_HOST_TARGET, (">=", SAME_HOST_TARGET))
+        judge("same host: CPU per byte at 64 KiB+",
+              [r for r in self.rows if r["section"] == "same host cpu"],
+              lambda x: x <= SAME_HOST_CPU_TARGET, ("<=", SAME_HOST_CPU_TARGET))
         judge("64-byte ping-pong latency",
               [r for r in self.rows if r["section"] == "latency" and r["size"] == 64
                and r["tool"] in ("sockperf p50", "qperf", "sockperf")],
@@ -892,8 +916,12 @@ class Bench:
             "scale": f"Connections at once ({cfg.get('scale', '-')} opened one after the other, each used, "
                      "then a byte over every one; one pair)",
             "servers": "Real servers (redis-server and redis-benchmark; nginx and wrk; both under the preload for SDP)",
+            "same host": "Same host, one copy (SDP_LOCAL=on: payload written into the peer process; "
+                         "the rows above run with it off)",
+            "same host cpu": "Same host: CPU seconds per GB moved (iperf3; user + system of client and server)",
         }
-        for section in ("throughput", "cpu", "latency", "servers", "connections", "churn", "memory", "scale"):
+        for section in ("throughput", "cpu", "same host", "same host cpu", "latency", "servers", "connections",
+                        "churn", "memory", "scale"):
             rows = [r for r in self.rows if r["section"] == section]
             if not rows:
                 continue
@@ -1086,8 +1114,13 @@ class Transport:
             for s in t.sockets.values():
                 for k, v in s["bytes"].items():
                     total[k] = total.get(k, 0) + v
+            for s in t.sockets.values():
+                for k, v in (s.get("same_host") or {}).items():
+                    if k.startswith("bytes_"):
+                        total["same_host_" + k] = total.get("same_host_" + k, 0) + v
         names = [("Bcopy", ("bcopy_tx", "bcopy_rx")), ("Read Zcopy", ("read_zcopy_tx", "read_zcopy_rx")),
-                 ("Write Zcopy", ("write_zcopy_tx", "write_zcopy_rx"))]
+                 ("Write Zcopy", ("write_zcopy_tx", "write_zcopy_rx")),
+                 ("same host", ("same_host_bytes_tx", "same_host_bytes_rx"))]
         used = [n for n, keys in names if any(total.get(k, 0) > 0 for k in keys)]
         return " + ".join(used)
 
@@ -1121,6 +1154,7 @@ def git_commit(root):
 STEPS = {
     "iperf3": lambda b: b.iperf3(),
     "qperf-bw": lambda b: b.qperf("bw"),
+    "same-host": lambda b: b.same_host(),
     "sockperf": lambda b: b.sockperf(),
     "qperf-lat": lambda b: b.qperf("lat"),
     "redis": lambda b: b.redis(),

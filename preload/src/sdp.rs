@@ -213,6 +213,10 @@ pub struct Counters {
     /// the Private Buffer (the read ended before the message was whole): a
     /// copy on top.
     pub rx_copied_back: u64,
+    /// Bytes written into the peer's ring by the same-host path
+    /// (DESIGN §9), and bytes the peer wrote into ours.
+    pub same_host_tx: u64,
+    pub same_host_rx: u64,
 }
 
 /// Zcopy and ModeChange Messages this end sent.
@@ -237,6 +241,8 @@ pub struct Stats {
     pub local_credits: u32,
     /// Send credits the peer has given us.
     pub remote_credits: u32,
+    /// The same-host path: `sdp_core::conn::local::code`.
+    pub same_host: u32,
 }
 
 /// One SDP stream connection, behind an application fd.

@@ -452,6 +452,8 @@ fn stats_bytes(stats: &Stats) -> StatsPart {
         ],
     );
     put(field::COPIED, &[c.rx_copied, c.rx_copied_back]);
+    put(field::SAME_HOST_BYTES, &[c.same_host_tx, c.same_host_rx]);
+    part[in_part(field::SAME_HOST)].copy_from_slice(&stats.same_host.to_le_bytes());
     part[in_part(field::LOCAL_CREDITS)].copy_from_slice(&stats.local_credits.to_le_bytes());
     part[in_part(field::REMOTE_CREDITS)].copy_from_slice(&stats.remote_credits.to_le_bytes());
     ([stats.tx_mode as u8, stats.rx_mode as u8], part)
@@ -478,7 +480,7 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
 /// Bytes of a record from [`field::COUNTERS`] to the end of
 /// [`field::COPIED`]: the byte counters, the credits, the direct counters,
 /// the messages and the copy counters.
-const STATS_LEN: usize = field::COPIED.end - field::COUNTERS.start;
+const STATS_LEN: usize = field::SAME_HOST_BYTES.end - field::COUNTERS.start;
 
 /// The SDP part of a record: the modes, and the counters with credits.
 type StatsPart = ([u8; 2], [u8; STATS_LEN]);
@@ -692,6 +694,8 @@ mod tests {
                 bcopy_rx_direct: 10,
                 rx_copied: 16,
                 rx_copied_back: 17,
+                same_host_tx: 18,
+                same_host_rx: 19,
             },
             messages: Messages {
                 src_avails: 11,
@@ -702,6 +706,7 @@ mod tests {
             },
             local_credits: 7,
             remote_credits: 8,
+            same_host: 0x1_0001,
         };
         write_stats(rec, &stats);
     }

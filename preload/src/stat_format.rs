@@ -8,15 +8,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// First 8 bytes of the file.
 pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
 /// Format version (header offset 8).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Bytes before record 0 (one page).
 pub const HEADER_LEN: usize = 4096;
 /// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
-pub const RECORD_LEN: usize = 192;
+pub const RECORD_LEN: usize = 208;
 
 // Every field lies inside a record (the writer reads and writes them in
 // place).
-const _: () = assert!(field::RESERVED.end <= RECORD_LEN);
+const _: () = assert!(field::SAME_HOST_BYTES.end <= RECORD_LEN);
 
 /// Byte ranges of the header and of a record.
 pub mod field {
@@ -53,8 +53,12 @@ pub mod field {
     /// Received bytes copied from a Private Buffer into the reader's
     /// buffer, and bytes that had to go back into a Private Buffer.
     pub const COPIED: std::ops::Range<usize> = 168..184;
+    /// The same-host path (`sdp_core::conn::local::code`).
+    pub const SAME_HOST: std::ops::Range<usize> = 184..188;
     /// Reserved: zero.
-    pub const RESERVED: std::ops::Range<usize> = 184..192;
+    pub const RESERVED: std::ops::Range<usize> = 188..192;
+    /// Bytes written into the peer's ring, and into ours by the peer.
+    pub const SAME_HOST_BYTES: std::ops::Range<usize> = 192..208;
     /// What `publish` owns: everything but the sequence word and the
     /// engine's statistics.
     pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
@@ -110,6 +114,10 @@ pub struct Record {
     pub copied: [u64; 2],
     pub local_credits: u32,
     pub remote_credits: u32,
+    /// The same-host path (`sdp_core::conn::local::code`).
+    pub same_host: u32,
+    /// Bytes written into the peer's ring, and into ours by the peer.
+    pub same_host_bytes: [u64; 2],
 }
 
 /// Why an export file could not be read.
@@ -214,6 +222,8 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             copied: le_u64s(&r[field::COPIED]),
             local_credits: le_u32(&r[field::LOCAL_CREDITS]),
             remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
+            same_host: le_u32(&r[field::SAME_HOST]),
+            same_host_bytes: le_u64s(&r[field::SAME_HOST_BYTES]),
         });
     }
     Ok(state)

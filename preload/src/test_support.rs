@@ -303,6 +303,7 @@ impl SdpEndpoint for FakeEndpoint {
             messages: Messages::default(),
             local_credits: 0,
             remote_credits: 0,
+            same_host: 0,
         })
     }
     fn fork_child(&self) {}

@@ -35,6 +35,11 @@ pub struct Record {
     /// Receive buffers advertised to the peer, and send credits from it.
     pub local_credits: u32,
     pub remote_credits: u32,
+    /// The same-host path: bit 16 our ring offered, the low bits the send
+    /// direction (1: writing into the peer's ring).
+    pub same_host: u32,
+    /// Same-host bytes written into the peer's ring, and into ours.
+    pub same_host_bytes: [u64; 2],
 }
 
 /// A decoded file.
@@ -103,7 +108,7 @@ pub fn read(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 fn torn(bytes: &[u8]) -> bool {
     bytes.len() > 4096
         && bytes[4096..]
-            .chunks(192)
+            .chunks(208)
             .any(|r| r.len() >= 4 && u32_at(r, 0) % 2 == 1)
 }
 
@@ -111,10 +116,10 @@ fn torn(bytes: &[u8]) -> bool {
 pub fn parse(bytes: &[u8]) -> StatFile {
     assert!(bytes.len() >= 4096, "header is one page");
     assert_eq!(&bytes[0..8], b"SDPSTAT1");
-    assert_eq!(u32_at(bytes, 8), 2, "version");
+    assert_eq!(u32_at(bytes, 8), 3, "version");
     let header_len = u32_at(bytes, 12) as usize;
     let record_len = u32_at(bytes, 16) as usize;
-    assert_eq!((header_len, record_len), (4096, 192));
+    assert_eq!((header_len, record_len), (4096, 208));
     let name = &bytes[32..96];
     let end = name.iter().position(|&c| c == 0).unwrap_or(64);
     let mut file = StatFile {
@@ -137,7 +142,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
         for (i, m) in messages.iter_mut().enumerate() {
             *m = u64_at(r, 128 + 8 * i);
         }
-        assert_eq!(u64_at(r, 184), 0, "record {fd}: reserved bytes");
+        assert_eq!(u32_at(r, 188), 0, "record {fd}: reserved bytes");
         file.records.push(Record {
             fd,
             transport: r[5],
@@ -157,6 +162,8 @@ pub fn parse(bytes: &[u8]) -> StatFile {
             copied: [u64_at(r, 168), u64_at(r, 176)],
             local_credits: u32_at(r, 104),
             remote_credits: u32_at(r, 108),
+            same_host: u32_at(r, 184),
+            same_host_bytes: [u64_at(r, 192), u64_at(r, 200)],
         });
     }
     file
@@ -171,7 +178,7 @@ pub fn snapshot(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 }
 
 fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
-    const RECORD: usize = 192;
+    const RECORD: usize = 208;
     const HEADER: usize = 4096;
     let mut prev = std::fs::read(path)?;
     let mut taken: Vec<Option<Vec<u8>>> = Vec::new();
@@ -184,14 +191,14 @@ fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
             continue;
         }
         if &prev[0..8] != b"SDPSTAT1"
-            || u32_at(&prev, 8) != 2
+            || u32_at(&prev, 8) != 3
             || u32_at(&prev, 12) as usize != HEADER
             || u32_at(&prev, 16) as usize != RECORD
             || !(prev.len() - HEADER).is_multiple_of(RECORD)
         {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{}: not a version 2 state export file", path.display()),
+                format!("{}: not a version 3 state export file", path.display()),
             ));
         }
         let records = (prev.len() - HEADER) / RECORD;

@@ -930,6 +930,7 @@ impl SdpEndpoint for Ep {
                     messages: Messages::default(),
                     local_credits: 0,
                     remote_credits: 0,
+                    same_host: 0,
                 })
             }
         };
@@ -947,6 +948,8 @@ impl SdpEndpoint for Ep {
                 bcopy_rx_direct: i.copies.bytes_received_direct,
                 rx_copied: i.copies.bytes_copied_from_pool,
                 rx_copied_back: i.copies.bytes_copied_back,
+                same_host_tx: i.copies.bytes_sent_local,
+                same_host_rx: i.copies.bytes_received_local,
             },
             messages: Messages {
                 src_avails: i.zcopy.src_avails,
@@ -958,6 +961,7 @@ impl SdpEndpoint for Ep {
             // Buffers advertised to the peer: its send credit.
             local_credits: clamp_u32(i.remote_credit),
             remote_credits: clamp_u32(i.send_credit),
+            same_host: u32::try_from(i.local).unwrap_or(0),
         })
     }
 

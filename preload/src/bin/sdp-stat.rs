@@ -33,7 +33,10 @@ usage: sdp-stat [--dir DIR] [--json] [--pid PID]...
 Lists the sockets of every process running under the SDP preload: role,
 addresses, SDP or TCP and why, modes, bytes by mechanism, credits, Zcopy
 messages sent (ZC MSGS: SrcAvail/SinkAvail/SendSm/cancels/ModeChange),
-received bytes copied from Private Buffers and copied back (COPIED).
+received bytes copied from Private Buffers and copied back (COPIED), and
+the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
+and by the peer into ours, or why a direction stays on the wire: wire,
+off, other-host, peer-gone, bad-offer, refused:ERRNO).
 
   --dir DIR   the state export directory (default: SDP_STAT_DIR, else
               $XDG_RUNTIME_DIR/sdp, else /tmp/sdp-<uid>)
@@ -218,7 +221,7 @@ fn table(states: &[ProcessState]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23}",
+        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23}",
         "PID",
         "PROGRAM",
         "FD",
@@ -234,7 +237,8 @@ fn table(states: &[ProcessState]) -> String {
         "WZCOPY TX/RX",
         "CREDITS L/R",
         "ZC MSGS SRC/SINK/SM/CAN/MC",
-        "COPIED RX/BACK"
+        "COPIED RX/BACK",
+        "SAME HOST TX/RX"
     );
     for s in states {
         for r in &s.records {
@@ -251,7 +255,7 @@ fn table(states: &[ProcessState]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23}",
+                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23}",
                 s.pid,
                 s.program.chars().take(14).collect::<String>(),
                 r.fd,
@@ -267,11 +271,37 @@ fn table(states: &[ProcessState]) -> String {
                 format!("{}/{}", c[4], c[5]),
                 credits,
                 r.messages.map(|m| m.to_string()).join("/"),
-                format!("{}/{}", r.copied[0], r.copied[1])
+                format!("{}/{}", r.copied[0], r.copied[1]),
+                same_host(r).map_or("-".into(), |(tx, rx)| format!("{tx}/{rx}"))
             );
         }
     }
     out
+}
+
+/// The same-host path of an SDP connection, each direction as its bytes
+/// or the reason it stays on the wire.
+fn same_host(r: &Record) -> Option<(String, String)> {
+    use sdp_core::conn::local::{decode, LocalOff};
+    if r.transport != 2 || r.role == 2 {
+        return None;
+    }
+    let (send, ring) = decode(u64::from(r.same_host));
+    let tx = match send {
+        Ok(()) => r.same_host_bytes[0].to_string(),
+        Err(LocalOff::NotOffered) => "wire".into(),
+        Err(LocalOff::Disabled) => "off".into(),
+        Err(LocalOff::OtherHost) => "other-host".into(),
+        Err(LocalOff::Gone) => "peer-gone".into(),
+        Err(LocalOff::BadOffer) => "bad-offer".into(),
+        Err(LocalOff::Refused(e)) => format!("refused:{e}"),
+    };
+    let rx = if ring {
+        r.same_host_bytes[1].to_string()
+    } else {
+        "wire".into()
+    };
+    Some((tx, rx))
 }
 
 fn json_str(s: &str) -> String {
@@ -321,7 +351,8 @@ fn json(states: &[ProcessState]) -> String {
                  \"bcopy_tx_direct\": {}, \"bcopy_rx_direct\": {}, \"read_zcopy_tx\": {}, \"read_zcopy_rx\": {}, \"write_zcopy_tx\": {}, \
                  \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}, \
                  \"src_avails\": {}, \"sink_avails\": {}, \"send_sms\": {}, \"cancels\": {}, \
-                 \"mode_changes\": {}, \"bytes_copied_rx\": {}, \"bytes_copied_back\": {}}}",
+                 \"mode_changes\": {}, \"bytes_copied_rx\": {}, \"bytes_copied_back\": {}, \
+                 \"same_host\": {}}}",
                 r.fd,
                 json_str(role(r.role)),
                 json_str(transport(r.transport)),
@@ -352,7 +383,14 @@ fn json(states: &[ProcessState]) -> String {
                 m[3],
                 m[4],
                 r.copied[0],
-                r.copied[1]
+                r.copied[1],
+                same_host(r).map_or("null".into(), |(tx, rx)| format!(
+                    "{{\"tx\": {}, \"rx\": {}, \"bytes_tx\": {}, \"bytes_rx\": {}}}",
+                    json_str(&tx),
+                    json_str(&rx),
+                    r.same_host_bytes[0],
+                    r.same_host_bytes[1]
+                ))
             );
         }
         out.push_str(if s.records.is_empty() { "]}" } else { "\n  ]}" });
@@ -416,6 +454,8 @@ mod tests {
             copied: [14, 15],
             local_credits: 0,
             remote_credits: 0,
+            same_host: 0,
+            same_host_bytes: [0, 0],
         }
     }
 
@@ -455,7 +495,8 @@ mod tests {
         assert!(
             j.contains(
                 "\"src_avails\": 9, \"sink_avails\": 10, \"send_sms\": 11, \"cancels\": 12, \
-                 \"mode_changes\": 13, \"bytes_copied_rx\": 14, \"bytes_copied_back\": 15}"
+                 \"mode_changes\": 13, \"bytes_copied_rx\": 14, \"bytes_copied_back\": 15, \
+                 \"same_host\": null}"
             ),
             "{j}"
         );
@@ -470,6 +511,41 @@ mod tests {
         };
         let t = table(&[s]);
         assert!(t.contains(" 9/10/11/12/13 "), "{t}");
-        assert!(t.trim_end().ends_with(" 14/15"), "{t}");
+        assert!(
+            t.trim_end().ends_with(" 14/15                       -"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_same_host_path_shows_its_bytes_or_why_not() {
+        let mut r = record();
+        assert_eq!(same_host(&r), None, "a TCP connection");
+        r.transport = 2;
+        r.same_host_bytes = [100, 200];
+        let show = |code: u32, r: &mut Record| {
+            r.same_host = code;
+            same_host(r).map(|(tx, rx)| format!("{tx}/{rx}"))
+        };
+        assert_eq!(show(0x1_0001, &mut r).as_deref(), Some("100/200"));
+        assert_eq!(show(0, &mut r).as_deref(), Some("wire/wire"));
+        assert_eq!(show(2, &mut r).as_deref(), Some("off/wire"));
+        assert_eq!(show(0x1_0003, &mut r).as_deref(), Some("other-host/200"));
+        assert_eq!(show(0x101, &mut r).as_deref(), Some("refused:1/wire"));
+        let j = json(&[ProcessState {
+            pid: 1,
+            start_time: 1,
+            program: "p".into(),
+            records: vec![Record {
+                same_host: 0x1_0001,
+                ..r
+            }],
+        }]);
+        assert!(
+            j.contains(
+                r#""same_host": {"tx": "100", "rx": "200", "bytes_tx": 100, "bytes_rx": 200}}"#
+            ),
+            "{j}"
+        );
     }
 }
