@@ -4,6 +4,8 @@
 //! connection: the hashes match the streams, and the state export shows
 //! the bytes each end wrote into the other's memory — or, with
 //! `SDP_LOCAL=off` on one end, shows both directions on the wire and why.
+//! A server that forks after its ring was offered hands the connection to
+//! its child with every byte.
 
 use sdp_tests::e2e::{expect_sdp, Env, Proc};
 use sdp_tests::preload::Mode;
@@ -130,4 +132,91 @@ fn sdp_local_off_keeps_both_directions_on_the_wire() {
     for r in [&e.client, &e.server] {
         assert_eq!(r.same_host_bytes, [0, 0], "{r:?}");
     }
+}
+
+/// Takes 4 MiB (its ring is offered after 256 KiB), forks, and the child
+/// reads the rest; the parent closes its copy and waits for the child.
+const FORKING_SERVER: &str = r#"
+import hashlib, os, socket, sys
+total = int(sys.argv[1])
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print("listening", srv.getsockname()[1], flush=True)
+s, _ = srv.accept()
+got, n = hashlib.sha256(), 0
+def take(upto):
+    global n
+    while n < upto:
+        d = s.recv(min(1 << 20, upto - n))
+        if not d:
+            break
+        got.update(d)
+        n += len(d)
+take(4 << 20)
+pid = os.fork()
+if pid == 0:
+    take(total)
+    print("done", n, got.hexdigest(), flush=True)
+    s.close()
+    os._exit(0)
+s.close()
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+
+/// Sends `total` bytes of a seeded stream, prints their SHA-256, waits for
+/// a line, closes.
+const SENDER: &str = r#"
+import hashlib, os, random, socket, sys
+total, port = int(sys.argv[1]), int(sys.argv[2])
+s = socket.socket()
+s.connect(("127.0.0.1", port))
+print("connected", os.getpid(), s.fileno(), flush=True)
+block = random.Random(3).randbytes(1 << 20)
+sent, left = hashlib.sha256(), total
+while left:
+    k = min(left, len(block))
+    s.sendall(block[:k])
+    sent.update(block[:k])
+    left -= k
+print("sent", sent.hexdigest(), flush=True)
+sys.stdin.readline()
+s.close()
+"#;
+
+#[test]
+fn a_server_that_forks_after_its_offer_loses_nothing() {
+    let env = Env::new("same-host-fork");
+    let mut server = env.python(FORKING_SERVER, Mode::Sdp);
+    server.arg(BYTES.to_string());
+    let mut server = Proc::spawn("server", server, false);
+    let line = server.wait_line(|l| l.starts_with("listening "));
+    let port: u16 = line["listening ".len()..].trim().parse().expect("port");
+    let mut client = env.python(SENDER, Mode::Sdp);
+    client.args([BYTES.to_string(), port.to_string()]);
+    let mut client = Proc::spawn("client", client, true);
+    let sent = client.wait_line(|l| l.starts_with("sent "));
+    let done = server.wait_line(|l| l.starts_with("done "));
+    let done: Vec<&str> = done.split_whitespace().collect();
+    assert_eq!(done[1], BYTES.to_string(), "the child received all");
+    assert_eq!(
+        done[2],
+        sent["sent ".len()..].trim(),
+        "the child got the stream"
+    );
+    // The client's writes into the parent's ring stopped at the fork: its
+    // next read of the token found it revoked (3: "other-host").
+    let r = env.wait_for("the client's figures", |files| {
+        files
+            .iter()
+            .filter(|f| f.pid == client.pid())
+            .flat_map(|f| &f.records)
+            .find(|r| r.transport == 2 && r.role == 1 && r.counters[0] >= BYTES)
+            .cloned()
+    });
+    assert_eq!(r.same_host & 0xffff, 3, "{r:?}");
+    client.send("\n");
+    client.finish_ok();
+    server.finish_ok();
 }

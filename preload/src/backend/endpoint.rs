@@ -969,6 +969,9 @@ impl SdpEndpoint for Ep {
         // The fork gate is closed: no lock is held by another thread.
         if matches!(*self.lock(), State::Connected) {
             self.own.fork_prepare(in_use);
+            if let Some(s) = self.live.get() {
+                s.revoke_local();
+            }
         }
     }
 

@@ -102,15 +102,23 @@ pub fn decode(code: u64) -> (Result<(), LocalOff>, bool) {
     (send, code & (1 << 16) != 0)
 }
 
-/// Where a LocalData's payload goes: the peer process and the address of
-/// the slot.
+/// Where a LocalData's payload goes: the peer process, the address of
+/// the slot, and the offer's token, read back after the write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerSlot {
     /// The peer process.
     pub pid: u32,
     /// Address of the slot's first byte in it.
     pub addr: u64,
+    /// The offer's ring (the token lies in the 8 bytes before it).
+    pub ring: u64,
+    /// The offer's token.
+    pub token: u64,
 }
+
+/// Bytes in front of slot 0: the token sits in the last 8 of them, where
+/// no payload ever goes.
+pub const GUARD: usize = 64;
 
 /// The send half's use of the peer's ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +145,9 @@ pub(crate) struct Local {
     pub received: u32,
     /// Their payload bytes.
     pub bytes_received: u64,
+    /// A `fork` came (see [`Ring::revoke`]): this receive half offers no
+    /// ring, now or later, in either process.
+    pub forked: bool,
 }
 
 impl Local {
@@ -151,6 +162,7 @@ impl Local {
             send: SendPath::Wire(off),
             received: 0,
             bytes_received: 0,
+            forked: false,
         }
     }
 
@@ -174,15 +186,25 @@ impl Local {
             PeerSlot {
                 pid: offer.pid,
                 addr,
+                ring: offer.ring,
+                token: offer.token,
             },
         ))
     }
 }
 
 /// A receive half's ring: `slots` slots of `slot_size` bytes, which the
-/// peer process writes into. Its memory is taken from the system untouched
-/// (zeroed pages appear as they are written) and, when the peer may still
-/// write, held back from reuse for a while after the connection ends.
+/// peer process writes into, behind a [`GUARD`] that holds the token. Its
+/// memory is taken from the system untouched (zeroed pages appear as they
+/// are written) and, when the peer may still write, held back from reuse
+/// for a while after the connection ends.
+///
+/// The peer reads the token back after every write and before it
+/// announces the bytes: [`Ring::revoke`] (before a `fork`, after which the
+/// connection may go on in the child, whose copy of the ring the peer
+/// cannot reach) makes every later write count as refused, and the bytes
+/// go on the wire instead. A write the peer made before the revoke landed
+/// before the fork, so both processes have it.
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
     mem: Vec<u8>,
@@ -195,15 +217,18 @@ pub(crate) struct Ring {
 impl Ring {
     /// A ring with its token at the start; returns it with the offer.
     pub fn open(slots: u16, slot_size: u32) -> Option<(Ring, LocalOfferRepr)> {
-        let len = usize::from(slots).checked_mul(slot_size as usize)?;
+        let len = usize::from(slots)
+            .checked_mul(slot_size as usize)?
+            .checked_add(GUARD)?;
         let mut mem = vec![0u8; len];
         let token = token();
-        mem.get_mut(..8)?.copy_from_slice(&token.to_ne_bytes());
+        mem.get_mut(GUARD - 8..GUARD)?
+            .copy_from_slice(&token.to_ne_bytes());
         let offer = LocalOfferRepr {
             pid: std::process::id(),
             slot_size,
             slots,
-            ring: mem.as_ptr() as u64,
+            ring: (mem.as_ptr() as u64).checked_add(GUARD as u64)?,
             token,
         };
         let ring = Ring {
@@ -220,8 +245,22 @@ impl Ring {
         if slot >= u32::from(self.slots) || range.end > self.slot_size as usize {
             return None;
         }
-        let at = slot as usize * self.slot_size as usize;
+        let at = GUARD + slot as usize * self.slot_size as usize;
         self.mem.get(at + range.start..at + range.end)
+    }
+
+    /// The peer writes no more into this ring: its next check of the
+    /// token fails (zero is never a token).
+    pub fn revoke(&mut self) {
+        if let Some(t) = self.mem.get_mut(GUARD - 8..GUARD) {
+            t.fill(0);
+        }
+    }
+
+    /// The token as it stands.
+    #[cfg(test)]
+    pub fn token(&self) -> Option<&[u8]> {
+        self.mem.get(GUARD - 8..GUARD)
     }
 }
 
@@ -276,23 +315,18 @@ mod tests {
         assert_eq!(local.next_slot(65537), None);
         let (ldh, at) = local.next_slot(65536).unwrap();
         assert_eq!((ldh.len, ldh.slot), (65536, 1));
-        assert_eq!(
-            at,
-            PeerSlot {
-                pid: 9,
-                addr: 0x20000
-            }
-        );
+        assert_eq!((at.pid, at.addr, at.token), (9, 0x20000, 1));
     }
 
     #[test]
     fn a_ring_starts_with_its_token_and_bounds_its_slots() {
-        let (ring, offer) = Ring::open(4, 4096).unwrap();
-        let token = ring.slot(0, 0..8).unwrap();
-        assert_eq!(token, offer.token.to_ne_bytes());
+        let (mut ring, offer) = Ring::open(4, 4096).unwrap();
+        assert_eq!(ring.token().unwrap(), offer.token.to_ne_bytes());
         assert_eq!(offer.pid, std::process::id());
         assert!(ring.slot(3, 0..4096).is_some());
         assert!(ring.slot(4, 0..1).is_none());
         assert!(ring.slot(0, 0..4097).is_none());
+        ring.revoke();
+        assert_eq!(ring.token().unwrap(), [0; 8]);
     }
 }

@@ -795,7 +795,11 @@ impl Conn {
     /// enough to be worth one ([`local::OFFER_AFTER`]) and the peer can
     /// take the offer (its Private Buffers hold the LocalOffer).
     fn offer_ring(&mut self) {
-        if !self.local.both || self.pool.ring.is_some() || self.rx.total() < local::OFFER_AFTER {
+        if !self.local.both
+            || self.local.forked
+            || self.pool.ring.is_some()
+            || self.rx.total() < local::OFFER_AFTER
+        {
             return;
         }
         let fits = self.peer.is_some_and(|p| {

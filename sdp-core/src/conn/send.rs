@@ -708,6 +708,15 @@ impl Conn {
         (send, self.pool.ring.is_some())
     }
 
+    /// Before a `fork`: the peer writes no more into our ring (see
+    /// [`local::Ring`]); what it wrote before is in both processes.
+    pub fn local_revoke(&mut self) {
+        self.local.forked = true;
+        if let Some(ring) = &mut self.pool.ring {
+            ring.revoke();
+        }
+    }
+
     /// Payload bytes received by LocalData.
     pub fn local_bytes_received(&self) -> u64 {
         self.local.bytes_received

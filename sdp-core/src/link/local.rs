@@ -40,7 +40,7 @@ impl Link {
         lent: Lent<'_>,
     ) -> Result<(), Option<LocalOff>> {
         let mut sges: Vec<Sge> = Vec::with_capacity(4);
-        self.payload_sges(range, &mut sges);
+        self.payload_sges(range.clone(), &mut sges);
         let mut parts: Vec<&[u8]> = Vec::with_capacity(sges.len());
         for sge in &sges {
             let region = if sge.region == staging::PAYLOAD_REGION {
@@ -53,31 +53,50 @@ impl Link {
             let part = region.and_then(|r| r.get(sge.offset..sge.offset.checked_add(sge.len)?));
             parts.push(part.ok_or(None)?);
         }
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if len != range.end - range.start {
+            return Err(None);
+        }
         write(at, &parts).map_err(Some)
     }
 }
 
-/// Checks an offer: the 8 bytes at its ring, read from its process, are
-/// its token. A process of another user, another kernel's process number
-/// or a process gone all fail here, before anything is written.
+/// Checks an offer: the 8 bytes in front of its ring, read from its
+/// process, are its token. A process of another user, another kernel's
+/// process number or a process gone all fail here, before anything is
+/// written.
 pub fn check(offer: &LocalOfferRepr) -> Result<(), LocalOff> {
+    token_holds(offer.pid, offer.ring, offer.token)
+}
+
+fn token_holds(pid: u32, ring: u64, token: u64) -> Result<(), LocalOff> {
     let mut got = [0u8; 8];
+    let at = ring.checked_sub(8).ok_or(LocalOff::BadOffer)?;
     let remote = [RemoteIoVec {
-        base: usize::try_from(offer.ring).map_err(|_| LocalOff::BadOffer)?,
+        base: usize::try_from(at).map_err(|_| LocalOff::BadOffer)?,
         len: got.len(),
     }];
-    let pid = Pid::from_raw(i32::try_from(offer.pid).map_err(|_| LocalOff::BadOffer)?);
+    let pid = Pid::from_raw(i32::try_from(pid).map_err(|_| LocalOff::BadOffer)?);
     let n = process_vm_readv(pid, &mut [std::io::IoSliceMut::new(&mut got)], &remote)
         .map_err(refusal)?;
-    if n == got.len() && u64::from_ne_bytes(got) == offer.token {
+    if n == got.len() && u64::from_ne_bytes(got) == token {
         Ok(())
     } else {
         Err(LocalOff::OtherHost)
     }
 }
 
-/// Writes `parts` (their concatenation) at `at`; all of it or an error.
+/// Writes `parts` (their concatenation) at `at`, then reads the offer's
+/// token back: all of it landed in the ring of the process that offered
+/// it (not in a copy a `fork` left behind, see [`Ring`]), or an error.
+///
+/// [`Ring`]: crate::conn::local::Ring
 pub fn write(at: PeerSlot, parts: &[&[u8]]) -> Result<(), LocalOff> {
+    put(at, parts)?;
+    token_holds(at.pid, at.ring, at.token)
+}
+
+fn put(at: PeerSlot, parts: &[&[u8]]) -> Result<(), LocalOff> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let local: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
     let remote = [RemoteIoVec {
@@ -113,9 +132,25 @@ mod tests {
         let at = PeerSlot {
             pid: offer.pid,
             addr: offer.ring + 4096,
+            ring: offer.ring,
+            token: offer.token,
         };
         assert_eq!(write(at, &[b"abc", b"def"]), Ok(()));
         assert_eq!(ring.slot(1, 0..6).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn a_revoked_ring_refuses_the_write_that_follows() {
+        let (mut ring, offer) = Ring::open(2, 4096).unwrap();
+        let at = PeerSlot {
+            pid: offer.pid,
+            addr: offer.ring,
+            ring: offer.ring,
+            token: offer.token,
+        };
+        ring.revoke();
+        assert_eq!(write(at, &[b"abc"]), Err(LocalOff::OtherHost));
+        assert_eq!(check(&offer), Err(LocalOff::OtherHost));
     }
 
     #[test]
@@ -128,7 +163,7 @@ mod tests {
         };
         assert_eq!(check(&wrong), Err(LocalOff::OtherHost));
         // Memory that is not mapped.
-        let unmapped = LocalOfferRepr { ring: 8, ..offer };
+        let unmapped = LocalOfferRepr { ring: 16, ..offer };
         assert_eq!(check(&unmapped), Err(LocalOff::BadOffer));
         // No such process (pid_max is at most 2^22).
         let gone = LocalOfferRepr {

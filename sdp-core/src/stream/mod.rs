@@ -741,6 +741,13 @@ impl SdpStream {
         self.shared().forget_waiters();
     }
 
+    /// Before a `fork` (no other thread inside the library): the peer
+    /// stops writing into this process's ring of the same-host path, since
+    /// the connection may go on in the child ([`crate::conn::local`]).
+    pub fn revoke_local(&self) {
+        self.shared().revoke_local();
+    }
+
     /// Blocks until setup finished; its error if it failed.
     pub fn wait_connected(&self, deadline: Option<Instant>) -> io::Result<()> {
         let shared = self.shared();

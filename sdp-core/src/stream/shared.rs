@@ -1078,6 +1078,10 @@ impl Shared {
 
     /// In a child of `fork` (its only thread): threads of the parent that
     /// were waiting on the stream did not come along, so their marks go.
+    pub fn revoke_local(&self) {
+        self.lock_inner().link.conn_mut().local_revoke();
+    }
+
     pub fn forget_waiters(&self) {
         let mut g = self.lock_inner();
         g.poller_active = false;
