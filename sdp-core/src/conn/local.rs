@@ -30,6 +30,10 @@ use crate::wire::{LocalDataRepr, LocalOfferRepr};
 /// Bytes a receive half takes in Data Messages before it offers its ring.
 pub const OFFER_AFTER: u64 = 256 * 1024;
 
+/// The smallest slot a ring offers: a LocalData carries up to a slot,
+/// several Private Buffers' worth, so a bulk stream takes fewer messages.
+pub const SLOT_MIN: u32 = 256 * 1024;
+
 /// The smallest payload sent as LocalData: below it, a write into the
 /// peer costs more than the bytes in the TCP stream.
 pub const LOCAL_MIN: u64 = 16 * 1024;
@@ -163,6 +167,14 @@ impl Local {
             received: 0,
             bytes_received: 0,
             forked: false,
+        }
+    }
+
+    /// The size of the peer's slots while LocalData go there.
+    pub fn slot_size(&self) -> Option<u64> {
+        match self.send {
+            SendPath::On { offer, .. } => Some(u64::from(offer.slot_size)),
+            _ => None,
         }
     }
 

@@ -806,7 +806,9 @@ impl Conn {
             p.rcv_size as usize >= wire::BSDH_LEN + wire::LocalOfferRepr::HEADER_LEN
         });
         let slots = u16::try_from(self.pool.len()).ok();
-        let slot_size = u32::try_from(self.pool.buf_size()).ok();
+        let slot_size = u32::try_from(self.pool.buf_size())
+            .ok()
+            .map(|s| s.max(local::SLOT_MIN));
         let (true, Some(slots), Some(slot_size)) = (fits, slots, slot_size) else {
             return;
         };

@@ -194,6 +194,14 @@ impl TxStream {
         }
     }
 
+    /// Takes back the bytes from `point` on out of the last message, which
+    /// did not go (they are sent again).
+    pub(super) fn unsend(&mut self, point: u64) {
+        if (self.released..self.sent).contains(&point) {
+            self.sent = point;
+        }
+    }
+
     /// Records that `n` more bytes left by RDMA (Read or Write Zcopy).
     pub fn advance(&mut self, n: u64) {
         self.sent = self.sent.saturating_add(n).min(self.accepted);
@@ -453,7 +461,7 @@ impl Conn {
         // send SDP Messages that do not contain ULP payload."
         if credit >= PAYLOAD_MIN_CREDIT {
             let limit = self.bcopy_limit();
-            if let Some(chunk) = self.tx.next_chunk_until(self.max_payload(), limit) {
+            if let Some(chunk) = self.next_chunk(limit) {
                 if !self.holds(&chunk, now) {
                     return Some(Work::Op(self.emit_data(chunk)));
                 }
@@ -564,6 +572,27 @@ impl Conn {
         }
     }
 
+    /// The payload of the next message: a Data Message's worth, or, when a
+    /// full one goes to the peer's ring, a slot's worth as a LocalData.
+    fn next_chunk(&self, limit: u64) -> Option<Chunk> {
+        let chunk = self.tx.next_chunk_until(self.max_payload(), limit)?;
+        let full = chunk.range.end - chunk.range.start == self.max_payload();
+        match self.local.slot_size() {
+            Some(slot) if full && chunk.flags.is_empty() => self
+                .tx
+                .next_chunk_until(slot, limit)
+                .filter(|c| c.flags.is_empty())
+                .or(Some(chunk)),
+            _ => Some(chunk),
+        }
+    }
+
+    /// The most payload one message carries now: a slot of the peer's ring
+    /// while LocalData go there, else [`Conn::max_payload`].
+    fn message_max(&self) -> u64 {
+        self.local.slot_size().unwrap_or(0).max(self.max_payload())
+    }
+
     /// The largest Data Message payload: the peer's receive Private Buffer
     /// minus the BSDH (§9.1, §10 constraint 3).
     pub(super) fn max_payload(&self) -> u64 {
@@ -654,14 +683,26 @@ impl Conn {
     pub fn local_refused(
         &mut self,
         header: &SendHeader,
-        len: u32,
+        payload: Range<u64>,
         why: Option<LocalOff>,
-    ) -> SendHeader {
+    ) -> (SendHeader, Range<u64>) {
         match (why, &mut self.local.send) {
             (Some(why), send) => *send = local::SendPath::Wire(why),
             (None, local::SendPath::On { sent, .. }) => *sent = sent.wrapping_sub(1),
             (None, _) => {}
         }
+        // A slot's worth may be more than the peer's Private Buffer holds
+        // (§10 constraint 3): the message takes what it can, the rest goes
+        // back to the unsent bytes (this is the last message emitted).
+        let end = payload.end.min(payload.start + self.max_payload());
+        if end < payload.end {
+            self.tx.unsend(end);
+            self.z.stats.bcopy_sent = self.z.stats.bcopy_sent.saturating_sub(payload.end - end);
+            if let Some(record) = self.sends.back_mut() {
+                record.stream_end = end;
+            }
+        }
+        let len = (end - payload.start) as u32;
         let mut buf = [0u8; MAX_HEADER_LEN];
         if let Ok(b) = wire::Bsdh::new_checked(header.as_slice()) {
             let bsdh = BsdhRepr {
@@ -674,7 +715,10 @@ impl Conn {
             };
             bsdh.emit(&mut Bsdh::new_unchecked(&mut buf[..wire::BSDH_LEN]));
         }
-        SendHeader::from_array(buf, wire::BSDH_LEN)
+        (
+            SendHeader::from_array(buf, wire::BSDH_LEN),
+            payload.start..end,
+        )
     }
 
     /// The peer's ring offer the adapter should check ([`super::local`]).
@@ -833,7 +877,7 @@ impl Conn {
     /// with payload needs three credits) beyond the bytes waiting for it.
     pub(super) fn credited_room(&self) -> u64 {
         let messages = self.credits.send_credit() - (PAYLOAD_MIN_CREDIT - 1);
-        let carried = u64::try_from(messages).unwrap_or(0) * self.max_payload();
+        let carried = u64::try_from(messages).unwrap_or(0) * self.message_max();
         carried.saturating_sub(self.tx.unsent())
     }
 

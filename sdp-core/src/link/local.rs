@@ -234,6 +234,36 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_revoked_mid_stream_sends_the_rest_on_the_wire_with_nothing_lost() {
+        let c = same_host();
+        let mut pair = LinkPair::connected(&c, &c, 63);
+        pair.max_chunk = 256 * 1024;
+        let bytes = 16 << 20;
+        pair.apps[0].to_write = bytes;
+        pair.apps[0].max_io = 600_000;
+        pair.apps[0].shutdown_when_done = true;
+        // Until slots larger than a Private Buffer carry the stream.
+        assert!(pair.run(u64::MAX, |p| {
+            p.sides[0]
+                .link
+                .as_ref()
+                .is_some_and(|l| l.copy_stats().bytes_sent_local > 4 * u64::from(c.buf_size))
+        }));
+        pair.sides[1].link().conn_mut().local_revoke();
+        pair.apps[1].shutdown_when_done = true;
+        assert!(pair.run(u64::MAX, |p| p.apps.iter().all(|a| a.eof)));
+        assert_eq!(pair.apps[1].read, bytes);
+        assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+        let (send, _) = pair.sides[0].link().conn().local_state();
+        assert_eq!(send, Err(LocalOff::OtherHost));
+        assert!(pair.settle(1_000_000));
+        assert_eq!(
+            pair.sides[1].link().close_reason(),
+            Some(&CloseReason::Graceful)
+        );
+    }
+
+    #[test]
     fn a_peer_that_does_not_speak_it_sees_none_of_it() {
         let plain = Config {
             local: false,
@@ -302,7 +332,7 @@ mod tests {
 
     #[test]
     fn a_local_data_out_of_turn_or_past_its_slot_is_refused() {
-        let slot_size = same_host().buf_size;
+        let slot_size = same_host().buf_size.max(local::SLOT_MIN);
         // The sender used no slot yet: slot 0 is next, not 3.
         refused(|m, a, b| local_data(m, a, b, LocalDataRepr { len: 100, slot: 3 }));
         refused(|m, a, b| {

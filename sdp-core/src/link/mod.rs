@@ -865,18 +865,18 @@ impl Link {
             } => {
                 let mut sges = Vec::with_capacity(4);
                 let mut inline = true;
+                let mut payload = payload;
                 if let Some(at) = local {
-                    let len = payload.end - payload.start;
                     match self.write_local(at, payload.clone(), sent) {
                         Ok(()) => {
                             inline = false;
-                            self.stats.bytes_sent_local += len;
+                            self.stats.bytes_sent_local += payload.end - payload.start;
                         }
                         Err(why) => {
                             if let Some(why) = why {
                                 self.log(format!("same-host path left: {why}"));
                             }
-                            header = self.conn.local_refused(&header, len as u32, why);
+                            (header, payload) = self.conn.local_refused(&header, payload, why);
                         }
                     }
                 }
