@@ -100,10 +100,9 @@ pub const fn is_solicited(mid: Mid, flags: Flags) -> bool {
     }
 }
 
-/// The largest SDP header: BSDH (16 bytes) plus the same-host extension's
-/// LOH (28 bytes, [`crate::wire::local`]); of the draft's own, SinkAH
-/// (20 bytes) is the largest (§10 constraint 4).
-pub const MAX_HEADER_LEN: usize = 44;
+/// The largest SDP header: BSDH (16 bytes) plus SinkAH (20 bytes), §10
+/// constraint 4 (the same-host extension's LOH is no larger).
+pub const MAX_HEADER_LEN: usize = 36;
 
 /// The header bytes of one SDP Message (BSDH plus extended header), held
 /// inline so that emitting a message allocates nothing.
@@ -454,9 +453,9 @@ mod tests {
     }
 
     #[test]
-    fn send_header_holds_at_most_44_bytes() {
-        assert_eq!(SendHeader::from_slice(&[1; 44]).map(|h| h.len()), Some(44));
-        assert_eq!(SendHeader::from_slice(&[1; 45]), None);
+    fn send_header_holds_at_most_36_bytes() {
+        assert_eq!(SendHeader::from_slice(&[1; 36]).map(|h| h.len()), Some(36));
+        assert_eq!(SendHeader::from_slice(&[1; 37]), None);
         assert_eq!(&*SendHeader::from_slice(&[1, 2, 3]).unwrap(), &[1, 2, 3]);
     }
 }

@@ -117,41 +117,44 @@ pub struct PeerSlot {
     /// The offer's ring (the token lies in the 8 bytes before it).
     pub ring: u64,
     /// The offer's token.
-    pub token: u64,
+    pub token: u32,
 }
 
-/// Bytes in front of slot 0: the token sits in the last 8 of them, where
+/// Bytes in front of slot 0: the token sits in the last 4 of them, where
 /// no payload ever goes.
 pub const GUARD: usize = 64;
 
-/// The send half's use of the peer's ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The send half's use of the peer's ring. Boxed where it holds an
+/// offer: most connections never get one, and each byte of a connection
+/// counts (issue 17's 16 KiB).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SendPath {
     /// No offer yet (or the peer does not speak the extension).
     Wire(LocalOff),
     /// An offer to check before the first write.
-    Check(LocalOfferRepr),
+    Check(Box<LocalOfferRepr>),
     /// Checked: LocalData go to the slots in turn.
-    On {
-        offer: LocalOfferRepr,
-        /// LocalData sent so far.
-        sent: u32,
-    },
+    On(Box<Writing>),
 }
 
-/// The same-host state of one connection.
+/// A send half writing into the peer's ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Writing {
+    pub offer: LocalOfferRepr,
+    /// LocalData sent so far.
+    pub sent: u32,
+}
+
+/// The same-host state of one connection (the receive half's is in its
+/// [`Ring`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Local {
     /// Both ends speak the extension (Hello and HelloAck bits).
     pub both: bool,
-    pub send: SendPath,
-    /// LocalData received so far (the next one's slot, modulo the ring).
-    pub received: u32,
-    /// Their payload bytes.
-    pub bytes_received: u64,
     /// A `fork` came (see [`Ring::revoke`]): this receive half offers no
     /// ring, now or later, in either process.
     pub forked: bool,
+    pub send: SendPath,
 }
 
 impl Local {
@@ -163,26 +166,25 @@ impl Local {
         };
         Local {
             both: false,
-            send: SendPath::Wire(off),
-            received: 0,
-            bytes_received: 0,
             forked: false,
+            send: SendPath::Wire(off),
         }
     }
 
     /// The size of the peer's slots while LocalData go there.
     pub fn slot_size(&self) -> Option<u64> {
-        match self.send {
-            SendPath::On { offer, .. } => Some(u64::from(offer.slot_size)),
+        match &self.send {
+            SendPath::On(w) => Some(u64::from(w.offer.slot_size)),
             _ => None,
         }
     }
 
     /// The slot for a payload of `len` bytes if it goes as LocalData.
     pub fn next_slot(&self, len: u64) -> Option<(LocalDataRepr, PeerSlot)> {
-        let SendPath::On { offer, sent } = self.send else {
+        let SendPath::On(w) = &self.send else {
             return None;
         };
+        let Writing { offer, sent } = **w;
         if len < LOCAL_MIN || len > u64::from(offer.slot_size) {
             return None;
         }
@@ -222,19 +224,25 @@ pub(crate) struct Ring {
     mem: Vec<u8>,
     pub slots: u16,
     pub slot_size: u32,
+    /// What the peer was told.
+    pub offer: LocalOfferRepr,
+    /// LocalData received so far (the next one's slot, modulo `slots`).
+    pub received: u32,
+    /// Their payload bytes.
+    pub bytes_received: u64,
     /// The peer will write no more (its DisConn came).
     pub peer_done: bool,
 }
 
 impl Ring {
-    /// A ring with its token at the start; returns it with the offer.
-    pub fn open(slots: u16, slot_size: u32) -> Option<(Ring, LocalOfferRepr)> {
+    /// A ring with its token in front, and the offer that tells of it.
+    pub fn open(slots: u16, slot_size: u32) -> Option<Ring> {
         let len = usize::from(slots)
             .checked_mul(slot_size as usize)?
             .checked_add(GUARD)?;
         let mut mem = vec![0u8; len];
         let token = token();
-        mem.get_mut(GUARD - 8..GUARD)?
+        mem.get_mut(GUARD - 4..GUARD)?
             .copy_from_slice(&token.to_ne_bytes());
         let offer = LocalOfferRepr {
             pid: std::process::id(),
@@ -243,13 +251,15 @@ impl Ring {
             ring: (mem.as_ptr() as u64).checked_add(GUARD as u64)?,
             token,
         };
-        let ring = Ring {
+        Some(Ring {
             mem,
             slots,
             slot_size,
+            offer,
+            received: 0,
+            bytes_received: 0,
             peer_done: false,
-        };
-        Some((ring, offer))
+        })
     }
 
     /// Bytes `range` of slot `slot`.
@@ -264,7 +274,7 @@ impl Ring {
     /// The peer writes no more into this ring: its next check of the
     /// token fails (zero is never a token).
     pub fn revoke(&mut self) {
-        if let Some(t) = self.mem.get_mut(GUARD - 8..GUARD) {
+        if let Some(t) = self.mem.get_mut(GUARD - 4..GUARD) {
             t.fill(0);
         }
     }
@@ -272,7 +282,7 @@ impl Ring {
     /// The token as it stands.
     #[cfg(test)]
     pub fn token(&self) -> Option<&[u8]> {
-        self.mem.get(GUARD - 8..GUARD)
+        self.mem.get(GUARD - 4..GUARD)
     }
 }
 
@@ -295,7 +305,7 @@ static QUARANTINED: Mutex<VecDeque<(Instant, Vec<u8>)>> = Mutex::new(VecDeque::n
 
 /// A value the peer cannot guess: it proves that what it reads back is
 /// this ring of this process.
-fn token() -> u64 {
+fn token() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -304,7 +314,7 @@ fn token() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.write_u32(std::process::id());
-    h.finish() | 1
+    (h.finish() as u32) | 1
 }
 
 #[cfg(test)]
@@ -322,7 +332,7 @@ mod tests {
         };
         let mut local = Local::new(true);
         assert_eq!(local.next_slot(65536), None);
-        local.send = SendPath::On { offer, sent: 5 };
+        local.send = SendPath::On(Box::new(Writing { offer, sent: 5 }));
         assert_eq!(local.next_slot(LOCAL_MIN - 1), None);
         assert_eq!(local.next_slot(65537), None);
         let (ldh, at) = local.next_slot(65536).unwrap();
@@ -332,13 +342,14 @@ mod tests {
 
     #[test]
     fn a_ring_starts_with_its_token_and_bounds_its_slots() {
-        let (mut ring, offer) = Ring::open(4, 4096).unwrap();
+        let mut ring = Ring::open(4, 4096).unwrap();
+        let offer = ring.offer;
         assert_eq!(ring.token().unwrap(), offer.token.to_ne_bytes());
         assert_eq!(offer.pid, std::process::id());
         assert!(ring.slot(3, 0..4096).is_some());
         assert!(ring.slot(4, 0..1).is_none());
         assert!(ring.slot(0, 0..4097).is_none());
         ring.revoke();
-        assert_eq!(ring.token().unwrap(), [0; 8]);
+        assert_eq!(ring.token().unwrap(), [0; 4]);
     }
 }

@@ -263,7 +263,7 @@ enum Control {
         size: u32,
     },
     /// Our ring for the peer's LocalData ([`local`]).
-    LocalOffer(wire::LocalOfferRepr),
+    LocalOffer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,7 +363,9 @@ pub struct Conn {
     ird: u16,
     ord: u16,
     minor: u8,
-    hello: Option<[u8; HELLO_MSG_LEN]>,
+    /// Boxed: an Accepting Peer has none, and a connection lives long
+    /// after its Hello went.
+    hello: Option<Box<[u8; HELLO_MSG_LEN]>>,
     hello_ack_due: bool,
     tx: TxStream,
     next_send_id: u64,
@@ -495,7 +497,7 @@ impl Conn {
         let hello = setup::hello_message(&config);
         let credits = Credits::connecting(config.bufs);
         let mut conn = Conn::new(Role::Connecting, config, credits, State::HelloSent);
-        conn.hello = Some(hello);
+        conn.hello = Some(Box::new(hello));
         conn
     }
 

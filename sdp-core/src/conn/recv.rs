@@ -56,8 +56,9 @@ pub struct BufferPool {
     bufs: Vec<Vec<u8>>,
     count: usize,
     buf_size: usize,
-    /// The ring offered to a peer on the same host ([`super::local`]).
-    pub(crate) ring: Option<Ring>,
+    /// The ring offered to a peer on the same host ([`super::local`]),
+    /// boxed: few connections have one.
+    pub(crate) ring: Option<Box<Ring>>,
 }
 
 impl BufferPool {
@@ -775,7 +776,7 @@ impl Conn {
         let (Some(ldh), Some(ring)) = (msg.local_data, &self.pool.ring) else {
             return;
         };
-        let next = self.local.received % u32::from(ring.slots);
+        let next = ring.received % u32::from(ring.slots);
         if ldh.slot != next || ldh.len == 0 || ldh.len > ring.slot_size {
             return self.violation(Violation::LocalData {
                 slot: ldh.slot,
@@ -785,8 +786,10 @@ impl Conn {
         if !self.accept_payload(Mid::DATA, msg) {
             return;
         }
-        self.local.received = self.local.received.wrapping_add(1);
-        self.local.bytes_received += u64::from(ldh.len);
+        if let Some(ring) = &mut self.pool.ring {
+            ring.received = ring.received.wrapping_add(1);
+            ring.bytes_received += u64::from(ldh.len);
+        }
         self.on_payload_received(ldh.len as usize);
         self.rx.push_local(buf, ldh.slot, ldh.len as usize);
     }
@@ -808,13 +811,16 @@ impl Conn {
         let slots = u16::try_from(self.pool.len()).ok();
         let slot_size = u32::try_from(self.pool.buf_size())
             .ok()
-            .map(|s| s.max(local::SLOT_MIN));
+            // Whole KiB below 64 MiB: what the LOH can say.
+            .map(|s| {
+                (s.max(local::SLOT_MIN).div_ceil(1024) * 1024).min(u32::from(u16::MAX) * 1024)
+            });
         let (true, Some(slots), Some(slot_size)) = (fits, slots, slot_size) else {
             return;
         };
-        if let Some((ring, offer)) = local::Ring::open(slots, slot_size) {
-            self.pool.ring = Some(ring);
-            self.control.push_back(Control::LocalOffer(offer));
+        if let Some(ring) = local::Ring::open(slots, slot_size) {
+            self.pool.ring = Some(Box::new(ring));
+            self.control.push_back(Control::LocalOffer);
         }
     }
 
@@ -823,7 +829,7 @@ impl Conn {
         self.local.send = if offer.slots == 0 || u64::from(offer.slot_size) < local::LOCAL_MIN {
             local::SendPath::Wire(local::LocalOff::BadOffer)
         } else {
-            local::SendPath::Check(offer)
+            local::SendPath::Check(Box::new(offer))
         };
     }
 

@@ -435,7 +435,12 @@ impl Conn {
                     let crbh = ChRcvBufRepr { des_sz: size };
                     self.emit(Body::ChRcvBuf(crbh), Flags::EMPTY, Sent::Other)
                 }
-                Control::LocalOffer(offer) => {
+                Control::LocalOffer => {
+                    // The ring stays once made (a resumed connection
+                    // starts with a new queue).
+                    let Some(offer) = self.pool.ring.as_ref().map(|r| r.offer) else {
+                        return self.next_message(now);
+                    };
                     self.emit(Body::LocalOffer(offer), Flags::EMPTY, Sent::Other)
                 }
                 Control::ChRcvBufAck => {
@@ -658,8 +663,8 @@ impl Conn {
     }
 
     fn emit_local(&mut self, chunk: Chunk, ldh: wire::LocalDataRepr, at: PeerSlot) -> Op {
-        if let local::SendPath::On { sent, .. } = &mut self.local.send {
-            *sent = sent.wrapping_add(1);
+        if let local::SendPath::On(w) = &mut self.local.send {
+            w.sent = w.sent.wrapping_add(1);
         }
         let mut op = self.emit(Body::LocalData(ldh), Flags::EMPTY, Sent::Other);
         self.tx.on_chunk_sent(&chunk);
@@ -688,7 +693,7 @@ impl Conn {
     ) -> (SendHeader, Range<u64>) {
         match (why, &mut self.local.send) {
             (Some(why), send) => *send = local::SendPath::Wire(why),
-            (None, local::SendPath::On { sent, .. }) => *sent = sent.wrapping_sub(1),
+            (None, local::SendPath::On(w)) => w.sent = w.sent.wrapping_sub(1),
             (None, _) => {}
         }
         // A slot's worth may be more than the peer's Private Buffer holds
@@ -723,8 +728,8 @@ impl Conn {
 
     /// The peer's ring offer the adapter should check ([`super::local`]).
     pub fn local_offer_to_check(&self) -> Option<wire::LocalOfferRepr> {
-        match self.local.send {
-            local::SendPath::Check(offer) => Some(offer),
+        match &self.local.send {
+            local::SendPath::Check(offer) => Some(**offer),
             _ => None,
         }
     }
@@ -732,9 +737,10 @@ impl Conn {
     /// The adapter's verdict on the offer: LocalData from now on, or the
     /// wire for good.
     pub fn local_checked(&mut self, result: Result<(), LocalOff>) {
-        if let local::SendPath::Check(offer) = self.local.send {
+        if let local::SendPath::Check(offer) = &self.local.send {
+            let offer = **offer;
             self.local.send = match result {
-                Ok(()) => local::SendPath::On { offer, sent: 0 },
+                Ok(()) => local::SendPath::On(Box::new(local::Writing { offer, sent: 0 })),
                 Err(why) => local::SendPath::Wire(why),
             };
         }
@@ -745,7 +751,7 @@ impl Conn {
     /// ring is offered to the peer.
     pub fn local_state(&self) -> (Result<(), LocalOff>, bool) {
         let send = match self.local.send {
-            local::SendPath::On { .. } => Ok(()),
+            local::SendPath::On(_) => Ok(()),
             local::SendPath::Check(_) => Err(LocalOff::NotOffered),
             local::SendPath::Wire(why) => Err(why),
         };
@@ -763,7 +769,7 @@ impl Conn {
 
     /// Payload bytes received by LocalData.
     pub fn local_bytes_received(&self) -> u64 {
-        self.local.bytes_received
+        self.pool.ring.as_ref().map_or(0, |r| r.bytes_received)
     }
 
     pub(super) fn post_send(

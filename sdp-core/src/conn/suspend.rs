@@ -151,7 +151,7 @@ impl Conn {
         fresh.to_post = (held..held + usize::from(bufs))
             .map(|b| (b, PostKind::Initial))
             .collect();
-        fresh.hello = Some(setup::hello_message(&fresh.config));
+        fresh.hello = Some(Box::new(setup::hello_message(&fresh.config)));
         fresh.resuming = true;
         let old = core::mem::replace(self, fresh);
         self.rx = rx;

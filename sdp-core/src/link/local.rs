@@ -61,7 +61,7 @@ impl Link {
     }
 }
 
-/// Checks an offer: the 8 bytes in front of its ring, read from its
+/// Checks an offer: the 4 bytes in front of its ring, read from its
 /// process, are its token. A process of another user, another kernel's
 /// process number or a process gone all fail here, before anything is
 /// written.
@@ -69,9 +69,9 @@ pub fn check(offer: &LocalOfferRepr) -> Result<(), LocalOff> {
     token_holds(offer.pid, offer.ring, offer.token)
 }
 
-fn token_holds(pid: u32, ring: u64, token: u64) -> Result<(), LocalOff> {
-    let mut got = [0u8; 8];
-    let at = ring.checked_sub(8).ok_or(LocalOff::BadOffer)?;
+fn token_holds(pid: u32, ring: u64, token: u32) -> Result<(), LocalOff> {
+    let mut got = [0u8; 4];
+    let at = ring.checked_sub(4).ok_or(LocalOff::BadOffer)?;
     let remote = [RemoteIoVec {
         base: usize::try_from(at).map_err(|_| LocalOff::BadOffer)?,
         len: got.len(),
@@ -79,7 +79,7 @@ fn token_holds(pid: u32, ring: u64, token: u64) -> Result<(), LocalOff> {
     let pid = Pid::from_raw(i32::try_from(pid).map_err(|_| LocalOff::BadOffer)?);
     let n = process_vm_readv(pid, &mut [std::io::IoSliceMut::new(&mut got)], &remote)
         .map_err(refusal)?;
-    if n == got.len() && u64::from_ne_bytes(got) == token {
+    if n == got.len() && u32::from_ne_bytes(got) == token {
         Ok(())
     } else {
         Err(LocalOff::OtherHost)
@@ -127,7 +127,8 @@ mod tests {
 
     #[test]
     fn an_offer_of_this_process_checks_and_takes_writes() {
-        let (ring, offer) = Ring::open(2, 4096).unwrap();
+        let ring = Ring::open(2, 4096).unwrap();
+        let offer = ring.offer;
         assert_eq!(check(&offer), Ok(()));
         let at = PeerSlot {
             pid: offer.pid,
@@ -141,7 +142,8 @@ mod tests {
 
     #[test]
     fn a_revoked_ring_refuses_the_write_that_follows() {
-        let (mut ring, offer) = Ring::open(2, 4096).unwrap();
+        let mut ring = Ring::open(2, 4096).unwrap();
+        let offer = ring.offer;
         let at = PeerSlot {
             pid: offer.pid,
             addr: offer.ring,
@@ -155,7 +157,8 @@ mod tests {
 
     #[test]
     fn a_forged_offer_is_refused() {
-        let (_ring, offer) = Ring::open(2, 4096).unwrap();
+        let ring = Ring::open(2, 4096).unwrap();
+        let offer = ring.offer;
         // Right process and address, wrong token: not this ring.
         let wrong = LocalOfferRepr {
             token: offer.token ^ 1,

@@ -31,7 +31,7 @@ pub struct Snapshot {
     pub local: u64,
 }
 
-const FIELDS: usize = 23;
+const FIELDS: usize = 21;
 
 /// How often [`Counters::load`] looks again while a store runs.
 const TRIES: usize = 10_000;
@@ -67,8 +67,9 @@ impl Snapshot {
         let z = self.zcopy;
         let c = self.copies;
         [
-            mode_code(self.send_mode),
-            mode_code(self.recv_mode),
+            // The modes and the same-host code share a word.
+            mode_code(self.send_mode) | mode_code(self.recv_mode) << 8 | self.local << 16,
+            c.bytes_sent_local,
             z.bcopy_sent,
             z.read_zcopy_sent,
             z.write_zcopy_sent,
@@ -87,16 +88,14 @@ impl Snapshot {
             c.bytes_copied_back,
             self.send_credit as u64,
             self.remote_credit as u64,
-            c.bytes_sent_local,
             c.bytes_received_local,
-            self.local,
         ]
     }
 
     fn from_fields(f: [u64; FIELDS]) -> Snapshot {
         Snapshot {
-            send_mode: mode_of(f[0]),
-            recv_mode: mode_of(f[1]),
+            send_mode: mode_of(f[0] & 0xff),
+            recv_mode: mode_of(f[0] >> 8 & 0xff),
             zcopy: ZcopyStats {
                 bcopy_sent: f[2],
                 read_zcopy_sent: f[3],
@@ -116,12 +115,12 @@ impl Snapshot {
                 bytes_received_direct: f[15],
                 bytes_copied_from_pool: f[16],
                 bytes_copied_back: f[17],
-                bytes_sent_local: f[20],
-                bytes_received_local: f[21],
+                bytes_sent_local: f[1],
+                bytes_received_local: f[20],
             },
             send_credit: f[18] as i64,
             remote_credit: f[19] as i64,
-            local: f[22],
+            local: f[0] >> 16 & 0xff_ffff,
         }
     }
 }

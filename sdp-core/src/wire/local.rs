@@ -20,15 +20,19 @@
 //! Wire layouts, big-endian as the rest of §6:
 //!
 //! ```text
-//!  LOH  bytes 0-3 Pid | 4-7 SlotSize | 8-9 Slots | 10-11 Rsvd
-//!       bytes 12-19 Ring | 20-27 Token
+//!  LOH  bytes 0-3 Pid | 4-5 Slots | 6-7 SlotSize in KiB
+//!       bytes 8-15 Ring | 16-19 Token
 //!  LDH  bytes 0-3 Len | 4-7 Slot
 //! ```
+//!
+//! The LOH is 20 bytes, no larger than the draft's largest extended
+//! header (SinkAH), so every Private Buffer the draft allows holds it
+//! (§10 constraint 4).
 //!
 //! ```
 //! use sdp_core::wire::{LocalDataRepr, LocalOfferRepr};
 //!
-//! let offer = LocalOfferRepr { pid: 7, slot_size: 65536, slots: 16, ring: 0x7f00_0000_1000, token: 42 };
+//! let offer = LocalOfferRepr { pid: 7, slot_size: 262144, slots: 16, ring: 0x7f00_0000_1000, token: 42 };
 //! let mut buf = [0u8; LocalOfferRepr::HEADER_LEN];
 //! offer.emit(&mut buf);
 //! assert_eq!(LocalOfferRepr::parse(&buf), Ok(offer));
@@ -50,19 +54,20 @@ pub const LOCAL_BIT: u8 = 0x01;
 pub struct LocalOfferRepr {
     /// The offering process, as its kernel numbers it.
     pub pid: u32,
-    /// Bytes of each slot: the largest LocalData.
+    /// Bytes of each slot: the largest LocalData; a whole number of KiB
+    /// below 64 MiB (the wire counts KiB).
     pub slot_size: u32,
     /// Slots in the ring, at least the offerer's receive Private Buffers.
     pub slots: u16,
     /// Address of slot 0 in the offering process.
     pub ring: u64,
-    /// The 8 bytes at `ring` when the offer went.
-    pub token: u64,
+    /// The 4 bytes in front of `ring` when the offer went.
+    pub token: u32,
 }
 
 impl LocalOfferRepr {
     /// Size of the LOH in bytes.
-    pub const HEADER_LEN: usize = 28;
+    pub const HEADER_LEN: usize = 20;
 
     /// Reads an LOH; extra bytes are ignored.
     pub fn parse(buf: &[u8]) -> Result<LocalOfferRepr, Error> {
@@ -71,21 +76,24 @@ impl LocalOfferRepr {
         }
         Ok(LocalOfferRepr {
             pid: read_u32(buf, 0),
-            slot_size: read_u32(buf, 4),
-            slots: read_u16(buf, 8),
-            ring: read_u64(buf, 12),
-            token: read_u64(buf, 20),
+            slots: read_u16(buf, 4),
+            slot_size: u32::from(read_u16(buf, 6)) * 1024,
+            ring: read_u64(buf, 8),
+            token: read_u32(buf, 16),
         })
     }
 
     /// Writes the LOH into the first [`Self::HEADER_LEN`] bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) {
         write_u32(buf, 0, self.pid);
-        write_u32(buf, 4, self.slot_size);
-        write_u16(buf, 8, self.slots);
-        write_u16(buf, 10, 0);
-        buf[12..20].copy_from_slice(&self.ring.to_be_bytes());
-        buf[20..28].copy_from_slice(&self.token.to_be_bytes());
+        write_u16(buf, 4, self.slots);
+        write_u16(
+            buf,
+            6,
+            u16::try_from(self.slot_size / 1024).unwrap_or(u16::MAX),
+        );
+        buf[8..16].copy_from_slice(&self.ring.to_be_bytes());
+        write_u32(buf, 16, self.token);
     }
 }
 
@@ -133,18 +141,18 @@ mod tests {
     fn offer_round_trip_and_exact_bytes() {
         let offer = LocalOfferRepr {
             pid: 0x0102_0304,
-            slot_size: 0x0001_0000,
+            slot_size: 0x0004_0000,
             slots: 0x0010,
             ring: 0x1122_3344_5566_7788,
-            token: 0x99aa_bbcc_ddee_ff00,
+            token: 0x99aa_bbcc,
         };
         let mut buf = [0xa5u8; LocalOfferRepr::HEADER_LEN];
         offer.emit(&mut buf);
         assert_eq!(
             buf,
             [
-                1, 2, 3, 4, 0, 1, 0, 0, 0, 0x10, 0, 0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77,
-                0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff, 0
+                1, 2, 3, 4, 0, 0x10, 1, 0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99,
+                0xaa, 0xbb, 0xcc
             ]
         );
         assert_eq!(LocalOfferRepr::parse(&buf), Ok(offer));
@@ -152,7 +160,7 @@ mod tests {
 
     #[test]
     fn truncated_headers_are_refused() {
-        let buf = [0u8; 28];
+        let buf = [0u8; 20];
         for n in 0..LocalOfferRepr::HEADER_LEN {
             assert_eq!(LocalOfferRepr::parse(&buf[..n]), Err(Error::Truncated));
         }

@@ -17,7 +17,7 @@
 //! | SrcAvail          | SrcAH, 16 bytes             | [`src_avail`]   | optional |
 //! | SinkAvail         | SinkAH, 20 bytes            | [`sink_avail`]  | optional |
 //! | Data              | —                           | —               | optional |
-//! | LocalOffer (0x40, experimental) | LOH, 28 bytes | [`local`]       | none     |
+//! | LocalOffer (0x40, experimental) | LOH, 20 bytes | [`local`]       | none     |
 //! | LocalData (0x41, experimental)  | LDH, 8 bytes  | [`local`]       | none     |
 //! | DisConn, AbortConn, SendSm, SrcAvailCancel, SinkAvailCancel, SinkCancelAck, SuspCommAck | — | — | none |
 //!
