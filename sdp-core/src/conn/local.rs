@@ -8,7 +8,7 @@
 //! The two directions are independent. A receive half offers its ring once
 //! it has received [`OFFER_AFTER`] bytes (a connection that moves little
 //! never pays for one); the peer's send half checks the offer (the link
-//! reads the token back, [`crate::link`]) and from then on sends payloads
+//! reads the token back) and from then on sends payloads
 //! of [`LOCAL_MIN`] bytes or more as LocalData. Anything that goes wrong
 //! on the sending side — the check fails, a write is refused — turns that
 //! direction back to the wire for good, with the reason kept for
