@@ -795,8 +795,9 @@ impl Conn {
     }
 
     /// Offers our ring to the peer once this receive half has moved
-    /// enough to be worth one ([`local::OFFER_AFTER`]) and the peer can
-    /// take the offer (its Private Buffers hold the LocalOffer).
+    /// enough to be worth one ([`local::OFFER_AFTER`]). Every Private
+    /// Buffer the draft allows holds the LocalOffer: the LOH is no larger
+    /// than SinkAH (§10 constraint 4).
     fn offer_ring(&mut self) {
         if !self.local.both
             || self.local.forked
@@ -805,9 +806,6 @@ impl Conn {
         {
             return;
         }
-        let fits = self.peer.is_some_and(|p| {
-            p.rcv_size as usize >= wire::BSDH_LEN + wire::LocalOfferRepr::HEADER_LEN
-        });
         let slots = u16::try_from(self.pool.len()).ok();
         let slot_size = u32::try_from(self.pool.buf_size())
             .ok()
@@ -815,7 +813,7 @@ impl Conn {
             .map(|s| {
                 (s.max(local::SLOT_MIN).div_ceil(1024) * 1024).min(u32::from(u16::MAX) * 1024)
             });
-        let (true, Some(slots), Some(slot_size)) = (fits, slots, slot_size) else {
+        let (Some(slots), Some(slot_size)) = (slots, slot_size) else {
             return;
         };
         if let Some(ring) = local::Ring::open(slots, slot_size) {

@@ -682,7 +682,8 @@ impl Conn {
     /// The adapter could not write a LocalData's payload into the peer
     /// (`why`): the message goes as the Data Message it stands for — same
     /// credits and sequence number, the payload in the message — and this
-    /// send half stays on the wire from now on. Returns its header.
+    /// send half stays on the wire from now on. Returns its header and
+    /// payload range.
     /// `why` is `None` when only this message's bytes were not at hand:
     /// the path stays on, its slot unused.
     pub fn local_refused(
