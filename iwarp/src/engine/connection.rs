@@ -147,7 +147,8 @@ pub enum Role {
 /// An iWARP connection: MPA startup, then a [`DataPath`].
 pub struct Connection {
     role: Role,
-    startup: Option<Startup>,
+    /// Boxed: an established connection keeps only the pointer.
+    startup: Option<Box<Startup>>,
     dp: DataPath,
     emss: usize,
     our_crc: bool,
@@ -183,7 +184,7 @@ impl Connection {
     fn with(role: Role, startup: Startup, cfg: Parts) -> Connection {
         let mut c = Connection {
             role,
-            startup: Some(startup),
+            startup: Some(Box::new(startup)),
             dp: DataPath::new(cfg.pd, cfg.stag_seed),
             emss: cfg.emss,
             our_crc: cfg.crc,
