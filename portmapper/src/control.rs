@@ -48,13 +48,65 @@ pub const MAX_LINE: usize = 256;
 /// Environment variable naming the control socket, for daemon and clients.
 pub const ENV_PATH: &str = "SDP_PM_CONTROL";
 
-/// The system-wide control socket, used by a daemon run as root.
-pub const SYSTEM_PATH: &str = "/run/sdp-portmapper.sock";
+/// The directory of the system-wide control socket. A systemd unit with
+/// `RuntimeDirectory=sdp-portmapper` creates it, owned by the service's user.
+pub const SYSTEM_DIR: &str = "/run/sdp-portmapper";
+
+/// The system-wide control socket, in [`SYSTEM_DIR`]: used by a daemon run
+/// as root or as the service user that owns that directory, and tried first
+/// by clients.
+pub const SYSTEM_PATH: &str = "/run/sdp-portmapper/control.sock";
 
 fn uid() -> u32 {
     std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .unwrap_or(u32::MAX)
+}
+
+/// The filesystem uid, gid and supplementary groups of this process, from
+/// `/proc/self/status` (std has no getresuid).
+fn credentials() -> Option<(u32, u32, Vec<u32>)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    // "Uid:" and "Gid:" give real, effective, saved and filesystem ids; the
+    // kernel checks file access with the last.
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|rest| {
+                rest.split_whitespace()
+                    .filter_map(|w| w.parse::<u32>().ok())
+            })
+    };
+    let fsuid = field("Uid:")?.nth(3)?;
+    let fsgid = field("Gid:")?.nth(3)?;
+    let groups = field("Groups:").map(Iterator::collect).unwrap_or_default();
+    Some((fsuid, fsgid, groups))
+}
+
+/// May this process create and remove entries in `dir`: write and search
+/// permission by its mode bits (ACLs are not looked at)?
+fn dir_writable(dir: &Path) -> bool {
+    let Ok(m) = std::fs::metadata(dir) else {
+        return false;
+    };
+    let Some((fsuid, fsgid, groups)) = credentials() else {
+        return false;
+    };
+    if !m.is_dir() {
+        return false;
+    }
+    if fsuid == 0 {
+        return true;
+    }
+    let class = if m.uid() == fsuid {
+        m.mode() >> 6
+    } else if m.gid() == fsgid || groups.contains(&m.gid()) {
+        m.mode() >> 3
+    } else {
+        m.mode()
+    };
+    class & 0o3 == 0o3
 }
 
 /// The per-user control socket: `$XDG_RUNTIME_DIR/sdp-portmapper.sock`, or
@@ -67,12 +119,14 @@ pub fn user_path() -> PathBuf {
 }
 
 /// Where a daemon listens by default: `$SDP_PM_CONTROL` if set, else
-/// [`SYSTEM_PATH`] for root, else [`user_path`].
+/// [`SYSTEM_PATH`] when run as root or when [`SYSTEM_DIR`] exists and this
+/// process may create files in it (the systemd service's unprivileged
+/// user), else [`user_path`].
 pub fn default_path() -> PathBuf {
     if let Some(p) = std::env::var_os(ENV_PATH).filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    if uid() == 0 {
+    if uid() == 0 || dir_writable(Path::new(SYSTEM_DIR)) {
         PathBuf::from(SYSTEM_PATH)
     } else {
         user_path()
@@ -334,6 +388,26 @@ mod tests {
         ] {
             assert_eq!(Request::parse(l), Err(BadRequest), "{l:?}");
         }
+    }
+
+    #[test]
+    fn system_path_is_in_system_dir() {
+        assert_eq!(Path::new(SYSTEM_PATH).parent(), Some(Path::new(SYSTEM_DIR)));
+    }
+
+    #[test]
+    fn writable_dirs() {
+        let dir = std::env::temp_dir().join(format!("pm-ctl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Our own directory, mode 0700: ours to write in.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        assert!(dir_writable(&dir));
+        assert!(!dir_writable(&dir.join("missing")));
+        let file = dir.join("f");
+        std::fs::write(&file, b"").unwrap();
+        assert!(!dir_writable(&file), "a file is not a directory");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

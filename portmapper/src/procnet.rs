@@ -5,8 +5,9 @@
 //! §5). The kernel's socket table (`/proc/net/tcp`, `/proc/net/tcp6`) gives
 //! each listening socket's address, port and inode; a process's open sockets
 //! are the `socket:[inode]` links in `/proc/<pid>/fd`. Reading another
-//! user's `/proc/<pid>/fd` needs the same uid or root, so a daemon run by an
-//! unprivileged user can verify only that user's processes.
+//! user's `/proc/<pid>/fd` needs the same uid or root; a daemon run by an
+//! unprivileged user checks the socket table's owner uid instead
+//! ([`user_holds_listener`]).
 #![forbid(unsafe_code)]
 
 use std::collections::HashSet;
@@ -26,6 +27,8 @@ pub struct ListenSocket {
     pub port: u16,
     /// Socket inode.
     pub inode: u64,
+    /// The user that created the socket.
+    pub uid: u32,
 }
 
 fn parse_addr(hex: &str) -> Option<IpAddr> {
@@ -61,6 +64,7 @@ pub fn parse_table(text: &str) -> Vec<ListenSocket> {
                 addr: parse_addr(a)?,
                 port: u16::from_str_radix(p, 16).ok()?,
                 inode: f[9].parse().ok()?,
+                uid: f[7].parse().ok()?,
             })
         })
         .collect()
@@ -108,6 +112,16 @@ pub fn holds_listener(
         .any(|s| s.port == port && s.addr == addr && inodes.contains(&s.inode))
 }
 
+/// Does a socket of user `uid` listen on `addr`:`port` (same address rules
+/// as [`holds_listener`])? The check a daemon can make when it may not read
+/// the caller's `/proc/<pid>/fd`: it proves the user, not the process.
+pub fn user_holds_listener(table: &[ListenSocket], uid: u32, addr: IpAddr, port: u16) -> bool {
+    let addr = addr.to_canonical();
+    table
+        .iter()
+        .any(|s| s.port == port && s.addr == addr && s.uid == uid)
+}
+
 /// Does process `pid` listen on TCP `addr`:`port`?
 pub fn process_listens_on(pid: u32, addr: IpAddr, port: u16) -> io::Result<bool> {
     let table = listening_sockets()?;
@@ -129,7 +143,8 @@ mod tests {
             [ListenSocket {
                 addr: "127.0.0.1".parse().unwrap(),
                 port: 5001,
-                inode: 12345
+                inode: 12345,
+                uid: 1000,
             }]
         );
         let v6 = "header\n   0: 00000000000000000000000001000000:0016 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1\n   1: 0000000000000000FFFF00000100007F:0050 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 778 1\n";
@@ -148,6 +163,17 @@ mod tests {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         assert!(process_listens_on(me, lo, port).unwrap());
         assert!(!process_listens_on(me, "0.0.0.0".parse().unwrap(), port).unwrap());
+        let table = listening_sockets().unwrap();
+        let my_uid = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap();
+        assert!(user_holds_listener(&table, my_uid, lo, port));
+        assert!(!user_holds_listener(
+            &table,
+            my_uid.wrapping_add(1),
+            lo,
+            port
+        ));
         drop(l);
         assert!(!process_listens_on(me, lo, port).unwrap());
     }

@@ -350,6 +350,16 @@ impl Server {
         &self.cfg
     }
 
+    /// Replace the configuration, keeping registrations, pending
+    /// transactions and counters (the daemon's reload). New limits apply to
+    /// what comes next: tables over a lowered bound shrink as entries leave,
+    /// timers already armed keep their deadlines, and the next PMAccept
+    /// carries the new PmTime.
+    pub fn set_config(&mut self, cfg: ServerConfig) {
+        self.cfg = cfg;
+        self.rr = 0;
+    }
+
     /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats

@@ -1,13 +1,15 @@
 //! Acceptance 1 and 5 of the port mapper issue, against the real daemon on
 //! loopback: accept, deny, registration checks, registration lifetime,
-//! IPv6, timers, malformed datagrams, shutdown.
+//! IPv6, timers, malformed datagrams; and the daemon as a service: shutdown
+//! on SIGTERM, the settings file, reload on SIGHUP.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{ip, port, Daemon, Registered};
 use portmapper::client::{Decision, Fallback};
@@ -268,13 +270,9 @@ fn sigterm_shuts_down_cleanly() {
     let mut d = Daemon::start(&[]);
     let _r = Registered::new(&d, "127.0.0.1");
     assert!(d.control.exists());
-    let st = Command::new("kill")
-        .args(["-TERM", &d.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let status = d.child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    signal(&d, "TERM");
+    let status = wait_exit(&mut d.child, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(!d.control.exists());
     let log = d.log();
     assert!(log.contains("msg=signal action=shutdown"), "{log}");
@@ -282,15 +280,292 @@ fn sigterm_shuts_down_cleanly() {
 }
 
 #[test]
+fn sighup_applies_changed_config_and_keeps_state() {
+    let conf = ConfigFile::new("pm-time = 10\naccept-timeout-ms = 60000\n");
+    let d = Daemon::start(&["--config", conf.arg()]);
+    let r = Registered::new(&d, "127.0.0.1");
+    let s = raw_socket(&d);
+    // 10 s is 40 quarter seconds (§7.3.1.4).
+    assert_eq!(answer_pm_time(&s, &r, 1), 40);
+    assert_eq!(d.stat("pending"), 1);
+
+    conf.write("# shorter caching\npm-time = 5\naccept-timeout-ms = 60000\nrate = 100\n");
+    signal(&d, "HUP");
+    let log = wait_log(&d, "msg=reloaded", 1);
+    assert!(
+        log.contains(&format!(
+            "msg=reloaded config={} changed=\"pm-time=5 rate=100\"",
+            conf.arg()
+        )),
+        "{log}"
+    );
+    assert_eq!(answer_pm_time(&s, &r, 2), 20);
+    // What was there before the reload is still there.
+    let list = d.list();
+    let reg = format!(
+        "registration addr=127.0.0.1 port={} sdp_port={}",
+        r.ap().port(),
+        r.sdp().port()
+    );
+    assert!(list.iter().any(|l| l.starts_with(&reg)), "{list:?}");
+    assert!(
+        list.iter()
+            .any(|l| l.starts_with("pending handle=0x0000000000000001 ")),
+        "{list:?}"
+    );
+    assert_eq!(d.stat("pending"), 2);
+    assert_eq!(d.stat("accepts"), 2);
+}
+
+#[test]
+fn sighup_with_broken_config_keeps_settings() {
+    let conf = ConfigFile::new("pm-time = 10\n");
+    let d = Daemon::start(&["--config", conf.arg()]);
+    let r = Registered::new(&d, "127.0.0.1");
+    let s = raw_socket(&d);
+    assert_eq!(answer_pm_time(&s, &r, 1), 40);
+
+    conf.write("pm-time = 5\nthis is not a setting\n");
+    signal(&d, "HUP");
+    let log = wait_log(&d, "msg=reload_failed", 1);
+    assert!(
+        log.contains(&format!(
+            "error=\"{}:2: expected `name = value`",
+            conf.arg()
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("msg=reloaded"), "{log}");
+    assert_eq!(answer_pm_time(&s, &r, 2), 40, "the old pm-time stays");
+    assert_eq!(d.stat("registrations"), 1);
+
+    // Mended, the file is read again on the next SIGHUP.
+    conf.write("pm-time = 5\n");
+    signal(&d, "HUP");
+    wait_log(&d, "msg=reloaded", 1);
+    assert_eq!(answer_pm_time(&s, &r, 3), 20);
+}
+
+#[test]
+fn sighup_without_config_has_nothing_to_reload() {
+    let d = Daemon::start(&[]);
+    let _r = Registered::new(&d, "127.0.0.1");
+    signal(&d, "HUP");
+    let log = wait_log(&d, "msg=reload_skipped", 1);
+    assert!(log.contains("nothing to reload"), "{log}");
+    assert_eq!(d.stat("registrations"), 1);
+}
+
+#[test]
+fn sighup_keeps_settings_that_need_a_restart() {
+    // No --bind on the command line, so the file's would count.
+    let conf = ConfigFile::new("pm-time = 10\n");
+    let d = Daemon::start_bound(&[], &["--config", conf.arg()]);
+    let r = Registered::new(&d, "127.0.0.1");
+    conf.write("pm-time = 10\nbind = 127.0.0.1\nmax-pending = 100\n");
+    signal(&d, "HUP");
+    let log = wait_log(&d, "msg=reloaded", 1);
+    assert!(
+        log.contains(
+            "msg=reload_needs_restart setting=bind running=\"\" configured=127.0.0.1 \
+             reason=\"needs a restart\""
+        ),
+        "{log}"
+    );
+    assert!(log.contains("changed=\"max-pending=100\""), "{log}");
+    // Still on the wildcard address, same port.
+    let s = UdpSocket::bind("[::1]:0").unwrap();
+    s.connect(("::1", d.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let ap: SocketAddr = (ip("::1"), r.ap().port()).into();
+    s.send(&pmreq(ap, "[::1]:4000".parse().unwrap(), 1).to_bytes())
+        .unwrap();
+    assert_eq!(recv_msg(&s).mtype, MsgType::DENY, "answered from [::]");
+}
+
+#[test]
+fn command_line_wins_over_config_file() {
+    let conf = ConfigFile::new("pm-time = 10\nmax-pending = 50\n");
+    let d = Daemon::start(&["--config", conf.arg(), "--pm-time", "20"]);
+    let r = Registered::new(&d, "127.0.0.1");
+    let s = raw_socket(&d);
+    assert_eq!(answer_pm_time(&s, &r, 1), 80);
+    // And on reload: the file's pm-time still loses.
+    conf.write("pm-time = 1\nmax-pending = 60\n");
+    signal(&d, "HUP");
+    let log = wait_log(&d, "msg=reloaded", 1);
+    assert!(log.contains("changed=\"max-pending=60\""), "{log}");
+    assert_eq!(answer_pm_time(&s, &r, 2), 80);
+}
+
+#[test]
+fn bad_config_at_start_is_a_usage_error() {
+    let conf = ConfigFile::new("# settings\nport = 0\n\nrate = fast\n");
+    let out = run_limited(
+        Command::new(common::BIN).args(["--config", conf.arg(), "--bind", "127.0.0.1"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(&format!(
+            "sdp-portmapper: {}:4: rate: bad value \"fast\"",
+            conf.arg()
+        )),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "no ready line");
+
+    let out = run_limited(
+        Command::new(common::BIN).args(["--config", "/nonexistent/pm.conf"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/pm.conf"));
+}
+
+#[test]
+fn journal_stream_lines_carry_priority_not_time() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = ConfigFile::new("");
+    let log_path = dir.dir.join("journal.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let m = log.metadata().unwrap();
+    let mut child = Command::new(common::BIN)
+        .args(["--port", "0", "--bind", "127.0.0.1", "--control"])
+        .arg(dir.dir.join("control.sock"))
+        // Standard error is "the journal stream" this names.
+        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert!(ready.starts_with("ready "), "{ready}");
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).code(),
+        Some(0)
+    );
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("<6>level=info msg=started udp=127.0.0.1:"),
+        "{text}"
+    );
+    assert!(
+        lines.iter().all(|l| l.starts_with("<6>level=info msg=")),
+        "{text}"
+    );
+    assert!(!text.contains(" ts=") && !text.contains(">ts="), "{text}");
+}
+
+/// A settings file in a private directory, removed on drop.
+struct ConfigFile {
+    dir: PathBuf,
+    path: String,
+}
+
+impl ConfigFile {
+    fn new(text: &str) -> ConfigFile {
+        let dir = common::temp_dir();
+        let path = dir.join("sdp-portmapper.conf").display().to_string();
+        let f = ConfigFile { dir, path };
+        f.write(text);
+        f
+    }
+
+    /// Replace the contents at once (write and rename), as an editor would,
+    /// so the daemon never reads half a file.
+    fn write(&self, text: &str) {
+        let tmp = self.dir.join("new.conf");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+    }
+
+    fn arg(&self) -> &str {
+        &self.path
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn signal(d: &Daemon, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &d.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Poll the daemon's log until it holds `needle` at least `count` times.
+/// Returns the log; panics with it after 10 s.
+fn wait_log(d: &Daemon, needle: &str, count: usize) -> String {
+    let held = d.wait_for(Duration::from_secs(10), |d| {
+        d.log().matches(needle).count() >= count
+    });
+    let log = d.log();
+    assert!(held, "no {needle:?} in the log:\n{log}");
+    log
+}
+
+/// Wait for the process to exit; kill it and fail after `within`.
+fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run a command that should exit at once, within `within`.
+fn run_limited(cmd: &mut Command, within: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_exit(&mut child, within);
+    child.wait_with_output().unwrap()
+}
+
+/// The PmTime the daemon puts in its PMAccept for `r` now.
+fn answer_pm_time(s: &UdpSocket, r: &Registered, handle: u64) -> u8 {
+    let cp: SocketAddr = (ip("127.0.0.1"), 4000 + handle as u16).into();
+    s.send(&pmreq(r.ap(), cp, handle).to_bytes()).unwrap();
+    let a = recv_msg(s);
+    assert_eq!((a.mtype, a.assoc_handle), (MsgType::ACCEPT, handle));
+    a.pm_time.0
+}
+
+#[test]
 fn second_daemon_on_same_control_path_refuses() {
     let d = Daemon::start(&[]);
-    let out = Command::new(common::BIN)
-        .args(["--port", "0", "--bind", "127.0.0.1", "--control"])
-        .arg(&d.control)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let out = run_limited(
+        Command::new(common::BIN)
+            .args(["--port", "0", "--bind", "127.0.0.1", "--control"])
+            .arg(&d.control),
+        Duration::from_secs(10),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serves"));
     // The first one still answers.

@@ -16,8 +16,9 @@ use portmapper::control::{Request, MAX_LINE};
 use portmapper::procnet;
 use portmapper::server::{Action, RegisterError, Server, ServerConfig, Stats};
 
+use crate::config::{self, Loader};
 use crate::log::{Level, Logger};
-use crate::sys;
+use crate::sys::{self, Signal};
 
 /// Daemon settings (see docs/portmapper.md).
 #[derive(Debug, Clone)]
@@ -53,6 +54,9 @@ struct Conn {
 
 struct Daemon {
     opts: Options,
+    /// Where the settings came from, to load them again on SIGHUP.
+    loader: Loader,
+    next_stats: Instant,
     log: Logger,
     server: Server,
     udp: Vec<UdpSocket>,
@@ -108,12 +112,16 @@ fn bind_control(path: &PathBuf) -> io::Result<UnixListener> {
         fs::remove_file(path)?;
     }
     if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
             fs::create_dir_all(dir)?;
+            // Every local user must reach the socket, whatever the umask.
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
         }
     }
     let l = UnixListener::bind(path)?;
-    // Anyone may ask; the listener check decides who may register.
+    // Every local user may connect: LIST is public, and a registration is
+    // accepted only from a process the kernel (SO_PEERCRED) and /proc show
+    // holding both listeners (see `control_request`).
     fs::set_permissions(path, fs::Permissions::from_mode(0o666))?;
     l.set_nonblocking(true)?;
     Ok(l)
@@ -123,9 +131,9 @@ fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
 
-pub fn run(opts: Options) -> io::Result<()> {
+pub fn run(opts: Options, loader: Loader) -> io::Result<()> {
     let log = opts.log;
-    let sig = sys::shutdown_signals()?;
+    let sig = sys::daemon_signals()?;
     let udp = bind_udp(&opts)?;
     let listener = bind_control(&opts.control)?;
     let addrs: Vec<String> = udp
@@ -151,7 +159,9 @@ pub fn run(opts: Options) -> io::Result<()> {
     }
     let mut d = Daemon {
         server: Server::new(opts.server.clone()),
+        next_stats: Instant::now() + opts.stats_interval,
         opts,
+        loader,
         log,
         udp,
         conns: Vec::new(),
@@ -167,7 +177,6 @@ pub fn run(opts: Options) -> io::Result<()> {
 
 impl Daemon {
     fn event_loop(&mut self, sig: &UnixStream, listener: &UnixListener) -> io::Result<()> {
-        let mut next_stats = Instant::now() + self.opts.stats_interval;
         loop {
             let mut fds = Vec::with_capacity(2 + self.udp.len() + self.conns.len());
             let pfd = |fd, events| sys::pollfd {
@@ -192,6 +201,7 @@ impl Daemon {
             let now = Instant::now();
             let mut wake = self.server.poll_timeout();
             if !self.opts.stats_interval.is_zero() {
+                let next_stats = self.next_stats;
                 wake = Some(wake.map_or(next_stats, |w| w.min(next_stats)));
             }
             let timeout = match wake {
@@ -206,9 +216,15 @@ impl Daemon {
             let now = Instant::now();
 
             if fds[0].revents != 0 {
-                self.log
-                    .log(Level::Info, "signal", &[("action", &"shutdown")]);
-                return Ok(());
+                match sys::read_signals(sig) {
+                    Some(Signal::Shutdown) => {
+                        self.log
+                            .log(Level::Info, "signal", &[("action", &"shutdown")]);
+                        return Ok(());
+                    }
+                    Some(Signal::Reload) => self.reload(now),
+                    None => {}
+                }
             }
             if fds[1].revents != 0 {
                 self.accept_control(listener);
@@ -241,11 +257,90 @@ impl Daemon {
                     );
                 }
             }
-            if !self.opts.stats_interval.is_zero() && now >= next_stats {
-                next_stats = now + self.opts.stats_interval;
+            if !self.opts.stats_interval.is_zero() && now >= self.next_stats {
+                self.next_stats = now + self.opts.stats_interval;
                 self.periodic_stats();
             }
         }
+    }
+
+    /// SIGHUP: load the settings again and apply those that can change while
+    /// running; registrations, pending transactions and counters stay. On
+    /// an error the settings in force stay as they are.
+    fn reload(&mut self, now: Instant) {
+        self.log
+            .log(Level::Info, "signal", &[("action", &"reload")]);
+        let Some(file) = self.loader.file.clone() else {
+            self.log.log(
+                Level::Info,
+                "reload_skipped",
+                &[("reason", &"nothing to reload: no --config file")],
+            );
+            return;
+        };
+        let new = match self.loader.load() {
+            Ok(o) => o,
+            Err(e) => {
+                self.log.log(
+                    Level::Error,
+                    "reload_failed",
+                    &[
+                        ("config", &file.display()),
+                        ("error", &e),
+                        ("action", &"kept the settings in force"),
+                    ],
+                );
+                return;
+            }
+        };
+        let mut changed = Vec::new();
+        for &name in config::NAMES {
+            let (old_v, new_v) = (
+                config::value_of(&self.opts, name),
+                config::value_of(&new, name),
+            );
+            if old_v == new_v {
+                continue;
+            }
+            if config::RESTART.contains(&name) {
+                self.log.log(
+                    Level::Warn,
+                    "reload_needs_restart",
+                    &[
+                        ("setting", &name),
+                        ("running", &old_v),
+                        ("configured", &new_v),
+                        ("reason", &"needs a restart"),
+                    ],
+                );
+            } else {
+                changed.push(format!("{name}={new_v}"));
+            }
+        }
+        let stats_changed = new.stats_interval != self.opts.stats_interval;
+        // The sockets stay as they are until a restart.
+        let new = Options {
+            port: self.opts.port,
+            binds: std::mem::take(&mut self.opts.binds),
+            control: std::mem::take(&mut self.opts.control),
+            ..new
+        };
+        self.server.set_config(new.server.clone());
+        self.log = new.log;
+        self.opts = new;
+        if stats_changed {
+            self.next_stats = now + self.opts.stats_interval;
+        }
+        let changed = if changed.is_empty() {
+            "none".to_string()
+        } else {
+            changed.join(" ")
+        };
+        self.log.log(
+            Level::Info,
+            "reloaded",
+            &[("config", &file.display()), ("changed", &changed)],
+        );
     }
 
     fn serve_udp(&mut self, now: Instant, i: usize) {
@@ -513,12 +608,27 @@ impl Daemon {
                 }
                 // DESIGN §5: "The daemon accepts a registration only from a
                 // process that really listens on P".
+                let mut verified = "process";
                 let check = procnet::listening_sockets().and_then(|table| {
-                    let inodes = procnet::socket_inodes(upid)?;
-                    Ok((
-                        procnet::holds_listener(&table, &inodes, addr, port),
-                        procnet::holds_listener(&table, &inodes, addr, sdp_port),
-                    ))
+                    match procnet::socket_inodes(upid) {
+                        Ok(inodes) => Ok((
+                            procnet::holds_listener(&table, &inodes, addr, port),
+                            procnet::holds_listener(&table, &inodes, addr, sdp_port),
+                        )),
+                        // A daemon run as an unprivileged user (the systemd
+                        // service) may not read other users' /proc/<pid>/fd.
+                        // It still knows the caller's uid from SO_PEERCRED,
+                        // and the socket table knows who created each
+                        // listener: a user may register only its own.
+                        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                            verified = "user";
+                            Ok((
+                                procnet::user_holds_listener(&table, uid, addr, port),
+                                procnet::user_holds_listener(&table, uid, addr, sdp_port),
+                            ))
+                        }
+                        Err(e) => Err(e),
+                    }
                 });
                 match check {
                     Err(e) => refuse(self, &format!("cannot verify listeners: {e}")),
@@ -544,6 +654,7 @@ impl Daemon {
                                     ("sdp_port", &sdp_port),
                                     ("pid", &pid),
                                     ("uid", &uid),
+                                    ("verified", &verified),
                                 ],
                             );
                             "OK\n".into()

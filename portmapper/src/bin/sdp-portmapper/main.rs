@@ -2,12 +2,13 @@
 //! §7) and its command-line client. See docs/portmapper.md.
 //!
 //! ```text
-//! sdp-portmapper [daemon] [OPTIONS]           run the daemon
+//! sdp-portmapper [daemon] [OPTIONS]           run the daemon (SIGHUP reloads)
 //! sdp-portmapper query [OPTIONS] HOST PORT    ask HOST's port mapper about PORT
 //! sdp-portmapper list [--control PATH]        registrations, pending, counters
 //! ```
 #![deny(unsafe_code)]
 
+mod config;
 mod daemon;
 mod log;
 mod sys;
@@ -18,20 +19,55 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use portmapper::client::{Client, ClientConfig, Lookup, Outcome, Timing};
-use portmapper::control::{self, ControlClient};
+use portmapper::control::ControlClient;
 use portmapper::net::{random_u64, PendingQuery};
-use portmapper::server::ServerConfig;
-use portmapper::wire::{PmTime, DEFAULT_PORT};
+use portmapper::wire::PmTime;
 
 const USAGE: &str = "\
 usage:
-  sdp-portmapper [daemon] [--port N] [--bind ADDR]... [--control PATH]
+  sdp-portmapper [daemon] [--config FILE] [--port N] [--bind ADDR]... [--control PATH]
                  [--pm-time SECS|permanent] [--accept-timeout-ms MS]
                  [--max-pending N] [--max-registrations N] [--rate N] [--burst N]
                  [--max-sources N] [--rewrite-addr ADDR]... [--max-control-conns N]
                  [--stats-interval-ms MS] [--log-level error|warn|info|debug]
   sdp-portmapper query [--port N] [--timeout-ms MS] HOST PORT
   sdp-portmapper list [--control PATH]
+
+options (each daemon option but --config is also a setting of the --config
+file, named without the dashes; the command line wins over the file):
+  --config FILE              settings file, one `name = value` per line, `#`
+                             comments; read again on SIGHUP
+  --port N                   UDP port (default 3935; 0 picks a free one;
+                             changes need a restart); for query, the port
+                             mapper's port
+  --bind ADDR                address to listen on, repeatable (default [::]
+                             and 0.0.0.0); changes need a restart
+  --control PATH             control socket (default $SDP_PM_CONTROL, else
+                             /run/sdp-portmapper/control.sock for root or the
+                             owner of /run/sdp-portmapper, else a per-user
+                             path; changes need a restart); for list, the
+                             socket asked (default: the system-wide one,
+                             then the per-user one)
+  --pm-time SECS|permanent   PmTime of every PMAccept: how long clients may
+                             cache the answer (default 30; 0 = no caching)
+  --accept-timeout-ms MS     how long a PMAccept's state waits for the PMAck
+                             or the connection (default 2000)
+  --max-pending N            pending transactions kept (default 4096)
+  --max-registrations N      registrations kept (default 4096)
+  --rate N                   PMReqs per second allowed per source (default 200)
+  --burst N                  burst of PMReqs allowed per source (default 200)
+  --max-sources N            sources rate limited one by one (default 4096)
+  --rewrite-addr ADDR        for wildcard listeners, answer with these
+                             addresses in turn; repeatable (default none)
+  --max-control-conns N      simultaneous control connections (default 256)
+  --stats-interval-ms MS     period of the stats log line (default 10000;
+                             0 = off)
+  --log-level LEVEL          error, warn, info or debug (default info)
+  --timeout-ms MS            query only: give up after MS milliseconds
+                             (default 900)
+
+signals: SIGTERM and SIGINT stop the daemon; SIGHUP reloads --config.
+exit status: 0 after a signal, 1 on a startup error, 64 on a usage error.
 ";
 
 fn usage_error(msg: &str) -> ExitCode {
@@ -87,59 +123,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_daemon(mut a: Args) -> Result<ExitCode, String> {
-    let mut opts = daemon::Options {
-        port: DEFAULT_PORT,
-        binds: Vec::new(),
-        control: control::default_path(),
-        server: ServerConfig::default(),
-        max_control_conns: 256,
-        stats_interval: Duration::from_secs(10),
-        log: log::Logger {
-            level: log::Level::Info,
-        },
-    };
-    while let Some(f) = a.next() {
-        match f.as_str() {
-            "--port" => opts.port = a.value(&f)?,
-            "--bind" => opts.binds.push(a.value(&f)?),
-            "--control" => opts.control = a.value::<PathBuf>(&f)?,
-            "--pm-time" => {
-                let v = a.next().ok_or("--pm-time needs a value")?;
-                opts.server.pm_time = if v == "permanent" {
-                    PmTime::PERMANENT
-                } else {
-                    let secs: f64 = v.parse().map_err(|_| format!("bad --pm-time {v}"))?;
-                    if !(0.0..=254.0).contains(&secs) {
-                        return Err("--pm-time must be 0..=254 seconds or permanent".into());
-                    }
-                    PmTime::from_duration(Duration::from_secs_f64(secs))
-                };
-            }
-            "--accept-timeout-ms" => {
-                let v: u64 = a.value(&f)?;
-                if v == 0 || v > 3_600_000 {
-                    return Err("--accept-timeout-ms must be 1..=3600000".into());
-                }
-                opts.server.accept_timeout = Duration::from_millis(v);
-            }
-            "--max-pending" => opts.server.max_pending = a.value(&f)?,
-            "--max-registrations" => opts.server.max_registrations = a.value(&f)?,
-            "--rate" => opts.server.rate_per_sec = a.value(&f)?,
-            "--burst" => opts.server.burst = a.value(&f)?,
-            "--max-sources" => opts.server.max_sources = a.value(&f)?,
-            "--rewrite-addr" => opts.server.rewrite_addrs.push(a.value::<IpAddr>(&f)?),
-            "--max-control-conns" => opts.max_control_conns = a.value(&f)?,
-            "--stats-interval-ms" => opts.stats_interval = Duration::from_millis(a.value(&f)?),
-            "--log-level" => {
-                let v = a.next().ok_or("--log-level needs a value")?;
-                opts.log.level = log::Level::parse(&v).ok_or(format!("bad --log-level {v}"))?;
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
+fn run_daemon(a: Args) -> Result<ExitCode, String> {
+    let loader = config::Loader::from_args(a.v.into_iter().skip(a.i))?;
+    let opts = loader.load()?;
     let log = opts.log;
-    match daemon::run(opts) {
+    match daemon::run(opts, loader) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             log.log(log::Level::Error, "fatal", &[("error", &e)]);
@@ -248,6 +236,26 @@ fn list(mut a: Args) -> Result<ExitCode, String> {
         Err(e) => {
             eprintln!("sdp-portmapper: cannot reach the daemon: {e}");
             Ok(ExitCode::from(2))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every setting is an option line of `--help`: two spaces, the option
+    /// and its value, two or more spaces, the description (the manual page
+    /// is generated from these lines).
+    #[test]
+    fn help_lists_every_option() {
+        for name in ["config", "timeout-ms"].iter().chain(config::NAMES) {
+            let line = USAGE
+                .lines()
+                .find(|l| l.starts_with(&format!("  --{name} ")))
+                .unwrap_or_else(|| panic!("--{name} missing from USAGE"));
+            let rest = line[2..].split_once("  ").map(|(_, d)| d.trim_start());
+            assert!(rest.is_some_and(|d| !d.is_empty()), "{line:?}");
         }
     }
 }

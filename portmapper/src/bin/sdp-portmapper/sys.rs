@@ -1,9 +1,9 @@
 //! The system calls std does not offer: peer credentials of a Unix socket,
-//! poll(2), and a signal handler for clean shutdown. The only `unsafe` code
+//! poll(2), and signal handlers for shutdown and reload. The only `unsafe` code
 //! of the port mapper lives here.
 #![allow(unsafe_code)]
 
-use std::io;
+use std::io::{self, Read};
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::net::UnixStream;
@@ -63,29 +63,41 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: i32) -> io::Result<usize> {
 
 static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
 
-extern "C" fn on_signal(_sig: libc::c_int) {
+extern "C" fn on_signal(sig: libc::c_int) {
     let fd = SIGNAL_FD.load(Ordering::Relaxed);
     if fd >= 0 {
+        // Signal numbers of interest are below 256: the byte names it.
+        let byte = [sig as u8];
         // SAFETY: errno is thread-local; write(2) is async-signal-safe and
         // gets a pointer to one live byte. errno is restored for the
         // interrupted code.
         unsafe {
             let errno = *libc::__errno_location();
-            libc::write(fd, [1u8].as_ptr().cast(), 1);
+            libc::write(fd, byte.as_ptr().cast(), 1);
             *libc::__errno_location() = errno;
         }
     }
 }
 
-/// Make SIGTERM and SIGINT readable: the returned socket gets a byte per
-/// signal (the self-pipe trick), so the event loop can poll it.
-pub fn shutdown_signals() -> io::Result<UnixStream> {
+/// What a signal asks of the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM or SIGINT: stop.
+    Shutdown,
+    /// SIGHUP: re-read the settings.
+    Reload,
+}
+
+/// Make SIGTERM, SIGINT and SIGHUP readable: the returned socket gets a
+/// byte per signal, its number (the self-pipe trick), so the event loop can
+/// poll it and do the work outside the handler. See [`read_signals`].
+pub fn daemon_signals() -> io::Result<UnixStream> {
     let (r, w) = UnixStream::pair()?;
     r.set_nonblocking(true)?;
     w.set_nonblocking(true)?;
     // The write end lives as long as the process.
     SIGNAL_FD.store(w.into_raw_fd(), Ordering::Relaxed);
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction is a valid "no flags, empty mask"
         // value; the handler is an extern "C" fn that only does
         // async-signal-safe work; pointers are to live locals.
@@ -101,4 +113,27 @@ pub fn shutdown_signals() -> io::Result<UnixStream> {
         }
     }
     Ok(r)
+}
+
+/// Drain the bytes [`daemon_signals`] queued: `Shutdown` if any of them asks
+/// to stop (it outranks a reload), else `Reload` if one asks for that.
+pub fn read_signals(mut r: &UnixStream) -> Option<Signal> {
+    let mut out = None;
+    let mut buf = [0u8; 64];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break, // WouldBlock: drained
+        };
+        for &b in &buf[..n] {
+            match libc::c_int::from(b) {
+                libc::SIGTERM | libc::SIGINT => out = Some(Signal::Shutdown),
+                libc::SIGHUP if out.is_none() => out = Some(Signal::Reload),
+                _ => {}
+            }
+        }
+    }
+    out
 }
