@@ -344,7 +344,7 @@ class Bench:
             procs = json.loads(out.stdout)
         except json.JSONDecodeError:
             return []
-        return [s for p in procs for s in p["sockets"]]
+        return [s for p in procs["processes"] for s in p["sockets"]]
 
     def run_client(self, name, argv, sdp, timeout, watch_ports=(), servers=(), pm="warm"):
         """Runs a client to its end. For SDP, samples sdp-stat while it runs:

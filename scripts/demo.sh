@@ -91,7 +91,7 @@ client_transport() {
     "$bin/sdp-stat" --json --pid "$client" 2>/dev/null | python3 -c '
 import json, sys
 port = sys.argv[1]
-for proc in json.load(sys.stdin):
+for proc in json.load(sys.stdin)["processes"]:
     for s in proc["sockets"]:
         if s["role"] == "client" and str(s["peer"]).endswith(":" + port) and s["transport"] != "-":
             print(s["transport"].upper(), "(" + s["why"] + ")")

@@ -1740,7 +1740,7 @@ def take_snapshot(a, snap):
         snap["failed"] += 1
         return
     snap["n"] += 1
-    for proc in doc:
+    for proc in doc["processes"]:
         for s in proc["sockets"]:
             if s["role"] not in ("client", "accepted"):
                 continue

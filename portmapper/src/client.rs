@@ -334,6 +334,26 @@ fn bounded_insert<K: std::hash::Hash + Eq + Copy, V>(
     map.insert(k, v);
 }
 
+/// What a cache entry is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKey {
+    /// One service: ApIPAddr and ApPort.
+    Service(SocketAddr),
+    /// Every port of a host (no port mapper answered there).
+    Host(IpAddr),
+}
+
+/// One live cache entry, for observability ([`Client::entries`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheEntry {
+    /// What it answers for.
+    pub key: CacheKey,
+    /// The answer a connection gets from it.
+    pub decision: Decision,
+    /// Time left; `None` is permanent (PmTime 255).
+    pub expires_in: Option<Duration>,
+}
+
 /// The PM Client: handle allocation and caches. See the module docs.
 #[derive(Debug)]
 pub struct Client {
@@ -521,6 +541,38 @@ impl Client {
         self.dead_hosts.clear();
     }
 
+    /// The live entries of the caches, at most `max`: positive answers
+    /// first, then denials, then silent hosts.
+    pub fn entries(&self, now: Instant, max: usize) -> Vec<CacheEntry> {
+        let left = |e: &Expiry| e.map(|t| t.saturating_duration_since(now));
+        let positive = self.positive.iter().map(|(&(ip, port), (sdp, e))| {
+            (
+                CacheKey::Service(SocketAddr::new(ip, port)),
+                Decision::Sdp(*sdp),
+                e,
+            )
+        });
+        let denied = self.denied.iter().map(|(&(ip, port), ((), e))| {
+            let key = CacheKey::Service(SocketAddr::new(ip, port));
+            (key, Decision::Tcp(Fallback::Denied), e)
+        });
+        let dead = self
+            .dead_hosts
+            .iter()
+            .map(|(&ip, (why, e))| (CacheKey::Host(ip), Decision::Tcp(*why), e));
+        positive
+            .chain(denied)
+            .chain(dead)
+            .filter(|(_, _, e)| live(e, now))
+            .take(max)
+            .map(|(key, decision, e)| CacheEntry {
+                key,
+                decision,
+                expires_in: left(e),
+            })
+            .collect()
+    }
+
     /// Transactions begun and not finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
@@ -553,6 +605,41 @@ mod tests {
             ..*t.request()
         }
         .to_bytes()
+    }
+
+    #[test]
+    fn entries_list_each_cache_with_its_time_left() {
+        let mut c = Client::new(ClientConfig::default());
+        let now = Instant::now();
+        let mut t = start(&mut c, now, 1);
+        t.handle_datagram(now, &reply(&t, MsgType::ACCEPT, 40001, 8));
+        c.finish(now, &t);
+        let other = sa("10.0.0.3:22");
+        let Lookup::Query(mut t) = c.begin(now, 2, other, sa(CP)) else {
+            panic!("cached")
+        };
+        t.handle_datagram(now, &reply(&t, MsgType::DENY, 22, 0));
+        c.finish(now, &t);
+        let later = now + Duration::from_millis(500);
+        let entries = c.entries(later, 10);
+        assert_eq!(
+            entries,
+            [
+                CacheEntry {
+                    key: CacheKey::Service(sa(AP)),
+                    decision: Decision::Sdp(sa("10.0.0.2:40001")),
+                    expires_in: Some(PmTime(8).duration() - Duration::from_millis(500)),
+                },
+                CacheEntry {
+                    key: CacheKey::Service(other),
+                    decision: Decision::Tcp(Fallback::Denied),
+                    expires_in: Some(Duration::from_millis(29_500)),
+                },
+            ]
+        );
+        assert_eq!(c.entries(later, 1).len(), 1);
+        // Expired entries are not listed.
+        assert_eq!(c.entries(now + Duration::from_secs(31), 10), []);
     }
 
     #[test]

@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
-use crate::client::{Client, ClientConfig, Decision, Fallback, Lookup, Outcome, Transaction};
+use crate::client::{
+    CacheEntry, Client, ClientConfig, Decision, Fallback, Lookup, Outcome, Transaction,
+};
 
 /// A random 64-bit value for an AssocHandle: SipHash, keyed from the OS's
 /// randomness once per process, over a counter, the pid and the time. Not a
@@ -300,6 +302,11 @@ impl PmClient {
     /// Forget every cached answer.
     pub fn clear_cache(&self) {
         self.lock().clear_cache();
+    }
+
+    /// The live cache entries, at most `max` ([`Client::entries`]).
+    pub fn entries(&self, max: usize) -> Vec<CacheEntry> {
+        self.lock().entries(Instant::now(), max)
     }
 }
 

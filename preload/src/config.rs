@@ -1,9 +1,11 @@
-//! Configuration read once at start: the rules file (`SDP_CONFIG`, else
-//! `LIBSDP_CONFIG_FILE`; none means "both" everywhere) and logging
-//! (`SDP_LOG`, `SDP_LOG_FILE`, which win over the file's `log` statements).
+//! Configuration read once at start: the rules ([`Source::current`]:
+//! `SIMPLE_LIBSDP`/`ALWAYS_USE_SDP`, else the file `SDP_CONFIG` or
+//! `LIBSDP_CONFIG_FILE` names, else `/etc/libsdp.conf` if it exists; none
+//! means "both" everywhere) and logging (`SDP_LOG`, `SDP_LOG_FILE`, which
+//! win over the file's `log` statements).
 
 use crate::log::{self, Destination, Level};
-use crate::rules::{LogDestination, Rules};
+use crate::rules::{LogDestination, Rules, Source};
 use std::ffi::CString;
 use std::sync::OnceLock;
 
@@ -11,7 +13,7 @@ use std::sync::OnceLock;
 #[derive(Debug, Default)]
 pub struct Config {
     pub rules: Rules,
-    /// The rules file, if one was named.
+    /// The rules file, if one was read.
     pub path: Option<String>,
 }
 
@@ -56,10 +58,15 @@ fn load() -> Config {
     }
     let env_file = env("SDP_LOG_FILE");
 
-    let path = env("SDP_CONFIG").or_else(|| env("LIBSDP_CONFIG_FILE"));
-    let (rules, read_error) = match &path {
-        None => (Rules::default(), None),
-        Some(p) => match std::fs::read_to_string(p) {
+    let source = Source::current();
+    let path = match &source {
+        Source::File { path, .. } => Some(path.clone()),
+        _ => None,
+    };
+    let (rules, read_error) = match &source {
+        Source::AlwaysSdp(_) => (Rules::always_sdp(), None),
+        Source::None => (Rules::default(), None),
+        Source::File { path, .. } => match std::fs::read_to_string(path) {
             Ok(text) => (Rules::parse(&text), None),
             Err(e) => (Rules::default(), Some(e)),
         },
@@ -73,7 +80,11 @@ fn load() -> Config {
     let destination = match (&env_file, &rules.log.destination) {
         (Some(f), _) => CString::new(f.as_str()).ok().map(Destination::File),
         (None, Some(LogDestination::File(f))) => {
-            CString::new(f.as_str()).ok().map(Destination::File)
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            CString::new(libsdp_log_path(f, uid))
+                .ok()
+                .map(Destination::File)
         }
         (None, Some(LogDestination::Syslog)) => Some(Destination::Syslog),
         _ => None,
@@ -103,5 +114,37 @@ fn load() -> Config {
             program()
         );
     }
+    if let Source::AlwaysSdp(variable) = source {
+        crate::log!(
+            Level::Debug,
+            "{variable} is set: SDP for every socket, no rules file"
+        );
+    }
     Config { rules, path }
+}
+
+/// Where libsdp wrote a `log destination file NAME`: root's logs go to
+/// `/var/log/NAME`; another user's to `NAME.<uid>` if NAME has a
+/// directory, else to `/tmp/NAME.<uid>`, so that no user writes a file
+/// another one reads.
+fn libsdp_log_path(name: &str, uid: u32) -> String {
+    match (uid, name.contains('/')) {
+        (0, true) => name.to_owned(),
+        (0, false) => format!("/var/log/{name}"),
+        (_, true) => format!("{name}.{uid}"),
+        (_, false) => format!("/tmp/{name}.{uid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::libsdp_log_path;
+
+    #[test]
+    fn log_files_go_where_libsdp_put_them() {
+        assert_eq!(libsdp_log_path("libsdp.log", 0), "/var/log/libsdp.log");
+        assert_eq!(libsdp_log_path("/srv/sdp.log", 0), "/srv/sdp.log");
+        assert_eq!(libsdp_log_path("libsdp.log", 1000), "/tmp/libsdp.log.1000");
+        assert_eq!(libsdp_log_path("/srv/sdp.log", 1000), "/srv/sdp.log.1000");
+    }
 }

@@ -18,6 +18,14 @@
 //!
 //! A line that does not parse is reported with its line number and skipped;
 //! the other lines still apply.
+//!
+//! Which rules apply ([`Source::from_env`]) follows the OFED libsdp: with
+//! `SIMPLE_LIBSDP` or `ALWAYS_USE_SDP` set, SDP for every socket and no
+//! file; else the file `SDP_CONFIG` or `LIBSDP_CONFIG_FILE` names; else
+//! `/etc/libsdp.conf` if it exists. As in libsdp, an IPv4 rule address of
+//! `0.0.0.0` matches every address.
+//!
+//! This file stands alone (std only): `sdp-stat --explain` includes it.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -40,6 +48,61 @@ pub enum Role {
     Server,
     /// `client` / `connect`: the address a socket connects to.
     Client,
+}
+
+/// The rules file libsdp reads when no variable names one.
+pub const DEFAULT_FILE: &str = "/etc/libsdp.conf";
+
+/// Where the rules come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `SIMPLE_LIBSDP` or `ALWAYS_USE_SDP` (the variable) is set: SDP for
+    /// every socket, no file read.
+    AlwaysSdp(&'static str),
+    /// A rules file: named by a variable (`Some(variable)`), or the
+    /// default file.
+    File {
+        path: String,
+        variable: Option<&'static str>,
+    },
+    /// No file: `both` everywhere.
+    None,
+}
+
+impl Source {
+    /// Decides from the environment (`var` reads a variable) and whether
+    /// [`DEFAULT_FILE`] exists.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>, default_exists: bool) -> Source {
+        // libsdp tests these for presence: an empty value counts.
+        for name in ["SIMPLE_LIBSDP", "ALWAYS_USE_SDP"] {
+            if var(name).is_some() {
+                return Source::AlwaysSdp(name);
+            }
+        }
+        for name in ["SDP_CONFIG", "LIBSDP_CONFIG_FILE"] {
+            if let Some(path) = var(name).filter(|p| !p.is_empty()) {
+                return Source::File {
+                    path,
+                    variable: Some(name),
+                };
+            }
+        }
+        if default_exists {
+            return Source::File {
+                path: DEFAULT_FILE.to_owned(),
+                variable: None,
+            };
+        }
+        Source::None
+    }
+
+    /// The source of this process: its environment and file system.
+    pub fn current() -> Source {
+        Source::from_env(
+            |name| std::env::var(name).ok(),
+            std::path::Path::new(DEFAULT_FILE).exists(),
+        )
+    }
 }
 
 /// Where log lines go (`log destination ...`).
@@ -69,6 +132,33 @@ pub struct Rule {
     pub network: Option<(IpAddr, u8)>,
     /// Inclusive port range; `None` matches every port.
     pub ports: Option<(u16, u16)>,
+}
+
+impl fmt::Display for Rule {
+    /// The rule as a `use` line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let family = match self.family {
+            Family::Sdp => "sdp",
+            Family::Tcp => "tcp",
+            Family::Both => "both",
+        };
+        let role = match self.role {
+            Role::Server => "server",
+            Role::Client => "client",
+        };
+        let program = self.program.as_deref().unwrap_or("*");
+        write!(f, "use {family} {role} {program} ")?;
+        match self.network {
+            None => write!(f, "*")?,
+            Some((IpAddr::V6(a), p)) => write!(f, "[{a}]/{p}")?,
+            Some((a, p)) => write!(f, "{a}/{p}")?,
+        }
+        match self.ports {
+            None => write!(f, ":*"),
+            Some((lo, hi)) if lo == hi => write!(f, ":{lo}"),
+            Some((lo, hi)) => write!(f, ":{lo}-{hi}"),
+        }
+    }
 }
 
 /// A line of a configuration file that could not be read.
@@ -106,6 +196,21 @@ pub struct Decision {
 }
 
 impl Rules {
+    /// SDP only for every socket of both roles (`SIMPLE_LIBSDP`).
+    pub fn always_sdp() -> Rules {
+        let all = |role| Rule {
+            family: Family::Sdp,
+            role,
+            program: None,
+            network: None,
+            ports: None,
+        };
+        Rules {
+            rules: vec![all(Role::Server), all(Role::Client)],
+            ..Rules::default()
+        }
+    }
+
     /// Parses the text of a configuration file.
     ///
     /// ```
@@ -314,6 +419,8 @@ fn canonical(ip: IpAddr) -> IpAddr {
 
 fn in_network(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
     match (ip, net) {
+        // libsdp: "0.0.0.0" as a rule address matches any address.
+        (_, IpAddr::V4(net)) if net.is_unspecified() => true,
         (IpAddr::V4(ip), IpAddr::V4(net)) => {
             let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
             u32::from(ip) & mask == u32::from(net) & mask
@@ -362,6 +469,155 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// The statements of the `libsdp.conf` the OFED library shipped: its
+    /// one `log` line and two `use` lines, and the example statements its
+    /// comments gave (here uncommented, in the same order, ahead of the
+    /// defaults as the file told users to put them).
+    const OFED: &str = "\
+# errors only, to /tmp/libsdp.log.<uid> (/var/log/libsdp.log for root)
+log min-level 9 destination file libsdp.log
+# the examples, one per kind of rule
+#log min-level 1 destination file libsdp.log
+#log min-level 7 destination stderr
+#log min-level 9 destination syslog
+use sdp connect * 192.168.1.0/24:*
+use sdp listen ttcp *:5001
+use tcp server ttcp* *:22-25
+use both server * *:8080
+use both connect * 11.4.8.0/24:22
+# the defaults: servers listen on both, clients try SDP first
+use both server * *:*
+use both client * *:*
+";
+
+    #[test]
+    fn the_ofed_file_parses_and_each_rule_matches_as_in_libsdp() {
+        let rules = Rules::parse(OFED);
+        assert_eq!(rules.errors, vec![]);
+        assert_eq!(
+            rules.log,
+            LogSettings {
+                destination: Some(LogDestination::File("libsdp.log".into())),
+                min_level: Some(9),
+            }
+        );
+        assert_eq!(rules.rules.len(), 7);
+        // The commented log lines parse too.
+        for line in OFED.lines().filter(|l| l.starts_with("#log")) {
+            assert_eq!(Rules::parse(&line[1..]).errors, vec![], "{line}");
+        }
+        // (role, program, address) → (family, rule): libsdp's matcher takes
+        // the first rule of the role whose program glob, port range and
+        // network all match, else "both".
+        let cases = [
+            (Role::Client, "curl", "192.168.1.7:80", Family::Sdp, Some(1)),
+            (
+                Role::Client,
+                "curl",
+                "192.168.2.7:80",
+                Family::Both,
+                Some(7),
+            ),
+            (Role::Client, "ssh", "11.4.8.9:22", Family::Both, Some(5)),
+            (Role::Client, "ssh", "11.4.9.9:22", Family::Both, Some(7)),
+            (
+                Role::Client,
+                "ttcp",
+                "[fe80::1]:5001",
+                Family::Both,
+                Some(7),
+            ),
+            (Role::Server, "ttcp", "0.0.0.0:5001", Family::Sdp, Some(2)),
+            (Role::Server, "nttcp", "0.0.0.0:5001", Family::Both, Some(6)),
+            (Role::Server, "ttcp", "0.0.0.0:23", Family::Tcp, Some(3)),
+            (Role::Server, "ttcp-x", "10.0.0.1:25", Family::Tcp, Some(3)),
+            (Role::Server, "ttcp", "0.0.0.0:26", Family::Both, Some(6)),
+            (Role::Server, "sshd", "0.0.0.0:22", Family::Both, Some(6)),
+            (Role::Server, "nginx", "[::]:8080", Family::Both, Some(4)),
+        ];
+        for (role, program, address, family, rule) in cases {
+            let d = rules.decide(role, program, &addr(address));
+            assert_eq!(
+                (d.family, d.rule),
+                (family, rule),
+                "{role:?} {program} {address}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rule_prints_as_a_line_that_parses_to_it() {
+        let text = "use tcp server ttcp* 10.0.0.0/8:22-25\nuse both client * [2001:db8::]/32:*\nuse sdp client *:7\n";
+        let rules = Rules::parse(text);
+        let lines: Vec<String> = rules.rules.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            lines,
+            [
+                "use tcp server ttcp* 10.0.0.0/8:22-25",
+                "use both client * [2001:db8::]/32:*",
+                "use sdp client * *:7"
+            ]
+        );
+        assert_eq!(Rules::parse(&lines.join("\n")).rules, rules.rules);
+    }
+
+    #[test]
+    fn an_unspecified_ipv4_rule_address_matches_every_address() {
+        let rules = Rules::parse("use tcp client * 0.0.0.0:7\n");
+        for a in ["10.1.1.1:7", "[2001:db8::1]:7"] {
+            assert_eq!(
+                rules.decide(Role::Client, "x", &addr(a)).family,
+                Family::Tcp
+            );
+        }
+        assert_eq!(
+            rules.decide(Role::Client, "x", &addr("10.1.1.1:8")).family,
+            Family::Both
+        );
+    }
+
+    #[test]
+    fn the_source_follows_libsdp() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let file = |path: &str, variable| Source::File {
+            path: path.into(),
+            variable,
+        };
+        assert_eq!(Source::from_env(env(&[]), false), Source::None);
+        assert_eq!(Source::from_env(env(&[]), true), file(DEFAULT_FILE, None));
+        assert_eq!(
+            Source::from_env(env(&[("LIBSDP_CONFIG_FILE", "/a")]), true),
+            file("/a", Some("LIBSDP_CONFIG_FILE"))
+        );
+        assert_eq!(
+            Source::from_env(
+                env(&[("LIBSDP_CONFIG_FILE", "/a"), ("SDP_CONFIG", "/b")]),
+                true
+            ),
+            file("/b", Some("SDP_CONFIG"))
+        );
+        // Set, even empty, wins over any file.
+        assert_eq!(
+            Source::from_env(env(&[("SIMPLE_LIBSDP", ""), ("SDP_CONFIG", "/b")]), true),
+            Source::AlwaysSdp("SIMPLE_LIBSDP")
+        );
+        assert_eq!(
+            Source::from_env(env(&[("ALWAYS_USE_SDP", "1")]), false),
+            Source::AlwaysSdp("ALWAYS_USE_SDP")
+        );
+        let all = Rules::always_sdp();
+        for (role, a) in [(Role::Client, "10.0.0.1:22"), (Role::Server, "[::]:80")] {
+            assert_eq!(all.decide(role, "sshd", &addr(a)).family, Family::Sdp);
+        }
     }
 
     #[test]

@@ -16,13 +16,15 @@
 
 use crate::rules::Family;
 use crate::sdp::Stats;
+use crate::stat_format;
 use crate::sys::real;
-use crate::table::{self, Entry, CHUNK};
+use crate::table::{self, Entry, TcpReason, Transport, CHUNK};
+use portmapper::client::{CacheEntry, CacheKey, Decision, Fallback};
 use std::ffi::CString;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::ptr;
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use crate::stat_format::{field, le_u64};
@@ -30,6 +32,7 @@ pub use crate::stat_format::{
     parse, ParseError, ProcessState, Record, FLAG_FORCED, FLAG_IPV6, HEADER_LEN, MAGIC, RECORD_LEN,
     VERSION,
 };
+use crate::stat_format::{PM_CACHE_MAX, PM_ENTRY_LEN, REASONS};
 const CHUNK_BYTES: usize = CHUNK * RECORD_LEN;
 const CHUNKS: usize = 4096;
 
@@ -52,6 +55,17 @@ struct File {
 }
 
 static FILE: Mutex<Option<File>> = Mutex::new(None);
+
+/// Sockets that went over TCP, by reason (the header's `H_FALLBACKS`).
+static FALLBACKS: [AtomicU64; REASONS] = [const { AtomicU64::new(0) }; REASONS];
+
+/// The header's port mapper cache part: entries in use and their bytes.
+/// Taken only with [`FILE`] held (the one lock order).
+static PM_CACHE: Mutex<(u32, [u8; PM_CACHE_MAX * PM_ENTRY_LEN])> =
+    Mutex::new((0, [0; PM_CACHE_MAX * PM_ENTRY_LEN]));
+
+/// The header's sequence word (`H_SEQ`), even between updates.
+static HEADER_SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// The directory files go to (`None` if the export is off).
 pub fn directory() -> Option<String> {
@@ -125,7 +139,88 @@ fn header() -> [u8; HEADER_LEN] {
     let name = crate::config::program().as_bytes();
     let n = name.len().min(field::H_PROGRAM.len() - 1);
     h[field::H_PROGRAM.start..field::H_PROGRAM.start + n].copy_from_slice(&name[..n]);
+    extras(&mut h);
     h
+}
+
+/// Fills the header's counters and cache from the process's figures.
+fn extras(h: &mut [u8; HEADER_LEN]) {
+    for (b, n) in h[field::H_FALLBACKS].chunks_exact_mut(8).zip(&FALLBACKS) {
+        b.copy_from_slice(&n.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let cache = PM_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    h[field::H_PM_CACHE_LEN].copy_from_slice(&cache.0.to_le_bytes());
+    h[field::H_PM_CACHE].copy_from_slice(&cache.1);
+}
+
+/// Rewrites the header's counters and cache in the file, under its
+/// sequence word. Called with [`FILE`] held.
+fn write_extras(file: &File) {
+    let mut h = [0u8; HEADER_LEN];
+    extras(&mut h);
+    let s = HEADER_SEQ.load(Ordering::Relaxed);
+    let seq = |v: u32| v.to_le_bytes();
+    pwrite_all(file.fd, &seq(s | 1), field::H_SEQ.start);
+    let body = field::H_FALLBACKS.start..field::H_PM_CACHE.end;
+    pwrite_all(file.fd, &h[body.clone()], body.start);
+    let next = (s | 1).wrapping_add(1);
+    pwrite_all(file.fd, &seq(next), field::H_SEQ.start);
+    HEADER_SEQ.store(next, Ordering::Relaxed);
+}
+
+/// Counts a socket that went over TCP for `reason`.
+fn count_fallback(reason: TcpReason) {
+    if let Some(n) = FALLBACKS.get(reason as usize) {
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Ok(guard) = FILE.lock() {
+        if let Some(file) = guard.as_ref() {
+            write_extras(file);
+        }
+    }
+}
+
+/// Publishes the port mapper client's cache (after each change to it).
+pub fn publish_pm_cache(entries: &[CacheEntry]) {
+    let now = monotonic_ms();
+    let mut bytes = [0u8; PM_CACHE_MAX * PM_ENTRY_LEN];
+    let mut n = 0;
+    for (e, out) in entries.iter().zip(bytes.chunks_exact_mut(PM_ENTRY_LEN)) {
+        let (key, host) = match e.key {
+            CacheKey::Service(a) => (a, 0),
+            CacheKey::Host(ip) => (SocketAddr::new(ip, 0), stat_format::PM_KIND_HOST),
+        };
+        let (answer, sdp_port) = match e.decision {
+            Decision::Sdp(a) => (stat_format::PM_SDP, a.port()),
+            Decision::Tcp(Fallback::Denied) => (stat_format::PM_DENY, 0),
+            Decision::Tcp(Fallback::NoAnswer) => (stat_format::PM_NO_ANSWER, 0),
+            Decision::Tcp(Fallback::Unreachable) => (stat_format::PM_UNREACHABLE, 0),
+        };
+        let expires = e.expires_in.map_or(u64::MAX, |d| {
+            now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        });
+        out[field::PM_KEY].copy_from_slice(&addr_bytes(Some(key)));
+        out[field::PM_KIND] = answer | host;
+        out[field::PM_SDP_PORT].copy_from_slice(&sdp_port.to_le_bytes());
+        out[field::PM_EXPIRES].copy_from_slice(&expires.to_le_bytes());
+        n += 1;
+    }
+    let Ok(guard) = FILE.lock() else { return };
+    *PM_CACHE.lock().unwrap_or_else(|p| p.into_inner()) = (n, bytes);
+    if let Some(file) = guard.as_ref() {
+        write_extras(file);
+    }
+}
+
+/// CLOCK_MONOTONIC in milliseconds (the clock every process shares).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 fn pwrite_all(fd: libc::c_int, bytes: &[u8], offset: usize) -> bool {
@@ -407,8 +502,21 @@ pub fn publish(fd: i32, entry: Option<&Entry>) {
     match entry {
         Some(e) => {
             if let Some(rec) = record(fd, true) {
+                // SAFETY: the record is RECORD_LEN bytes of a live
+                // mapping and has one writer: us.
+                let was = unsafe {
+                    (
+                        *rec.add(field::IN_USE),
+                        *rec.add(field::TRANSPORT),
+                        *rec.add(field::REASON),
+                    )
+                };
                 let bytes = entry_bytes(e);
                 write_record(rec, &[(field::ENTRY_PART.start, &bytes)]);
+                let now = (1, Transport::Tcp as u8, e.reason as u8);
+                if e.transport == Transport::Tcp && e.reason != TcpReason::None && was != now {
+                    count_fallback(e.reason);
+                }
             }
         }
         None => {
@@ -540,6 +648,10 @@ pub fn fork_child() {
         return;
     };
     let Some(old) = guard.take() else { return };
+    // The child counts its own sockets; the cache it inherited is its own.
+    for n in &FALLBACKS {
+        n.store(0, Ordering::Relaxed);
+    }
     // What the child holds, read before the windows are replaced.
     let mut records: Vec<(i32, [u8; 52], Option<StatsPart>)> = Vec::new();
     crate::table::for_each_unguarded(|fd, e| {

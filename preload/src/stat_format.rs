@@ -7,8 +7,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// First 8 bytes of the file.
 pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
-/// Format version (header offset 8).
-pub const VERSION: u32 = 3;
+/// Format version (header offset 8). Version 4 added the fallback counters
+/// and the port mapper cache to the header; a version 3 file reads as one
+/// with neither.
+pub const VERSION: u32 = 4;
+/// The oldest version [`parse`] reads.
+pub const MIN_VERSION: u32 = 3;
 /// Bytes before record 0 (one page).
 pub const HEADER_LEN: usize = 4096;
 /// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
@@ -28,6 +32,30 @@ pub mod field {
     pub const H_PID: std::ops::Range<usize> = 20..24;
     pub const H_START: std::ops::Range<usize> = 24..32;
     pub const H_PROGRAM: std::ops::Range<usize> = 32..96;
+    /// Sequence word of the fallback counters and the cache: odd while
+    /// the writer changes them.
+    pub const H_SEQ: std::ops::Range<usize> = 96..100;
+    /// Sockets of this process that went over TCP, by reason (index: the
+    /// `table::TcpReason` number), one u64 each.
+    pub const H_FALLBACKS: std::ops::Range<usize> = 128..256;
+    /// Entries in use of `H_PM_CACHE`.
+    pub const H_PM_CACHE_LEN: std::ops::Range<usize> = 256..260;
+    /// The port mapper client's cache: `PM_CACHE_MAX` entries of
+    /// `PM_ENTRY_LEN` bytes (`PM_KEY`, `PM_KIND`, `PM_SDP_PORT`,
+    /// `PM_EXPIRES`).
+    pub const H_PM_CACHE: std::ops::Range<usize> =
+        512..512 + super::PM_CACHE_MAX * super::PM_ENTRY_LEN;
+    /// Cache entry: the service (address and port) or, with port 0 and
+    /// `PM_KIND_HOST`, the host, as a record's address field.
+    pub const PM_KEY: std::ops::Range<usize> = 0..20;
+    /// Cache entry: `PM_SDP`, `PM_DENY`, `PM_NO_ANSWER` or
+    /// `PM_UNREACHABLE`, plus `PM_KIND_HOST` for a host entry.
+    pub const PM_KIND: usize = 20;
+    /// Cache entry: the SDP port of a `PM_SDP` answer.
+    pub const PM_SDP_PORT: std::ops::Range<usize> = 22..24;
+    /// Cache entry: when it expires, CLOCK_MONOTONIC in milliseconds;
+    /// `u64::MAX` is never.
+    pub const PM_EXPIRES: std::ops::Range<usize> = 24..32;
     // Record.
     pub const SEQ: std::ops::Range<usize> = 0..4;
     pub const IN_USE: usize = 4;
@@ -64,6 +92,23 @@ pub mod field {
     pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
 }
 
+/// Fallback counters in the header (one per `table::TcpReason`).
+pub const REASONS: usize = 16;
+/// Most port mapper cache entries in the header.
+pub const PM_CACHE_MAX: usize = 64;
+/// Bytes per port mapper cache entry.
+pub const PM_ENTRY_LEN: usize = 32;
+/// Cache answers (`field::PM_KIND`).
+pub const PM_SDP: u8 = 1;
+pub const PM_DENY: u8 = 2;
+pub const PM_NO_ANSWER: u8 = 3;
+pub const PM_UNREACHABLE: u8 = 4;
+/// Cache entry flag: the entry is about every port of a host.
+pub const PM_KIND_HOST: u8 = 0x80;
+
+const _: () = assert!(field::H_FALLBACKS.end - field::H_FALLBACKS.start == REASONS * 8);
+const _: () = assert!(field::H_PM_CACHE.end <= HEADER_LEN);
+
 /// Record flag: created as `socket(AF_INET_SDP, ...)`.
 pub const FLAG_FORCED: u8 = 1;
 /// Record flag: an `AF_INET6` socket.
@@ -79,6 +124,25 @@ pub struct ProcessState {
     pub start_time: u64,
     pub program: String,
     pub records: Vec<Record>,
+    /// Sockets that went over TCP, by `table::TcpReason` number.
+    pub fallbacks: [u64; REASONS],
+    /// The port mapper client's cache when the file was read.
+    pub pm_cache: Vec<PmCached>,
+}
+
+/// A port mapper cache entry of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PmCached {
+    /// The service; for a host entry, its address with port 0.
+    pub key: SocketAddr,
+    /// The entry is about every port of the host.
+    pub host: bool,
+    /// `PM_SDP`, `PM_DENY`, `PM_NO_ANSWER` or `PM_UNREACHABLE`.
+    pub answer: u8,
+    /// The SDP port of a `PM_SDP` answer.
+    pub sdp_port: u16,
+    /// CLOCK_MONOTONIC milliseconds at which it expires; `u64::MAX` never.
+    pub expires_ms: u64,
 }
 
 /// One in-use record.
@@ -128,6 +192,8 @@ pub enum ParseError {
     UnsupportedVersion(u32),
     /// A record stayed mid-update (odd sequence) in the snapshot.
     Torn(u32),
+    /// The header's counters or cache were mid-update.
+    TornHeader,
 }
 
 pub fn le_u16(b: &[u8]) -> u16 {
@@ -175,7 +241,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
         return Err(ParseError::BadMagic);
     }
     let version = le_u32(&h[field::H_VERSION]);
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(ParseError::UnsupportedVersion(version));
     }
     let header_len = le_u32(&h[field::H_HEADER_LEN]) as usize;
@@ -193,7 +259,28 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
         start_time: le_u64(&h[field::H_START]),
         program: String::from_utf8_lossy(&program[..end]).into_owned(),
         records: Vec::new(),
+        fallbacks: [0; REASONS],
+        pm_cache: Vec::new(),
     };
+    if version >= 4 {
+        if le_u32(&h[field::H_SEQ]) & 1 == 1 {
+            return Err(ParseError::TornHeader);
+        }
+        state.fallbacks = le_u64s(&h[field::H_FALLBACKS]);
+        let n = (le_u32(&h[field::H_PM_CACHE_LEN]) as usize).min(PM_CACHE_MAX);
+        for e in h[field::H_PM_CACHE].chunks_exact(PM_ENTRY_LEN).take(n) {
+            let Some(key) = parse_addr(&e[field::PM_KEY]) else {
+                continue;
+            };
+            state.pm_cache.push(PmCached {
+                key,
+                host: e[field::PM_KIND] & PM_KIND_HOST != 0,
+                answer: e[field::PM_KIND] & !PM_KIND_HOST,
+                sdp_port: le_u16(&e[field::PM_SDP_PORT]),
+                expires_ms: le_u64(&e[field::PM_EXPIRES]),
+            });
+        }
+    }
     let body = bytes.get(header_len..).unwrap_or(&[]);
     for (fd, r) in body.chunks_exact(record_len).enumerate() {
         let seq = le_u32(&r[field::SEQ]);

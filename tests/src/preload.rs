@@ -176,6 +176,8 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, mode: Mode, stat_dir: &Path
         "LD_PRELOAD",
         "SDP_CONFIG",
         "LIBSDP_CONFIG_FILE",
+        "SIMPLE_LIBSDP",
+        "ALWAYS_USE_SDP",
         "SDP_LOG",
         "SDP_LOG_FILE",
         "SDP_STAT",

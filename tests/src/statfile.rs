@@ -50,6 +50,8 @@ pub struct StatFile {
     pub start_time: u64,
     pub program: String,
     pub records: Vec<Record>,
+    /// Sockets that went over TCP, by reason number (header 128..256).
+    pub tcp_by_reason: [u64; 16],
 }
 
 impl StatFile {
@@ -116,7 +118,7 @@ fn torn(bytes: &[u8]) -> bool {
 pub fn parse(bytes: &[u8]) -> StatFile {
     assert!(bytes.len() >= 4096, "header is one page");
     assert_eq!(&bytes[0..8], b"SDPSTAT1");
-    assert_eq!(u32_at(bytes, 8), 3, "version");
+    assert_eq!(u32_at(bytes, 8), 4, "version");
     let header_len = u32_at(bytes, 12) as usize;
     let record_len = u32_at(bytes, 16) as usize;
     assert_eq!((header_len, record_len), (4096, 208));
@@ -127,6 +129,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
         start_time: u64_at(bytes, 24),
         program: String::from_utf8_lossy(&name[..end]).into_owned(),
         records: Vec::new(),
+        tcp_by_reason: std::array::from_fn(|i| u64_at(bytes, 128 + 8 * i)),
     };
     assert_eq!((bytes.len() - header_len) % record_len, 0);
     for (fd, r) in bytes[header_len..].chunks(record_len).enumerate() {
@@ -191,14 +194,14 @@ fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
             continue;
         }
         if &prev[0..8] != b"SDPSTAT1"
-            || u32_at(&prev, 8) != 3
+            || u32_at(&prev, 8) != 4
             || u32_at(&prev, 12) as usize != HEADER
             || u32_at(&prev, 16) as usize != RECORD
             || !(prev.len() - HEADER).is_multiple_of(RECORD)
         {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{}: not a version 3 state export file", path.display()),
+                format!("{}: not a version 4 state export file", path.display()),
             ));
         }
         let records = (prev.len() - HEADER) / RECORD;

@@ -359,6 +359,7 @@ impl Connector {
         {
             let _g = table::enter_gate();
             super::pm().forget(self.ap);
+            super::pm_cache_changed();
         }
         self.replace_socket(self.nonblocking)
             .map_err(|_| TcpReason::Internal)?;
@@ -385,6 +386,7 @@ impl Connector {
         {
             let _g = table::enter_gate();
             super::pm().sdp_connect_failed(self.ap);
+            super::pm_cache_changed();
         }
         Step::Done(Err(Fail {
             reason,
@@ -410,7 +412,9 @@ impl Connector {
                     }
                     let decision = {
                         let _g = table::enter_gate();
-                        super::pm().finish(*q)
+                        let d = super::pm().finish(*q);
+                        super::pm_cache_changed();
+                        d
                     };
                     match decision {
                         Decision::Sdp(a) => self.phase = Phase::Connect(a),

@@ -71,6 +71,11 @@ pub(crate) fn pm() -> &'static PmClient {
     })
 }
 
+/// The PM client's cache changed: `sdp-stat` shows it (`--explain`).
+pub(crate) fn pm_cache_changed() {
+    crate::stat::publish_pm_cache(&pm().entries(crate::stat_format::PM_CACHE_MAX));
+}
+
 /// How long the short tail of a large write may wait for the next write
 /// (`Config::coalesce`), unless the program set TCP_NODELAY: longer than a
 /// scheduler time slice, so that a streaming writer descheduled for a few

@@ -1,4 +1,5 @@
-//! `sdp-stat [--dir DIR] [--json] [--pid PID]...`
+//! `sdp-stat [--dir DIR] [--json] [--pid PID]... [--watch SECS [--count N]]`
+//! `sdp-stat --explain HOST:PORT [PROGRAM] [--json] [--no-query]`
 //!
 //! Lists, for every preloaded process on the host (the state export files
 //! of `docs/preload.md`, "State export"), each socket the preload manages:
@@ -6,8 +7,11 @@
 //! port mapper timeout, an MPA reject...), the flow-control mode of each
 //! direction, bytes moved by Bcopy, Read Zcopy and Write Zcopy, the
 //! credits, the Zcopy messages sent (SrcAvail, SinkAvail, SendSm, cancels,
-//! ModeChange) and the received bytes copied from Private Buffers. `--json`
-//! prints the same as one JSON document.
+//! ModeChange) and the received bytes copied from Private Buffers; then,
+//! per process, how many sockets went over TCP for each reason. `--json`
+//! prints the same as one JSON document (`version` says its layout);
+//! `--watch` prints it again every SECS seconds. `--explain` is in
+//! [`explain`].
 //!
 //! Files of processes that are gone (or whose pid now runs another
 //! process) are skipped. The directory is `--dir`, else `SDP_STAT_DIR`,
@@ -18,17 +22,29 @@
 //! included, the library is not linked: its interposed functions would
 //! otherwise be this program's).
 
+mod explain;
+
 #[allow(dead_code)]
-#[path = "../stat_format.rs"]
+#[path = "../../stat_format.rs"]
 mod stat_format;
 
+#[allow(dead_code)]
+#[path = "../../rules.rs"]
+mod rules;
+
 use stat_format::{ParseError, ProcessState, Record};
+use std::time::Duration;
+
+/// The layout of the `--json` documents: 2 wraps the processes in an
+/// object with this field (1 was a bare list).
+pub const JSON_VERSION: u32 = 2;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: sdp-stat [--dir DIR] [--json] [--pid PID]...
+usage: sdp-stat [--dir DIR] [--json] [--pid PID]... [--watch SECS [--count N]]
+       sdp-stat --explain HOST:PORT [PROGRAM] [--json] [--no-query] [--timeout-ms MS]
 
 Lists the sockets of every process running under the SDP preload: role,
 addresses, SDP or TCP and why, modes, bytes by mechanism, credits, Zcopy
@@ -36,19 +52,36 @@ messages sent (ZC MSGS: SrcAvail/SinkAvail/SendSm/cancels/ModeChange),
 received bytes copied from Private Buffers and copied back (COPIED), and
 the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
 and by the peer into ours, or why a direction stays on the wire: wire,
-off, other-host, peer-gone, bad-offer, refused:ERRNO).
+off, other-host, peer-gone, bad-offer, refused:ERRNO). After the table,
+each process's sockets that went over TCP, counted by reason.
 
-  --dir DIR   the state export directory (default: SDP_STAT_DIR, else
-              $XDG_RUNTIME_DIR/sdp, else /tmp/sdp-<uid>)
-  --json      one JSON document instead of the table
-  --pid PID   only this process (repeatable)
-  --help      this text
+  --dir DIR          the state export directory (default: SDP_STAT_DIR, else
+                     $XDG_RUNTIME_DIR/sdp, else /tmp/sdp-<uid>)
+  --json             one JSON document instead of the table (with a version
+                     field)
+  --pid PID          only this process (repeatable)
+  --watch SECS       print again every SECS seconds (fractions allowed)
+  --count N          with --watch: stop after N prints
+  --explain HOST:PORT
+                     what a connect to HOST:PORT would do and why: the rule
+                     that matches (SDP_CONFIG, LIBSDP_CONFIG_FILE,
+                     /etc/libsdp.conf, SIMPLE_LIBSDP), the running processes'
+                     cached port mapper answers, and the answer of HOST's
+                     port mapper now; PROGRAM (after HOST:PORT) applies
+                     program rules and that program's caches
+  --no-query         with --explain: do not ask the port mapper
+  --timeout-ms MS    with --explain: how long to wait for the port mapper
+                     (default 900)
+  --help             this text
 ";
 
 struct Options {
     dir: PathBuf,
     json: bool,
     pids: Vec<u32>,
+    watch: Option<Duration>,
+    count: Option<u64>,
+    explain: Option<explain::Question>,
 }
 
 fn default_dir() -> PathBuf {
@@ -69,12 +102,50 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
         dir: default_dir(),
         json: false,
         pids: Vec::new(),
+        watch: None,
+        count: None,
+        explain: None,
     };
-    let mut args = args;
+    let mut no_query = false;
+    let mut timeout = Duration::from_millis(900);
+    let mut args = args.peekable();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--help" | "-h" => return Ok(None),
             "--json" => o.json = true,
+            "--watch" => {
+                let v = args.next().ok_or("--watch needs seconds")?;
+                let secs: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 86_400.0)
+                    .ok_or(format!("bad --watch {v:?} (seconds, more than 0)"))?;
+                o.watch = Some(Duration::from_secs_f64(secs));
+            }
+            "--count" => {
+                let v = args.next().ok_or("--count needs a number")?;
+                o.count = Some(v.parse().map_err(|_| format!("bad --count {v:?}"))?);
+            }
+            "--explain" => {
+                let target = args.next().ok_or("--explain needs HOST:PORT")?;
+                let program = args.next_if(|a| !a.starts_with('-'));
+                o.explain = Some(explain::Question {
+                    target,
+                    program,
+                    query: true,
+                    timeout: Duration::ZERO,
+                });
+            }
+            "--no-query" => no_query = true,
+            "--timeout-ms" => {
+                let v = args.next().ok_or("--timeout-ms needs a number")?;
+                let ms: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|ms| (1..=60_000).contains(ms))
+                    .ok_or(format!("bad --timeout-ms {v:?} (1 to 60000)"))?;
+                timeout = Duration::from_millis(ms);
+            }
             "--dir" => o.dir = args.next().ok_or("--dir needs a directory")?.into(),
             "--pid" | "-p" => {
                 let p = args.next().ok_or("--pid needs a number")?;
@@ -84,7 +155,28 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    if let Some(q) = &mut o.explain {
+        q.query = !no_query;
+        q.timeout = timeout;
+        if o.watch.is_some() {
+            return Err("--explain and --watch do not go together".into());
+        }
+    }
+    if o.count.is_some() && o.watch.is_none() {
+        return Err("--count needs --watch".into());
+    }
     Ok(Some(o))
+}
+
+/// CLOCK_MONOTONIC in milliseconds, the clock of the exported cache.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 /// The start time (clock ticks since boot) of process `pid`, if it runs.
@@ -104,7 +196,7 @@ fn read_state(path: &Path) -> Option<ProcessState> {
         let bytes = std::fs::read(path).ok()?;
         match stat_format::parse(&bytes) {
             Ok(s) => return Some(s),
-            Err(ParseError::Torn(_)) => std::thread::yield_now(),
+            Err(ParseError::Torn(_) | ParseError::TornHeader) => std::thread::yield_now(),
             Err(_) => return None,
         }
     }
@@ -276,6 +368,20 @@ fn table(states: &[ProcessState]) -> String {
             );
         }
     }
+    let mut header = false;
+    for st in states {
+        let counts = fallbacks(st);
+        if counts.is_empty() {
+            continue;
+        }
+        if !header {
+            let _ = writeln!(out, "\nTCP BY REASON");
+            header = true;
+        }
+        let list: Vec<String> = counts.iter().map(|(r, n)| format!("{r}={n}")).collect();
+        let program: String = st.program.chars().take(14).collect();
+        let _ = writeln!(out, "{:>7} {:<14} {}", st.pid, program, list.join(" "));
+    }
     out
 }
 
@@ -304,7 +410,7 @@ fn same_host(r: &Record) -> Option<(String, String)> {
     Some((tx, rx))
 }
 
-fn json_str(s: &str) -> String {
+pub fn json_str(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
     o.push('"');
     for ch in s.chars() {
@@ -326,7 +432,7 @@ fn json_addr(a: &Option<std::net::SocketAddr>) -> String {
 }
 
 fn json(states: &[ProcessState]) -> String {
-    let mut out = String::from("[");
+    let mut out = format!("{{\"version\": {JSON_VERSION}, \"processes\": [");
     for (i, s) in states.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -393,10 +499,48 @@ fn json(states: &[ProcessState]) -> String {
                 ))
             );
         }
-        out.push_str(if s.records.is_empty() { "]}" } else { "\n  ]}" });
+        out.push_str(if s.records.is_empty() { "]" } else { "\n  ]" });
+        let counts: Vec<String> = fallbacks(s)
+            .iter()
+            .map(|(r, n)| format!("{}: {n}", json_str(r)))
+            .collect();
+        let now = monotonic_ms();
+        let cache: Vec<String> = s
+            .pm_cache
+            .iter()
+            .filter(|e| e.expires_ms > now)
+            .map(|e| {
+                format!(
+                    "{{\"key\": {}, \"host\": {}, \"answer\": {}, \"sdp_port\": {}, \"expires_in_ms\": {}}}",
+                    json_str(&e.key.to_string()),
+                    e.host,
+                    e.answer,
+                    e.sdp_port,
+                    if e.expires_ms == u64::MAX {
+                        "null".into()
+                    } else {
+                        (e.expires_ms - now).to_string()
+                    }
+                )
+            })
+            .collect();
+        let _ = write!(
+            out,
+            ", \"tcp_by_reason\": {{{}}}, \"pm_cache\": [{}]}}",
+            counts.join(", "),
+            cache.join(", ")
+        );
     }
-    out.push_str(if states.is_empty() { "]\n" } else { "\n]\n" });
+    out.push_str(if states.is_empty() { "]}\n" } else { "\n]}\n" });
     out
+}
+
+/// A process's sockets that went over TCP, by reason name (nonzero only).
+fn fallbacks(s: &ProcessState) -> Vec<(&'static str, u64)> {
+    (0..s.fallbacks.len())
+        .filter(|&r| s.fallbacks[r] > 0)
+        .map(|r| (reason(r as u8), s.fallbacks[r]))
+        .collect()
 }
 
 fn main() -> ExitCode {
@@ -411,23 +555,59 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let states = match states(&o) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            eprintln!("sdp-stat: {}: {e}", o.dir.display());
-            return ExitCode::from(1);
-        }
-    };
-    print!(
-        "{}",
+    let mut printed = 0u64;
+    loop {
+        let states = match states(&o) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                eprintln!("sdp-stat: {}: {e}", o.dir.display());
+                return ExitCode::from(1);
+            }
+        };
+        let text = match &o.explain {
+            Some(q) => match explain::run(q, &states, o.json) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("sdp-stat: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            None if o.json => json(&states),
+            None => table(&states),
+        };
+        let Some(every) = o.watch else {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        };
         if o.json {
-            json(&states)
+            print!("{text}");
         } else {
-            table(&states)
+            // Home and clear, as watch(1) does, then the time of the look.
+            print!("\x1b[H\x1b[2J{}\n{text}", now_line(every));
         }
-    );
-    ExitCode::SUCCESS
+        use std::io::Write as _;
+        if std::io::stdout().flush().is_err() {
+            return ExitCode::SUCCESS;
+        }
+        printed += 1;
+        if o.count.is_some_and(|n| printed >= n) {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// The first line of a `--watch` screen.
+fn now_line(every: Duration) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (h, m, s) = (secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    format!(
+        "every {:.1} s; {h:02}:{m:02}:{s:02} UTC",
+        every.as_secs_f64()
+    )
 }
 
 #[cfg(test)]
@@ -480,11 +660,38 @@ mod tests {
             start_time: 1,
             program: "a\"b".into(),
             records: vec![record()],
+            fallbacks: {
+                let mut f = [0; stat_format::REASONS];
+                f[3] = 2;
+                f[11] = 1;
+                f
+            },
+            pm_cache: vec![stat_format::PmCached {
+                key: "10.0.0.2:22".parse().unwrap(),
+                host: false,
+                answer: stat_format::PM_DENY,
+                sdp_port: 0,
+                expires_ms: u64::MAX,
+            }],
         };
-        let j = json(&[s]);
+        let j = json(std::slice::from_ref(&s));
         assert!(
-            j.starts_with("[\n  {\"pid\": 42, \"program\": \"a\\\"b\""),
+            j.starts_with(
+                "{\"version\": 2, \"processes\": [\n  {\"pid\": 42, \"program\": \"a\\\"b\""
+            ),
             "{j}"
+        );
+        assert!(
+            j.ends_with(
+                "\n  ], \"tcp_by_reason\": {\"pm-deny\": 2, \"peer-tcp\": 1}, \"pm_cache\": [{\"key\": \"10.0.0.2:22\", \
+                 \"host\": false, \"answer\": 2, \"sdp_port\": 0, \"expires_in_ms\": null}]}\n]}\n"
+            ),
+            "{j}"
+        );
+        let t = table(&[s]);
+        assert!(
+            t.ends_with("\nTCP BY REASON\n     42 a\"b            pm-deny=2 peer-tcp=1\n"),
+            "{t}"
         );
         assert!(j.contains("\"reason\": \"pm-deny\""), "{j}");
         assert!(j.contains("\"bcopy_tx\": 1, \"bcopy_rx\": 2"), "{j}");
@@ -500,7 +707,7 @@ mod tests {
             ),
             "{j}"
         );
-        assert_eq!(json(&[]), "[]\n");
+        assert_eq!(json(&[]), "{\"version\": 2, \"processes\": []}\n");
         let t = table(&[]);
         assert!(t.starts_with("    PID PROGRAM"), "{t}");
         let s = ProcessState {
@@ -508,6 +715,8 @@ mod tests {
             start_time: 1,
             program: "p".into(),
             records: vec![record()],
+            fallbacks: [0; stat_format::REASONS],
+            pm_cache: Vec::new(),
         };
         let t = table(&[s]);
         assert!(t.contains(" 9/10/11/12/13 "), "{t}");
@@ -540,6 +749,8 @@ mod tests {
                 same_host: 0x1_0001,
                 ..r
             }],
+            fallbacks: [0; stat_format::REASONS],
+            pm_cache: Vec::new(),
         }]);
         assert!(
             j.contains(
