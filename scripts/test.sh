@@ -41,6 +41,11 @@ command -v wget >/dev/null || need_pkgs+=(wget)
 command -v python3 >/dev/null || need_pkgs+=(python3)
 command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v nm >/dev/null || need_pkgs+=(binutils)
+# The manual pages are rendered by man (man-db, groff); the systemd unit
+# is checked by systemd-analyze (package systemd; nothing is started).
+command -v man >/dev/null || need_pkgs+=(man-db)
+command -v groff >/dev/null || need_pkgs+=(groff-base)
+command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
 # gnuplot's recommends (ImageMagick, Ghostscript, groff) are not needed
 # for PNG charts; it gets a font instead.
 bare_pkgs=()
@@ -99,6 +104,16 @@ cargo nextest run --workspace --profile ci
 
 step "cargo test --doc"
 cargo test --workspace --doc --quiet
+
+# Each option of each program's --help is in its manual page, and every
+# page renders without a warning.
+step "manual pages against --help"
+scripts/check-man.sh
+
+# Installed like a system tool: the .deb installed, iperf3 over SDP by
+# sdprun from PATH, then removed and purged with nothing left behind.
+step "Debian package: install, iperf3 over SDP from PATH, remove, purge"
+as_root scripts/package-test.sh
 
 # A program under the preload behaves exactly as over TCP: CPython's own
 # socket test suites, plain against preloaded (docs/testing.md).

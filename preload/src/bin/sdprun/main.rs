@@ -1,8 +1,10 @@
 //! `sdprun [--config FILE] [--log LEVEL] program [args...]`
 //!
-//! Runs `program` with `libsdp_preload.so` preloaded: the library is looked
-//! for next to this executable (so `target/debug/sdprun` uses
-//! `target/debug/libsdp_preload.so`), or named by `SDP_PRELOAD_LIB`. It is
+//! Runs `program` with `libsdp_preload.so` preloaded: the library is named
+//! by `SDP_PRELOAD_LIB`, or looked for next to this executable (so
+//! `target/debug/sdprun` uses `target/debug/libsdp_preload.so`), then in
+//! the library directories of its prefix (`/usr/bin/sdprun` uses
+//! `/usr/lib/x86_64-linux-gnu/libsdp_preload.so`). It is
 //! appended to an existing `LD_PRELOAD`; `--config` sets `SDP_CONFIG`
 //! (made absolute), `--log` sets `SDP_LOG`. sdprun then `exec`s the program,
 //! so its exit status and signals are the program's own.
@@ -41,6 +43,8 @@ the peer speaks it, plain TCP otherwise.
                   SDP_LOG_FILE=path sends the log to a file
   --help          this text
 
+The library is SDP_PRELOAD_LIB, else libsdp_preload.so next to sdprun,
+else in ../lib/<multiarch>/ or ../lib/ from sdprun's directory.
 Unless one answers already, sdprun starts sdp-portmapper (from its own
 directory) in the background on UDP SDP_PM_PORT (default 3935);
 SDP_NO_PORTMAPPER=1 skips that.
@@ -106,22 +110,68 @@ fn parse(mut argv: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
     }))
 }
 
-/// The preload library: `$SDP_PRELOAD_LIB`, else next to this executable.
+/// Debian's multiarch directory name for the target this was built for
+/// (`lib/<triple>/` holds the shared libraries of a package installed in
+/// `/usr`): `x86_64-linux-gnu`, `aarch64-linux-gnu`...
+fn multiarch() -> String {
+    // Debian names 32-bit x86 after the i386, where Rust says x86.
+    let arch = if cfg!(target_arch = "x86") {
+        "i386"
+    } else {
+        std::env::consts::ARCH
+    };
+    let env = if cfg!(target_env = "musl") {
+        "musl"
+    } else {
+        "gnu"
+    };
+    format!("{arch}-{}-{env}", std::env::consts::OS)
+}
+
+/// Where the preload library may be, best first, for an `sdprun` in `dir`:
+/// beside it (a `cargo build`'s `target/release/`), then the library
+/// directories of the prefix it is installed in (`/usr/bin/sdprun` finds
+/// `/usr/lib/x86_64-linux-gnu/libsdp_preload.so`, then `/usr/lib/`).
+fn library_candidates(dir: &Path) -> [PathBuf; 3] {
+    [
+        dir.join(LIBRARY),
+        dir.join("../lib").join(multiarch()).join(LIBRARY),
+        dir.join("../lib").join(LIBRARY),
+    ]
+}
+
+/// The first candidate that is a file.
+fn first_file(candidates: impl IntoIterator<Item = PathBuf>) -> Option<PathBuf> {
+    candidates.into_iter().find(|c| c.is_file())
+}
+
+/// The directory of this executable.
+fn exe_dir() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+    Ok(exe.parent().unwrap_or(Path::new("/")).to_owned())
+}
+
+/// The preload library: `$SDP_PRELOAD_LIB`, else the first of
+/// [`library_candidates`] that exists.
 fn find_library() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("SDP_PRELOAD_LIB").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    for candidate in [dir.join(LIBRARY), dir.join("../lib").join(LIBRARY)] {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    Err(format!(
-        "{LIBRARY} is not next to {} (build it with `cargo build -p preload`, or set SDP_PRELOAD_LIB)",
-        exe.display()
-    ))
+    let dir = exe_dir()?;
+    let candidates = library_candidates(&dir);
+    first_file(candidates.clone()).ok_or_else(|| {
+        let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+        format!(
+            "{LIBRARY} is in none of {} (build it with `cargo build -p preload`, or set SDP_PRELOAD_LIB)",
+            tried.join(", ")
+        )
+    })
+}
+
+/// Where the port mapper daemon may be for an `sdprun` in `dir`: beside it
+/// (`target/release/`, or `/usr/bin/` where the package puts both).
+fn daemon_candidates(dir: &Path) -> [PathBuf; 1] {
+    [dir.join("sdp-portmapper")]
 }
 
 /// `LD_PRELOAD` with `lib` appended (the list takes spaces or colons).
@@ -149,10 +199,9 @@ fn ensure_portmapper() {
     if std::env::var_os("SDP_NO_PORTMAPPER").is_some_and(|v| v == "1") || portmapper_answers() {
         return;
     }
-    let Some(daemon) = std::env::current_exe()
+    let Some(daemon) = exe_dir()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.join("sdp-portmapper")))
-        .filter(|d| d.is_file())
+        .and_then(|dir| first_file(daemon_candidates(&dir)))
     else {
         eprintln!("sdprun: no port mapper answers and sdp-portmapper is not next to sdprun; connections will use TCP");
         return;
@@ -324,6 +373,72 @@ mod tests {
             Err("unknown option --frob".into())
         );
         assert_eq!(parse(args(&["--help"])), Ok(Parsed::Help));
+    }
+
+    /// A fresh empty directory under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("sdprun-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn touch(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"").unwrap();
+    }
+
+    #[test]
+    fn multiarch_names_the_build_target() {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        assert_eq!(multiarch(), "x86_64-linux-gnu");
+        assert!(multiarch().contains("-linux-"), "{}", multiarch());
+    }
+
+    #[test]
+    fn library_is_looked_for_beside_then_in_the_prefix() {
+        let root = scratch("lib");
+        let bin = root.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let [beside, in_multiarch, plain] = library_candidates(&bin);
+        assert_eq!(beside, bin.join("libsdp_preload.so"));
+        assert_eq!(
+            in_multiarch,
+            bin.join(format!("../lib/{}/libsdp_preload.so", multiarch()))
+        );
+        assert_eq!(plain, bin.join("../lib/libsdp_preload.so"));
+
+        assert_eq!(first_file(library_candidates(&bin)), None);
+        touch(&plain);
+        assert_eq!(first_file(library_candidates(&bin)), Some(plain.clone()));
+        touch(&in_multiarch);
+        assert_eq!(
+            first_file(library_candidates(&bin)),
+            Some(in_multiarch.clone())
+        );
+        touch(&beside);
+        assert_eq!(first_file(library_candidates(&bin)), Some(beside));
+        // A directory of the library's name is not the library (`other`
+        // shares `bin`'s prefix).
+        let other = root.join("other");
+        std::fs::create_dir_all(other.join("libsdp_preload.so")).unwrap();
+        assert_eq!(
+            first_file(library_candidates(&other)),
+            Some(other.join(format!("../lib/{}/libsdp_preload.so", multiarch())))
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn daemon_is_looked_for_beside_sdprun() {
+        let bin = scratch("daemon");
+        assert_eq!(first_file(daemon_candidates(&bin)), None);
+        touch(&bin.join("sdp-portmapper"));
+        assert_eq!(
+            first_file(daemon_candidates(&bin)),
+            Some(bin.join("sdp-portmapper"))
+        );
+        std::fs::remove_dir_all(&bin).unwrap();
     }
 
     #[test]
