@@ -17,7 +17,7 @@
 //!   readiness.
 //! * `testing` (feature `testing`) — a deterministic two-connection
 //!   harness with an in-memory RDMA Send transport.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod conn;
 pub mod errno;
@@ -25,6 +25,7 @@ pub mod fds;
 pub mod link;
 pub mod log;
 pub mod stream;
+mod sys;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verbs;

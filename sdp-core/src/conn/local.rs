@@ -124,6 +124,11 @@ pub struct PeerSlot {
 /// no payload ever goes.
 pub const GUARD: usize = 64;
 
+/// A transparent huge page: slots start on one, so that the kernel may
+/// back them by huge pages and the peer's `process_vm_writev` pins one
+/// page where it would pin 512.
+const HUGE_PAGE: usize = 2 << 20;
+
 /// The send half's use of the peer's ring. Boxed where it holds an
 /// offer: most connections never get one, and each byte of a connection
 /// counts (issue 17's 16 KiB).
@@ -211,7 +216,10 @@ impl Local {
 /// peer process writes into, behind a [`GUARD`] that holds the token. Its
 /// memory is taken from the system untouched (zeroed pages appear as they
 /// are written) and, when the peer may still write, held back from reuse
-/// for a while after the connection ends.
+/// for a while after the connection ends. The slots start on a huge page
+/// and ask for transparent huge pages: the peer's `process_vm_writev`
+/// then pins one page per 2 MiB instead of one per 4 KiB, which was a
+/// third of the writer's time (docs/design.md §9).
 ///
 /// The peer reads the token back after every write and before it
 /// announces the bytes: [`Ring::revoke`] (before a `fork`, after which the
@@ -222,6 +230,9 @@ impl Local {
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
     mem: Vec<u8>,
+    /// Where slot 0 starts in `mem`: on a huge page boundary, the token
+    /// in the `GUARD` bytes before it.
+    base: usize,
     pub slots: u16,
     pub slot_size: u32,
     /// What the peer was told.
@@ -237,22 +248,25 @@ pub(crate) struct Ring {
 impl Ring {
     /// A ring with its token in front, and the offer that tells of it.
     pub fn open(slots: u16, slot_size: u32) -> Option<Ring> {
-        let len = usize::from(slots)
-            .checked_mul(slot_size as usize)?
-            .checked_add(GUARD)?;
+        let slots_len = usize::from(slots).checked_mul(slot_size as usize)?;
+        let len = slots_len.checked_add(GUARD + HUGE_PAGE)?;
         let mut mem = vec![0u8; len];
+        let start = (mem.as_ptr() as usize).checked_add(GUARD)?;
+        let base = GUARD + (start.next_multiple_of(HUGE_PAGE) - start);
+        crate::sys::advise_huge(mem.get_mut(base..base + slots_len)?);
         let token = token();
-        mem.get_mut(GUARD - 4..GUARD)?
+        mem.get_mut(base - 4..base)?
             .copy_from_slice(&token.to_ne_bytes());
         let offer = LocalOfferRepr {
             pid: std::process::id(),
             slot_size,
             slots,
-            ring: (mem.as_ptr() as u64).checked_add(GUARD as u64)?,
+            ring: (mem.as_ptr() as u64).checked_add(base as u64)?,
             token,
         };
         Some(Ring {
             mem,
+            base,
             slots,
             slot_size,
             offer,
@@ -267,14 +281,14 @@ impl Ring {
         if slot >= u32::from(self.slots) || range.end > self.slot_size as usize {
             return None;
         }
-        let at = GUARD + slot as usize * self.slot_size as usize;
+        let at = self.base + slot as usize * self.slot_size as usize;
         self.mem.get(at + range.start..at + range.end)
     }
 
     /// The peer writes no more into this ring: its next check of the
     /// token fails (zero is never a token).
     pub fn revoke(&mut self) {
-        if let Some(t) = self.mem.get_mut(GUARD - 4..GUARD) {
+        if let Some(t) = self.mem.get_mut(self.base - 4..self.base) {
             t.fill(0);
         }
     }
@@ -282,7 +296,7 @@ impl Ring {
     /// The token as it stands.
     #[cfg(test)]
     pub fn token(&self) -> Option<&[u8]> {
-        self.mem.get(GUARD - 4..GUARD)
+        self.mem.get(self.base - 4..self.base)
     }
 }
 
