@@ -216,10 +216,11 @@ impl Local {
 /// peer process writes into, behind a [`GUARD`] that holds the token. Its
 /// memory is taken from the system untouched (zeroed pages appear as they
 /// are written) and, when the peer may still write, held back from reuse
-/// for a while after the connection ends. The slots start on a huge page
-/// and ask for transparent huge pages: the peer's `process_vm_writev`
-/// then pins one page per 2 MiB instead of one per 4 KiB, which was a
-/// third of the writer's time (docs/design.md §9).
+/// for a while after the connection ends. It is mapped for the ring alone
+/// ([`crate::sys::Region`]); the slots start on a huge page and ask for
+/// transparent huge pages: the peer's `process_vm_writev` then pins one
+/// page per 2 MiB instead of one per 4 KiB, which was a third of the
+/// writer's time (docs/design.md §9).
 ///
 /// The peer reads the token back after every write and before it
 /// announces the bytes: [`Ring::revoke`] (before a `fork`, after which the
@@ -229,7 +230,7 @@ impl Local {
 /// before the fork, so both processes have it.
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
-    mem: Vec<u8>,
+    mem: crate::sys::Region,
     /// Where slot 0 starts in `mem`: on a huge page boundary, the token
     /// in the `GUARD` bytes before it.
     base: usize,
@@ -250,18 +251,19 @@ impl Ring {
     pub fn open(slots: u16, slot_size: u32) -> Option<Ring> {
         let slots_len = usize::from(slots).checked_mul(slot_size as usize)?;
         let len = slots_len.checked_add(GUARD + HUGE_PAGE)?;
-        let mut mem = vec![0u8; len];
-        let start = (mem.as_ptr() as usize).checked_add(GUARD)?;
+        let mut mem = crate::sys::Region::new(len)?;
+        let start = (mem.as_slice().as_ptr() as usize).checked_add(GUARD)?;
         let base = GUARD + (start.next_multiple_of(HUGE_PAGE) - start);
-        crate::sys::advise_huge(mem.get_mut(base..base + slots_len)?);
+        mem.advise_huge(base..base + slots_len);
         let token = token();
-        mem.get_mut(base - 4..base)?
+        mem.as_mut_slice()
+            .get_mut(base - 4..base)?
             .copy_from_slice(&token.to_ne_bytes());
         let offer = LocalOfferRepr {
             pid: std::process::id(),
             slot_size,
             slots,
-            ring: (mem.as_ptr() as u64).checked_add(base as u64)?,
+            ring: (mem.as_slice().as_ptr() as u64).checked_add(base as u64)?,
             token,
         };
         Some(Ring {
@@ -282,13 +284,13 @@ impl Ring {
             return None;
         }
         let at = self.base + slot as usize * self.slot_size as usize;
-        self.mem.get(at + range.start..at + range.end)
+        self.mem.as_slice().get(at + range.start..at + range.end)
     }
 
     /// The peer writes no more into this ring: its next check of the
     /// token fails (zero is never a token).
     pub fn revoke(&mut self) {
-        if let Some(t) = self.mem.get_mut(self.base - 4..self.base) {
+        if let Some(t) = self.mem.as_mut_slice().get_mut(self.base - 4..self.base) {
             t.fill(0);
         }
     }
@@ -296,13 +298,13 @@ impl Ring {
     /// The token as it stands.
     #[cfg(test)]
     pub fn token(&self) -> Option<&[u8]> {
-        self.mem.get(self.base - 4..self.base)
+        self.mem.as_slice().get(self.base - 4..self.base)
     }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        if self.peer_done || self.mem.is_empty() {
+        if self.peer_done || self.mem.as_slice().is_empty() {
             return;
         }
         let now = Instant::now();
@@ -315,7 +317,7 @@ impl Drop for Ring {
 }
 
 /// Rings of ended connections whose peers may still write, until when.
-static QUARANTINED: Mutex<VecDeque<(Instant, Vec<u8>)>> = Mutex::new(VecDeque::new());
+static QUARANTINED: Mutex<VecDeque<(Instant, crate::sys::Region)>> = Mutex::new(VecDeque::new());
 
 /// A value the peer cannot guess: it proves that what it reads back is
 /// this ring of this process.
@@ -352,6 +354,19 @@ mod tests {
         let (ldh, at) = local.next_slot(65536).unwrap();
         assert_eq!((ldh.len, ldh.slot), (65536, 1));
         assert_eq!((at.pid, at.addr, at.token), (9, 0x20000, 1));
+    }
+
+    #[test]
+    fn a_rings_slots_start_on_a_huge_page() {
+        for slots in [1, 4, 16] {
+            let ring = Ring::open(slots, 256 << 10).unwrap();
+            assert_eq!(ring.offer.ring % HUGE_PAGE as u64, 0);
+            assert!(ring.base >= GUARD);
+            assert_eq!(
+                ring.slot(u32::from(slots) - 1, 0..256 << 10).unwrap().len(),
+                256 << 10
+            );
+        }
     }
 
     #[test]
