@@ -50,15 +50,38 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// The variables that name files the library reads or writes.
+const FILE_VARIABLES: [&str; 3] = ["SDP_CONFIG", "LIBSDP_CONFIG_FILE", "SDP_LOG_FILE"];
+
+/// A program in secure-execution mode (setuid, setgid, capabilities: a
+/// library loaded by `/etc/ld.so.preload`) takes no file names from its
+/// caller's environment, as the loader takes no `LD_PRELOAD`.
+fn secure() -> bool {
+    // SAFETY: getauxval has no preconditions.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// A variable, unless it names a file and the program runs secure.
+fn trusted_env(name: &str, secure: bool) -> Option<String> {
+    if secure && FILE_VARIABLES.contains(&name) {
+        return None;
+    }
+    std::env::var(name).ok()
+}
+
 fn load() -> Config {
     let env_level = env("SDP_LOG");
     let parsed_level = env_level.as_deref().map(Level::parse);
     if let Some(Some(level)) = parsed_level {
         log::set_level(level);
     }
-    let env_file = env("SDP_LOG_FILE");
+    let secure = secure();
+    let env_file = trusted_env("SDP_LOG_FILE", secure).filter(|v| !v.is_empty());
 
-    let source = Source::current();
+    let source = Source::from_env(
+        |name| trusted_env(name, secure),
+        std::path::Path::new(crate::rules::DEFAULT_FILE).exists(),
+    );
     let path = match &source {
         Source::File { path, .. } => Some(path.clone()),
         _ => None,
@@ -125,8 +148,8 @@ fn load() -> Config {
 
 /// Where libsdp wrote a `log destination file NAME`: root's logs go to
 /// `/var/log/NAME`; another user's to `NAME.<uid>` if NAME has a
-/// directory, else to `/tmp/NAME.<uid>`, so that no user writes a file
-/// another one reads.
+/// directory, else to `/tmp/NAME.<uid>`. (The log never follows a
+/// symbolic link there: `log::Destination::File`.)
 fn libsdp_log_path(name: &str, uid: u32) -> String {
     match (uid, name.contains('/')) {
         (0, true) => name.to_owned(),

@@ -69,7 +69,7 @@ impl Level {
 pub enum Destination {
     Stderr,
     Syslog,
-    /// Appended to this file.
+    /// Appended to this file, never through a symbolic link.
     File(CString),
 }
 
@@ -133,7 +133,13 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
             let fd = unsafe {
                 libc::open(
                     path.as_ptr(),
-                    libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+                    // Not through a link someone else planted (a
+                    // predictable name in /tmp).
+                    libc::O_WRONLY
+                        | libc::O_APPEND
+                        | libc::O_CREAT
+                        | libc::O_CLOEXEC
+                        | libc::O_NOFOLLOW,
                     0o644,
                 )
             };

@@ -180,8 +180,12 @@ fn count_fallback(reason: TcpReason) {
     }
 }
 
-/// Publishes the port mapper client's cache (after each change to it).
-pub fn publish_pm_cache(entries: &[CacheEntry]) {
+/// Publishes the port mapper client's cache (after each change to it):
+/// `snapshot` lists it, taken under the file's lock so that of two
+/// threads the later snapshot is the one written last.
+pub fn publish_pm_cache(snapshot: impl FnOnce() -> Vec<CacheEntry>) {
+    let Ok(guard) = FILE.lock() else { return };
+    let entries = snapshot();
     let now = monotonic_ms();
     let mut bytes = [0u8; PM_CACHE_MAX * PM_ENTRY_LEN];
     let mut n = 0;
@@ -205,7 +209,6 @@ pub fn publish_pm_cache(entries: &[CacheEntry]) {
         out[field::PM_EXPIRES].copy_from_slice(&expires.to_le_bytes());
         n += 1;
     }
-    let Ok(guard) = FILE.lock() else { return };
     *PM_CACHE.lock().unwrap_or_else(|p| p.into_inner()) = (n, bytes);
     if let Some(file) = guard.as_ref() {
         write_extras(file);
@@ -503,7 +506,8 @@ pub fn publish(fd: i32, entry: Option<&Entry>) {
         Some(e) => {
             if let Some(rec) = record(fd, true) {
                 // SAFETY: the record is RECORD_LEN bytes of a live
-                // mapping and has one writer: us.
+                // mapping, and the fd's slot lock our caller holds makes
+                // us its one writer.
                 let was = unsafe {
                     (
                         *rec.add(field::IN_USE),
@@ -720,6 +724,50 @@ mod tests {
     use crate::sdp::{Counters, Messages, Mode};
     use crate::stat_format::le_u32;
     use crate::table::{DecidedBy, SocketRole, TcpReason, Transport};
+
+    #[test]
+    fn the_header_carries_the_fallbacks_and_the_port_mapper_cache() {
+        use std::time::Duration;
+        FALLBACKS[TcpReason::PmDeny as usize].fetch_add(2, Ordering::Relaxed);
+        let service: SocketAddr = "10.0.0.2:5201".parse().unwrap();
+        let host: std::net::IpAddr = "10.0.0.3".parse().unwrap();
+        let before = monotonic_ms();
+        publish_pm_cache(|| {
+            vec![
+                CacheEntry {
+                    key: CacheKey::Service(service),
+                    decision: Decision::Sdp("10.0.0.2:40001".parse().unwrap()),
+                    expires_in: Some(Duration::from_secs(5)),
+                },
+                CacheEntry {
+                    key: CacheKey::Host(host),
+                    decision: Decision::Tcp(Fallback::Unreachable),
+                    expires_in: None,
+                },
+            ]
+        });
+        let mut file = header().to_vec();
+        let state = parse(&file).unwrap();
+        assert!(state.fallbacks[TcpReason::PmDeny as usize] >= 2);
+        assert_eq!(state.pm_cache.len(), 2);
+        let (a, b) = (state.pm_cache[0], state.pm_cache[1]);
+        assert_eq!(
+            (a.key, a.host, a.answer, a.sdp_port),
+            (service, false, 1, 40001)
+        );
+        assert!((before + 5000..=monotonic_ms() + 5000).contains(&a.expires_ms));
+        assert_eq!(
+            (b.key, b.host, b.answer, b.expires_ms),
+            (SocketAddr::new(host, 0), true, 4, u64::MAX)
+        );
+        // Caught mid-update: read again.
+        file[field::H_SEQ].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(parse(&file), Err(ParseError::TornHeader));
+        // A version 3 file has neither.
+        file[field::H_VERSION].copy_from_slice(&3u32.to_le_bytes());
+        let old = parse(&file).unwrap();
+        assert_eq!((old.fallbacks, old.pm_cache.len()), ([0; REASONS], 0));
+    }
 
     #[test]
     fn records_round_trip_through_the_format() {

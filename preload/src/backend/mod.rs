@@ -73,7 +73,7 @@ pub(crate) fn pm() -> &'static PmClient {
 
 /// The PM client's cache changed: `sdp-stat` shows it (`--explain`).
 pub(crate) fn pm_cache_changed() {
-    crate::stat::publish_pm_cache(&pm().entries(crate::stat_format::PM_CACHE_MAX));
+    crate::stat::publish_pm_cache(|| pm().entries(crate::stat_format::PM_CACHE_MAX));
 }
 
 /// How long the short tail of a large write may wait for the next write

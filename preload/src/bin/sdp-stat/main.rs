@@ -1,5 +1,5 @@
 //! `sdp-stat [--dir DIR] [--json] [--pid PID]... [--watch SECS [--count N]]`
-//! `sdp-stat --explain HOST:PORT [PROGRAM] [--json] [--no-query]`
+//! `sdp-stat --explain HOST:PORT [PROGRAM] [--json] [--no-query] [--timeout-ms MS]`
 //!
 //! Lists, for every preloaded process on the host (the state export files
 //! of `docs/preload.md`, "State export"), each socket the preload manages:
@@ -124,7 +124,12 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
             }
             "--count" => {
                 let v = args.next().ok_or("--count needs a number")?;
-                o.count = Some(v.parse().map_err(|_| format!("bad --count {v:?}"))?);
+                o.count = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &u64| n > 0)
+                        .ok_or(format!("bad --count {v:?} (1 or more)"))?,
+                );
             }
             "--explain" => {
                 let target = args.next().ok_or("--explain needs HOST:PORT")?;
@@ -190,17 +195,44 @@ fn start_time(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// Reads one file consistently (a record caught mid-update is read again).
+/// Reads one file consistently: a snapshot is taken only if a second read
+/// finds every sequence word (the header's and each record's) as the
+/// first did, even — a writer that started after the first read passed a
+/// word but before it reached the fields behind it has moved the word by
+/// the second. Otherwise it reads again.
 fn read_state(path: &Path) -> Option<ProcessState> {
+    let mut bytes = std::fs::read(path).ok()?;
     for _ in 0..100 {
-        let bytes = std::fs::read(path).ok()?;
-        match stat_format::parse(&bytes) {
+        let again = std::fs::read(path).ok()?;
+        let parsed = stat_format::parse(&bytes);
+        if sequences(&bytes) != sequences(&again) {
+            bytes = again;
+            std::thread::yield_now();
+            continue;
+        }
+        match parsed {
             Ok(s) => return Some(s),
-            Err(ParseError::Torn(_) | ParseError::TornHeader) => std::thread::yield_now(),
+            Err(ParseError::Torn(_) | ParseError::TornHeader) => {
+                bytes = again;
+                std::thread::yield_now();
+            }
             Err(_) => return None,
         }
     }
     None
+}
+
+/// The sequence words of an export file: the header's, then each
+/// record's.
+fn sequences(bytes: &[u8]) -> Vec<u32> {
+    let seq = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut out = Vec::new();
+    if let Some(h) = bytes.get(stat_format::field::H_SEQ) {
+        out.push(seq(h));
+    }
+    let body = bytes.get(stat_format::HEADER_LEN..).unwrap_or(&[]);
+    out.extend(body.chunks_exact(stat_format::RECORD_LEN).map(seq));
+    out
 }
 
 /// The live processes' states, by pid.
@@ -538,8 +570,9 @@ fn json(states: &[ProcessState]) -> String {
 /// A process's sockets that went over TCP, by reason name (nonzero only).
 fn fallbacks(s: &ProcessState) -> Vec<(&'static str, u64)> {
     (0..s.fallbacks.len())
-        .filter(|&r| s.fallbacks[r] > 0)
         .map(|r| (reason(r as u8), s.fallbacks[r]))
+        // Index 0 and those past the last reason name none: skip them.
+        .filter(|&(name, n)| n > 0 && name != "-")
         .collect()
 }
 
@@ -569,8 +602,9 @@ fn main() -> ExitCode {
             Some(q) => match explain::run(q, &states, o.json) {
                 Ok(t) => t,
                 Err(e) => {
+                    // HOST:PORT that does not resolve: not a usage error.
                     eprintln!("sdp-stat: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(1);
                 }
             },
             None if o.json => json(&states),
