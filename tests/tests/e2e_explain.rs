@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 
-use sdp_tests::e2e::{closed_udp_port, expect_sdp, Env, Proc};
+use sdp_tests::e2e::{self, closed_udp_port, expect_sdp, expect_tcp, Env, Proc};
 use sdp_tests::preload::{artifacts, Mode};
 
 /// Connects to 127.0.0.1:PORT, says so, and holds the connection until a
@@ -238,4 +238,45 @@ fn watch_prints_the_table_again_each_interval() {
         2,
         "{json}"
     );
+}
+
+/// The OFED libsdp's `SIMPLE_LIBSDP`: SDP for every socket, whatever the
+/// rules file says; without it the same file's `tcp` rule decides.
+#[test]
+fn simple_libsdp_means_sdp_for_every_socket_and_no_rules_file() {
+    let env = Env::new("simple");
+    let server = env.python(SERVER, Mode::Sdp);
+    let mut server = Proc::spawn("server", server, true);
+    let line = server.wait_line(|l| l.starts_with("listening "));
+    let port: u16 = line["listening ".len()..].trim().parse().expect("port");
+    let tcp_rules = env.dir.path().join("tcp.conf");
+    std::fs::write(&tcp_rules, "use tcp client * *:*\n").expect("write the rules");
+
+    let run = |tag: &str, simple: bool| {
+        let mut cmd = env.python(CLIENT, Mode::Sdp);
+        cmd.arg(port.to_string()).env("SDP_CONFIG", &tcp_rules);
+        if simple {
+            cmd.env("SIMPLE_LIBSDP", "");
+        }
+        let mut client = Proc::spawn(tag, cmd, true);
+        client.wait_line(|l| l.starts_with("connected "));
+        let r = env.wait_records(tag, client.pid(), 1, |r| {
+            r.role == e2e::field::CLIENT && r.peer.is_some_and(|a| a.port() == port)
+        });
+        client.send("\n");
+        client.finish_ok();
+        r[0].clone()
+    };
+    let simple = run("client with SIMPLE_LIBSDP", true);
+    expect_sdp("SIMPLE_LIBSDP", &simple);
+    // want sdp (1), decided by the first of the two rules it stands for.
+    assert_eq!(
+        (simple.want, simple.decided_by, simple.rule),
+        (1, 2, 2),
+        "{simple:?}"
+    );
+    let ruled = run("client by the rules file", false);
+    expect_tcp("rule", &ruled, e2e::field::REASON_RULE_TCP);
+    server.send("\n");
+    server.finish_ok();
 }
