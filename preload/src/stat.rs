@@ -27,7 +27,7 @@ use std::ptr;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use crate::stat_format::{field, le_u64};
+use crate::stat_format::{field, le_u64, monotonic_ms};
 pub use crate::stat_format::{
     parse, ParseError, ProcessState, Record, FLAG_FORCED, FLAG_IPV6, HEADER_LEN, MAGIC, RECORD_LEN,
     VERSION,
@@ -213,17 +213,6 @@ pub fn publish_pm_cache(snapshot: impl FnOnce() -> Vec<CacheEntry>) {
     if let Some(file) = guard.as_ref() {
         write_extras(file);
     }
-}
-
-/// CLOCK_MONOTONIC in milliseconds (the clock every process shares).
-pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 fn pwrite_all(fd: libc::c_int, bytes: &[u8], offset: usize) -> bool {

@@ -196,6 +196,18 @@ pub enum ParseError {
     TornHeader,
 }
 
+/// CLOCK_MONOTONIC in milliseconds: the clock of the cache entries'
+/// expiry, which every process of the host shares.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
+}
+
 pub fn le_u16(b: &[u8]) -> u16 {
     u16::from_le_bytes([b[0], b[1]])
 }

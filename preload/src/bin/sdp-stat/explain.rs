@@ -18,9 +18,9 @@ use std::time::Duration;
 use portmapper::client::{ClientConfig, Decision, Fallback, Timing};
 use portmapper::net::PmClient;
 
+use crate::json_str;
 use crate::rules::{Family, Role, Rules, Source};
-use crate::stat_format::{self, ProcessState};
-use crate::{json_str, monotonic_ms};
+use crate::stat_format::{self, monotonic_ms, ProcessState};
 
 /// What was asked.
 pub struct Question {
@@ -74,11 +74,24 @@ pub fn run(q: &Question, states: &[ProcessState], json: bool) -> Result<String, 
         ask(&target, q.timeout)
     };
     let verdict = verdict(&rules, &cached, &pm);
-    Ok(if json {
-        to_json(q, &target, &rules, &cached, &pm, &verdict)
-    } else {
-        to_text(q, &target, &rules, &cached, &pm, &verdict)
-    })
+    let answer = Answer {
+        target,
+        rules,
+        cached,
+        pm,
+        verdict,
+    };
+    Ok(if json { answer.json(q) } else { answer.text(q) })
+}
+
+/// Everything `--explain` found.
+struct Answer {
+    target: SocketAddr,
+    rules: RuleAnswer,
+    cached: Vec<Cached>,
+    pm: PmAnswer,
+    /// What a connect does ("sdp", "tcp", "fails", "unknown") and why.
+    verdict: (&'static str, String),
 }
 
 fn resolve(target: &str) -> Result<SocketAddr, String> {
@@ -260,83 +273,84 @@ fn left(ms: Option<u64>) -> String {
     })
 }
 
-fn to_text(
-    q: &Question,
-    target: &SocketAddr,
-    rules: &RuleAnswer,
-    cached: &[Cached],
-    pm: &PmAnswer,
-    verdict: &(&'static str, String),
-) -> String {
-    let mut o = String::new();
-    let program = q.program.as_deref().unwrap_or("any program");
-    let _ = writeln!(o, "connect to {target} by {program}:");
-    let _ = writeln!(o, "  rules:       {}", rules.source);
-    for e in &rules.errors {
-        let _ = writeln!(o, "               {e} (line skipped)");
-    }
-    match &rules.rule {
-        Some((n, text)) => {
+impl Answer {
+    fn text(&self, q: &Question) -> String {
+        let Answer {
+            target,
+            rules,
+            cached,
+            pm,
+            verdict,
+        } = self;
+        let mut o = String::new();
+        let program = q.program.as_deref().unwrap_or("any program");
+        let _ = writeln!(o, "connect to {target} by {program}:");
+        let _ = writeln!(o, "  rules:       {}", rules.source);
+        for e in &rules.errors {
+            let _ = writeln!(o, "               {e} (line skipped)");
+        }
+        match &rules.rule {
+            Some((n, text)) => {
+                let _ = writeln!(
+                    o,
+                    "               rule {n} matches: {text} -> {}",
+                    family_name(rules.family)
+                );
+            }
+            None => {
+                let _ = writeln!(o, "               no rule matches -> both");
+            }
+        }
+        if cached.is_empty() {
+            let _ = writeln!(o, "  cached:      no running process holds an answer");
+        }
+        for c in cached {
+            let what = match c.answer {
+                "accept" => format!("accept, SDP port {}", c.sdp_port),
+                other if c.host => format!("{other} for every port of the host"),
+                other => other.to_owned(),
+            };
             let _ = writeln!(
                 o,
-                "               rule {n} matches: {text} -> {}",
-                family_name(rules.family)
+                "  cached:      pid {} ({}): {what}, {}",
+                c.pid,
+                c.program,
+                left(c.left_ms)
             );
         }
-        None => {
-            let _ = writeln!(o, "               no rule matches -> both");
-        }
-    }
-    if cached.is_empty() {
-        let _ = writeln!(o, "  cached:      no running process holds an answer");
-    }
-    for c in cached {
-        let what = match c.answer {
-            "accept" => format!("accept, SDP port {}", c.sdp_port),
-            other if c.host => format!("{other} for every port of the host"),
-            other => other.to_owned(),
-        };
+        let _ = writeln!(o, "  port mapper: {}", pm_text(pm));
         let _ = writeln!(
             o,
-            "  cached:      pid {} ({}): {what}, {}",
-            c.pid,
-            c.program,
-            left(c.left_ms)
+            "  so:          {}: {}",
+            verdict.0.to_uppercase(),
+            verdict.1
         );
+        o
     }
-    let _ = writeln!(o, "  port mapper: {}", pm_text(pm));
-    let _ = writeln!(
-        o,
-        "  so:          {}: {}",
-        verdict.0.to_uppercase(),
-        verdict.1
-    );
-    o
-}
 
-fn to_json(
-    q: &Question,
-    target: &SocketAddr,
-    rules: &RuleAnswer,
-    cached: &[Cached],
-    pm: &PmAnswer,
-    verdict: &(&'static str, String),
-) -> String {
-    let (rule, text) = match &rules.rule {
-        Some((n, t)) => (n.to_string(), json_str(t)),
-        None => ("null".into(), "null".into()),
-    };
-    let errors: Vec<String> = rules.errors.iter().map(|e| json_str(e)).collect();
-    let pm = match pm {
-        PmAnswer::NotAsked(why) => {
-            format!("{{\"answer\": \"not-asked\", \"why\": {}}}", json_str(why))
-        }
-        PmAnswer::Accept(p) => format!("{{\"answer\": \"accept\", \"sdp_port\": {p}}}"),
-        PmAnswer::Deny => "{\"answer\": \"deny\"}".into(),
-        PmAnswer::NoAnswer => "{\"answer\": \"no-answer\"}".into(),
-        PmAnswer::Unreachable => "{\"answer\": \"unreachable\"}".into(),
-    };
-    let cached: Vec<String> = cached
+    fn json(&self, q: &Question) -> String {
+        let Answer {
+            target,
+            rules,
+            cached,
+            pm,
+            verdict,
+        } = self;
+        let (rule, text) = match &rules.rule {
+            Some((n, t)) => (n.to_string(), json_str(t)),
+            None => ("null".into(), "null".into()),
+        };
+        let errors: Vec<String> = rules.errors.iter().map(|e| json_str(e)).collect();
+        let pm = match pm {
+            PmAnswer::NotAsked(why) => {
+                format!("{{\"answer\": \"not-asked\", \"why\": {}}}", json_str(why))
+            }
+            PmAnswer::Accept(p) => format!("{{\"answer\": \"accept\", \"sdp_port\": {p}}}"),
+            PmAnswer::Deny => "{\"answer\": \"deny\"}".into(),
+            PmAnswer::NoAnswer => "{\"answer\": \"no-answer\"}".into(),
+            PmAnswer::Unreachable => "{\"answer\": \"unreachable\"}".into(),
+        };
+        let cached: Vec<String> = cached
         .iter()
         .map(|c| {
             format!(
@@ -350,7 +364,7 @@ fn to_json(
             )
         })
         .collect();
-    format!(
+        format!(
         "{{\"version\": {}, \"target\": {}, \"program\": {}, \
          \"rules\": {{\"source\": {}, \"rule\": {rule}, \"text\": {text}, \"family\": \"{}\", \"errors\": [{}]}}, \
          \"cached\": [{}], \"port_mapper\": {pm}, \
@@ -365,4 +379,5 @@ fn to_json(
         verdict.0,
         json_str(&verdict.1)
     )
+    }
 }

@@ -32,7 +32,7 @@ mod stat_format;
 #[path = "../../rules.rs"]
 mod rules;
 
-use stat_format::{ParseError, ProcessState, Record};
+use stat_format::{monotonic_ms, ParseError, ProcessState, Record};
 use std::time::Duration;
 
 /// The layout of the `--json` documents: 2 wraps the processes in an
@@ -171,17 +171,6 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
         return Err("--count needs --watch".into());
     }
     Ok(Some(o))
-}
-
-/// CLOCK_MONOTONIC in milliseconds, the clock of the exported cache.
-pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 /// The start time (clock ticks since boot) of process `pid`, if it runs.
