@@ -41,6 +41,17 @@ pub enum Family {
     Both,
 }
 
+impl Family {
+    /// The word a rule uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Sdp => "sdp",
+            Family::Tcp => "tcp",
+            Family::Both => "both",
+        }
+    }
+}
+
 /// Which side of a connection a rule is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -137,11 +148,7 @@ pub struct Rule {
 impl fmt::Display for Rule {
     /// The rule as a `use` line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let family = match self.family {
-            Family::Sdp => "sdp",
-            Family::Tcp => "tcp",
-            Family::Both => "both",
-        };
+        let family = self.family.name();
         let role = match self.role {
             Role::Server => "server",
             Role::Client => "client",

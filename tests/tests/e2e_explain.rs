@@ -32,6 +32,14 @@ c, _ = srv.accept()
 sys.stdin.readline()
 "#;
 
+/// Starts `SERVER` under the preload; returns it and its port.
+fn listen(env: &Env) -> (Proc, u16) {
+    let mut server = Proc::spawn("server", env.python(SERVER, Mode::Sdp), true);
+    let line = server.wait_line(|l| l.starts_with("listening "));
+    let port = line["listening ".len()..].trim().parse().expect("port");
+    (server, port)
+}
+
 /// `sdp-stat` with the test's export directory and port mapper port, and
 /// the rules file `rules` (empty: no rule matches).
 fn sdp_stat(env: &Env, pm_port: u16, rules: &str, args: &[&str]) -> String {
@@ -77,10 +85,7 @@ fn explain_names_the_rule_the_deny_the_missing_port_mapper_and_the_cache() {
 
     // An SDP server and a client that holds its connection: the client's
     // port mapper cache keeps the PMAccept.
-    let server = env.python(SERVER, Mode::Sdp);
-    let mut server = Proc::spawn("server", server, true);
-    let line = server.wait_line(|l| l.starts_with("listening "));
-    let port: u16 = line["listening ".len()..].trim().parse().expect("port");
+    let (mut server, port) = listen(&env);
     let mut client = env.python(CLIENT, Mode::Sdp);
     client.arg(port.to_string());
     let mut client = Proc::spawn("client", client, true);
@@ -245,10 +250,7 @@ fn watch_prints_the_table_again_each_interval() {
 #[test]
 fn simple_libsdp_means_sdp_for_every_socket_and_no_rules_file() {
     let env = Env::new("simple");
-    let server = env.python(SERVER, Mode::Sdp);
-    let mut server = Proc::spawn("server", server, true);
-    let line = server.wait_line(|l| l.starts_with("listening "));
-    let port: u16 = line["listening ".len()..].trim().parse().expect("port");
+    let (mut server, port) = listen(&env);
     let tcp_rules = env.dir.path().join("tcp.conf");
     std::fs::write(&tcp_rules, "use tcp client * *:*\n").expect("write the rules");
 

@@ -259,14 +259,6 @@ fn pm_text(pm: &PmAnswer) -> String {
     }
 }
 
-fn family_name(f: Family) -> &'static str {
-    match f {
-        Family::Sdp => "sdp",
-        Family::Tcp => "tcp",
-        Family::Both => "both",
-    }
-}
-
 fn left(ms: Option<u64>) -> String {
     ms.map_or("permanent".into(), |ms| {
         format!("{:.1} s left", ms as f64 / 1000.0)
@@ -294,7 +286,7 @@ impl Answer {
                 let _ = writeln!(
                     o,
                     "               rule {n} matches: {text} -> {}",
-                    family_name(rules.family)
+                    rules.family.name()
                 );
             }
             None => {
@@ -373,7 +365,7 @@ impl Answer {
         json_str(&target.to_string()),
         q.program.as_deref().map_or("null".into(), json_str),
         json_str(&rules.source),
-        family_name(rules.family),
+        rules.family.name(),
         errors.join(", "),
         cached.join(", "),
         verdict.0,

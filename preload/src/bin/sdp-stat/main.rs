@@ -214,13 +214,15 @@ fn read_state(path: &Path) -> Option<ProcessState> {
 /// The sequence words of an export file: the header's, then each
 /// record's.
 fn sequences(bytes: &[u8]) -> Vec<u32> {
-    let seq = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     let mut out = Vec::new();
     if let Some(h) = bytes.get(stat_format::field::H_SEQ) {
-        out.push(seq(h));
+        out.push(stat_format::le_u32(h));
     }
     let body = bytes.get(stat_format::HEADER_LEN..).unwrap_or(&[]);
-    out.extend(body.chunks_exact(stat_format::RECORD_LEN).map(seq));
+    out.extend(
+        body.chunks_exact(stat_format::RECORD_LEN)
+            .map(stat_format::le_u32),
+    );
     out
 }
 
