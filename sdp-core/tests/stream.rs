@@ -549,6 +549,75 @@ fn bulk_transfer_counts_its_copies() {
     );
 }
 
+/// A nonblocking reader that polls the socket itself (as the preload's
+/// `select` and `poll` do) reads what the socket holds straight into its
+/// own buffer: the pump that tells it of an arrival reads one message into
+/// a Private Buffer and leaves the rest in the socket for the read. And
+/// readiness stays exact: a read after the stream polled readable finds
+/// bytes (or the end), never EAGAIN.
+#[test]
+fn a_polling_reader_takes_the_socket_into_its_own_buffer() {
+    let (c, s) = pair();
+    let data = scrambled(32 << 20, 11);
+    let len = data.len() as u64;
+    let writer = {
+        let data = data.clone();
+        std::thread::spawn(move || {
+            for chunk in data.chunks(1 << 20) {
+                (&c).write_all(chunk).unwrap();
+            }
+            c.shutdown(Shutdown::Write).unwrap();
+            c
+        })
+    };
+    s.set_nonblocking(true).unwrap();
+    s.poll_socket();
+    // SAFETY: the stream's socket stays open while `s` lives.
+    let sock = unsafe { rustix::fd::BorrowedFd::borrow_raw(s.socket_fd()) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = Vec::with_capacity(data.len());
+    let mut buf = vec![0; 1 << 20];
+    let mut reads = 0;
+    loop {
+        assert!(Instant::now() < deadline, "stuck after {} bytes", got.len());
+        if !s.poll_state().readable {
+            let mut fds = [
+                PollFd::new(&sock, PollFlags::IN),
+                PollFd::new(&s, PollFlags::IN),
+            ];
+            let ts = Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
+            poll(&mut fds, Some(&ts)).unwrap();
+            if fds[0].revents().contains(PollFlags::IN) {
+                s.pump_quietly();
+            }
+            continue;
+        }
+        reads += 1;
+        match (&s).read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("read {reads} after the stream polled readable: {e}"),
+        }
+    }
+    let c = writer.join().unwrap();
+    assert!(got == data, "{} bytes, not the {len} sent", got.len());
+    let rx = s.info().copies;
+    assert_eq!(rx.bytes_received_direct + rx.bytes_copied_from_pool, len);
+    // Each read copies at most the message that told of the arrival and
+    // the start of the next one (read with its header); the rest was in
+    // the socket and went straight into `buf`. Drained into the Private
+    // Buffers, a read would copy whatever the window held (up to 1 MiB).
+    let per_read = u64::from(sdp_core::conn::Config::default().buf_size) + 2048;
+    assert!(
+        rx.bytes_copied_from_pool <= reads * per_read && rx.bytes_received_direct > 0,
+        "{rx:?} in {reads} reads"
+    );
+    drop(c);
+}
+
 extern "C" fn ignore_signal(_: libc::c_int) {}
 
 /// The name of the system call thread `tid` of this process sleeps in.

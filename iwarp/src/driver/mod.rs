@@ -232,6 +232,8 @@ pub struct Endpoint {
     timed_out: bool,
     /// The last `pump_recv` found the socket drained.
     rx_drained: bool,
+    /// [`Endpoint::rx_stopped`].
+    rx_stopped: bool,
     /// The last `pump_send` found the send buffer full.
     tx_blocked: bool,
     /// Octets the socket took in all.
@@ -305,6 +307,7 @@ impl Endpoint {
             tx_closed: false,
             timed_out: false,
             rx_drained: false,
+            rx_stopped: false,
             tx_total: 0,
             emss_check_at: EMSS_CHECK,
             emss_check_gap: EMSS_CHECK,
@@ -657,6 +660,20 @@ impl Endpoint {
     /// 5044 §8 code 1) and return [`Progress::Closed`]; errors other than
     /// the connection going away are returned as well.
     pub fn pump_recv(&mut self, now: Instant, mem: &mut dyn Memory) -> io::Result<Progress> {
+        self.pump_recv_until(now, mem, &mut |_| false)
+    }
+
+    /// [`Endpoint::pump_recv`] that stops reading once `enough` says so,
+    /// asked before each read after the first: what it leaves in the
+    /// socket stays there for the next pump (the socket stays readable).
+    /// For a reader whose buffer is full, or a caller that only needs to
+    /// know that something arrived.
+    pub fn pump_recv_until(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        enough: &mut dyn FnMut(&Connection) -> bool,
+    ) -> io::Result<Progress> {
         if self.rx_closed {
             return Ok(Progress::Closed);
         }
@@ -667,7 +684,13 @@ impl Endpoint {
         }
         self.rx_drained = false;
         let mut budget = RX_BUDGET;
-        while budget > 0 && self.held.0 == self.held.1 && self.wants_recv() {
+        let (mut read, mut stopped) = (false, false);
+        while self.held.0 == self.held.1 && self.wants_recv() {
+            if budget == 0 || (read && enough(&self.conn)) {
+                stopped = true;
+                break;
+            }
+            read = true;
             match self.read_once(now, mem) {
                 Ok((0, _)) => {
                     self.llp_closed(now, None);
@@ -697,11 +720,23 @@ impl Endpoint {
                 }
             }
         }
+        if read {
+            // A pump that could not read knows no better.
+            self.rx_stopped = stopped;
+        }
         Ok(if progressed {
             Progress::Progressed
         } else {
             Progress::Idle
         })
+    }
+
+    /// Whether the last [`Endpoint::pump_recv_until`] that read stopped
+    /// before the socket was empty (it had enough, or its budget ran out):
+    /// until a pump reads on, nothing but this tells that input waits there
+    /// (an edge-triggered poller saw its edge already).
+    pub fn rx_stopped(&self) -> bool {
+        self.rx_stopped
     }
 
     /// Whether TCP has sent everything written so far (aligned mode):

@@ -93,9 +93,15 @@ impl DataPath {
     /// Places octets `skip..skip + len` of the next message's receive
     /// buffer into `to` at `to_offset` instead, until taken back with
     /// [`DataPath::take_overlay`]; returns the receive's `wr_id`. `None`
-    /// (nothing set) unless the stream is in [`State::Rts`], a receive is
-    /// posted, and no Send is being placed (its receive would already be
-    /// partly written).
+    /// (nothing set) unless the stream is in [`State::Rts`] and a receive
+    /// is posted.
+    ///
+    /// The next message may be under way, part of it placed in its
+    /// receive buffer already: the overlay then starts parked, as if the
+    /// caller had been away since it began ([`DataPath::park_overlay`]),
+    /// and the caller catches those octets up with
+    /// [`DataPath::resume_overlay`]. `None` if they reach the overlay's end
+    /// (nothing would land through it).
     pub fn overlay_next_recv(
         &mut self,
         skip: usize,
@@ -103,18 +109,36 @@ impl DataPath {
         to_offset: usize,
         len: usize,
     ) -> Option<u64> {
-        let placing = matches!(self.rx.seg.target, Target::Place { stag: None, .. });
-        if self.state != State::Rts || self.rx.dropping || self.rx.send.is_some() || placing {
+        if self.state != State::Rts || self.rx.dropping {
             return None;
         }
-        let wr = self.rx.rq.front()?;
+        // The message under way, and the end of what it placed so far.
+        let (wr, end) = match (&self.rx.send, self.rx.seg.target) {
+            (
+                Some(p),
+                Target::Place {
+                    stag: None, offset, ..
+                },
+            ) => (p.wr, offset),
+            (Some(p), _) => (p.wr, p.end),
+            (None, target) => {
+                let wr = *self.rx.rq.front()?;
+                match target {
+                    // Its first segment is being placed.
+                    Target::Place {
+                        stag: None, offset, ..
+                    } => (wr, offset),
+                    _ => (wr, wr.sge.offset),
+                }
+            }
+        };
         let room = wr.sge.len.checked_sub(skip)?;
         let from = Sge {
             region: wr.sge.region,
             offset: wr.sge.offset.checked_add(skip)?,
             len: room.min(len),
         };
-        if from.len == 0 {
+        if from.len == 0 || end >= from.offset + from.len {
             return None;
         }
         self.rx.overlay = Some(RecvOverlay {
@@ -124,8 +148,8 @@ impl DataPath {
             to_offset,
             skip,
             placed: 0,
-            active: true,
-            parked_end: from.offset,
+            active: end <= from.offset,
+            parked_end: end.max(from.offset),
         });
         Some(wr.wr_id)
     }
@@ -385,5 +409,107 @@ mod tests {
             }
             assert!(b.overlay().is_none() && b.overlays_done() == 0);
         }
+    }
+
+    /// A reader that comes while a message is under way (part of it placed
+    /// in the receive buffer already, mid-segment or between two segments)
+    /// gets an overlay that starts parked: it catches up what was placed
+    /// and the rest lands in its buffer.
+    #[test]
+    fn an_overlay_set_while_a_message_is_under_way_catches_up() {
+        // FPDUs of 136 octets (EMSS): cut in the first one's payload, in its
+        // CRC, right after it (between the segments), in the second one.
+        for cut in [60, 130, 136, 150, 250] {
+            for step in [1, 7, 64, 1000] {
+                let params = Params {
+                    emss: 128 + 8,
+                    ..Params::default()
+                };
+                let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
+                a.enable(params);
+                b.enable(params);
+                let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
+                let msg: Vec<u8> = (0..300usize).map(|i| (i * 13) as u8).collect();
+                let buf = mb.add(vec![0; 512]);
+                let reader = mb.add(vec![0; 400]);
+                let sge = Sge {
+                    region: buf,
+                    offset: 0,
+                    len: 512,
+                };
+                b.post_recv(RecvWr { wr_id: 5, sge }).unwrap();
+                let src = ma.add(msg.clone());
+                a.post_send(SendWr {
+                    wr_id: 1,
+                    kind: SendKind::Send,
+                    payload: Payload::region(src, 0, msg.len()),
+                    signaled: true,
+                })
+                .unwrap();
+                a.poll_transmit(&ma, 1 << 20);
+                let mut wire = Vec::new();
+                a.txq()
+                    .for_each_slice(&ma, |s| {
+                        wire.extend_from_slice(s);
+                        true
+                    })
+                    .unwrap();
+                feed(&mut b, &wire[..cut], &mut mb, step);
+                assert_eq!(b.overlay_next_recv(10, reader, 0, 400), Some(5));
+                let ov = *b.overlay().unwrap();
+                let (at, n) = b.resume_overlay().unwrap();
+                assert!(!ov.active && n > 0, "cut {cut} step {step}");
+                let caught = mb.region(buf).unwrap()[at..at + n].to_vec();
+                mb.region_mut(reader).unwrap()[..n].copy_from_slice(&caught);
+                feed(&mut b, &wire[cut..], &mut mb, step);
+                let done = b.take_overlay_done(5).unwrap();
+                assert_eq!(done.placed, 290, "cut {cut} step {step}");
+                assert_eq!(&mb.region(reader).unwrap()[..290], &msg[10..]);
+                assert_eq!(b.poll_completion().unwrap().byte_len, 300);
+            }
+        }
+    }
+
+    /// No overlay when what the message under way placed already reaches
+    /// its end: nothing would land through it.
+    #[test]
+    fn no_overlay_past_what_the_message_placed() {
+        let params = Params {
+            emss: 128 + 8,
+            ..Params::default()
+        };
+        let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
+        a.enable(params);
+        b.enable(params);
+        let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
+        let buf = mb.add(vec![0; 512]);
+        let reader = mb.add(vec![0; 400]);
+        let sge = Sge {
+            region: buf,
+            offset: 0,
+            len: 512,
+        };
+        b.post_recv(RecvWr { wr_id: 5, sge }).unwrap();
+        let src = ma.add(vec![7; 300]);
+        a.post_send(SendWr {
+            wr_id: 1,
+            kind: SendKind::Send,
+            payload: Payload::region(src, 0, 300),
+            signaled: true,
+        })
+        .unwrap();
+        a.poll_transmit(&ma, 1 << 20);
+        let mut wire = Vec::new();
+        a.txq()
+            .for_each_slice(&ma, |s| {
+                wire.extend_from_slice(s);
+                true
+            })
+            .unwrap();
+        // Past the first segment's 110 payload octets.
+        feed(&mut b, &wire[..200], &mut mb, 64);
+        assert_eq!(b.overlay_next_recv(10, reader, 0, 50), None);
+        assert!(b.overlay().is_none());
+        assert_eq!(b.overlay_next_recv(10, reader, 0, 400), Some(5));
     }
 }

@@ -478,6 +478,11 @@ impl DataPath {
 
     // ---- completions and events ---------------------------------------
 
+    /// Work completions waiting for [`DataPath::poll_completion`].
+    pub fn completions(&self) -> usize {
+        self.cq.len()
+    }
+
     /// The next work completion, in the order RFC 5040 §5.5 rule 15 sets
     /// for the send queue ("RDMA Operations MUST be Completed at the Local
     /// Peer in the order that they were submitted").

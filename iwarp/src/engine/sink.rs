@@ -76,6 +76,10 @@ impl Placement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecvInProgress {
     pub wr: RecvWr,
+    /// The end (an offset of the buffer's region) of what its segments
+    /// committed so far placed: segments arrive in order (RFC 5044 over
+    /// TCP), so everything before it is placed.
+    pub end: usize,
 }
 
 /// Where the current segment's payload goes.
@@ -636,11 +640,14 @@ impl DataPath {
             } => {
                 if first {
                     match self.rx.rq.pop_front() {
-                        Some(wr) => self.rx.send = Some(RecvInProgress { wr }),
+                        Some(wr) => self.rx.send = Some(RecvInProgress { wr, end: 0 }),
                         None => return,
                     }
                 }
                 if !last {
+                    if let Some(p) = &mut self.rx.send {
+                        p.end = p.wr.sge.offset + mo as usize + len as usize;
+                    }
                     return;
                 }
                 // RFC 5040 §5.3: on delivery of a Send with Invalidate the

@@ -122,19 +122,31 @@ impl Link {
             self.release_deferred(now, Some(buf), true);
             return false;
         }
-        let Some(lend) = self.recv_lend else {
-            if buf.is_empty() || !self.conn.rx_waiting() {
-                return false;
+        let lend = match self.recv_lend {
+            Some(lend) => lend,
+            None => {
+                if buf.is_empty() || !self.conn.rx_waiting() {
+                    return false;
+                }
+                let Some(wr_id) =
+                    qp.datapath_mut()
+                        .overlay_next_recv(BSDH_LEN, RECV_INTO, 0, buf.len())
+                else {
+                    return false;
+                };
+                let lend = RecvLend {
+                    wr_id,
+                    parked: false,
+                    caught_up: 0,
+                };
+                self.recv_lend = Some(lend);
+                if qp.datapath().overlay().is_some_and(|ov| ov.active) {
+                    return true;
+                }
+                // The message is under way: what it placed so far is
+                // caught up below, as after a park.
+                lend
             }
-            let wr = qp
-                .datapath_mut()
-                .overlay_next_recv(BSDH_LEN, RECV_INTO, 0, buf.len());
-            self.recv_lend = wr.map(|wr_id| RecvLend {
-                wr_id,
-                parked: false,
-                caught_up: 0,
-            });
-            return wr.is_some();
         };
         let Some(ov) = qp.datapath().overlay().copied() else {
             self.recv_lend = None;
@@ -144,7 +156,8 @@ impl Link {
             return false;
         };
         if n > 0 {
-            // Received by another thread meanwhile: caught up.
+            // Placed in the Private Buffer while the reader was away, or
+            // before it came: caught up.
             let src = self
                 .conn
                 .pool()

@@ -355,6 +355,16 @@ fn recv_loop(
                 // Emptied buffers are re-posted and credited.
                 g.pump_out(*now);
                 *got += n;
+                if lend && n > 0 && *got < buf.len() && !pumped && g.input_left() {
+                    // The Private Buffers are read out and the socket holds
+                    // more: it comes straight into the rest of `buf`, as a
+                    // TCP read takes what the socket holds.
+                    pumped = true;
+                    direct = pump_reader(g, *now, true, &mut buf[*got..]);
+                    if direct > 0 {
+                        continue;
+                    }
+                }
                 let waitall = flags.contains(RecvFlags::WAITALL)
                     && !flags.contains(RecvFlags::PEEK)
                     && n > 0
@@ -694,9 +704,11 @@ impl SdpStream {
         }
     }
 
-    /// Readiness and state at this moment, as the bits of `poll(2)`.
+    /// Readiness and state at this moment, as the bits of `poll(2)`: exact,
+    /// input a pump left in the socket read first if need be
+    /// ([`shared::Inner::settle_input`]).
     pub fn poll_state(&self) -> PollState {
-        self.shared().look(|g| {
+        let state = |g: &shared::Inner| {
             let conn = g.link.conn();
             let closed = conn.state() == State::Closed;
             let read_closed = conn.disconn_received() || closed;
@@ -709,7 +721,14 @@ impl SdpStream {
                 urgent: g.link.urgent_ready(),
                 connected: g.link.is_connected(),
             }
-        })
+        };
+        let shared = self.shared();
+        if let Some(s) = shared.look(|g| (g.link.readable() || !g.input_left()).then(|| state(g))) {
+            return s;
+        }
+        let mut g = shared.lock();
+        g.settle_input(Instant::now());
+        state(&g)
     }
 
     /// The figures for observability as of the stream's last unlock,
@@ -1078,7 +1097,7 @@ impl SdpStream {
 
     /// A read would make progress (data, end of stream, or an error).
     pub fn readable(&self) -> bool {
-        self.shared().look(|g| g.link.readable())
+        self.poll_state().readable
     }
 
     /// A write would take at least one byte (or fail at once).

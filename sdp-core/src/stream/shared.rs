@@ -176,8 +176,14 @@ pub struct Inner {
 /// Caller memory lent to one pump.
 #[derive(Default)]
 struct Lend<'a> {
-    /// A waiting reader's buffer (Bcopy direct receive).
+    /// A waiting reader's buffer (Bcopy direct receive): reading stops
+    /// once no more of the socket's messages can land there, and the rest
+    /// waits in the socket for the reader's next call.
     recv_into: Option<&'a mut [u8]>,
+    /// Reading stops once a message arrived: the caller only needs to know
+    /// that the stream is readable ([`Inner::pump_quietly`]), and what
+    /// follows may go straight into the reader's buffer then.
+    first_arrival: bool,
     /// The Zcopy owner's pump, with its buffers.
     zcopy: bool,
     zc_send: Option<&'a [u8]>,
@@ -225,6 +231,36 @@ impl Inner {
             self.link.park_recv(self.ep.connection_mut());
         }
         n
+    }
+
+    /// Whether the socket may hold input that no pump read yet: the last
+    /// one stopped before the socket was empty ([`Lend`]).
+    pub fn input_left(&self) -> bool {
+        self.ep.rx_stopped() && !self.llp_end && !self.reset
+    }
+
+    /// The readable level of the readiness descriptor and the watches: the
+    /// link is readable, or a pump left input in the socket
+    /// ([`Inner::input_left`]) — no edge of the socket tells of it again,
+    /// so whoever sleeps must wake and look ([`Inner::settle_input`]).
+    pub fn readable(&self) -> bool {
+        self.link.readable() || self.input_left()
+    }
+
+    /// Reads what pumps left in the socket until the link is readable or
+    /// the socket is empty, one message at a time: readiness reported to
+    /// the program is then exact (a read after it finds a message), and
+    /// what follows stays in the socket for the reader's buffer.
+    pub fn settle_input(&mut self, now: Instant) {
+        while !self.link.readable() && self.input_left() {
+            let lend = Lend {
+                first_arrival: true,
+                ..Lend::default()
+            };
+            if !self.pump_io(now, lend) {
+                break;
+            }
+        }
     }
 
     /// The read that [`Inner::pump_for_reader`] served ends with `buf` as
@@ -307,8 +343,13 @@ impl Inner {
         // may wait behind the bytes it read: an edge-triggered event that
         // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
         let mut again = std::mem::take(&mut self.hangup_hint);
+        let (lent, first_arrival) = (recv_into.is_some(), lend.first_arrival);
+        let mut enough = |c: &iwarp::engine::Connection| {
+            (lent && c.datapath().overlay().is_none())
+                || (first_arrival && c.datapath().completions() > 0)
+        };
         while !self.llp_end && !self.reset {
-            let r = self.ep.pump_recv(
+            let r = self.ep.pump_recv_until(
                 now,
                 &mut self.link.memory_lent(
                     None,
@@ -316,6 +357,7 @@ impl Inner {
                     lend.zc_send,
                     lend.zc_recv.as_deref_mut(),
                 ),
+                &mut enough,
             );
             match r {
                 Ok(Progress::Idle) => break,
@@ -360,7 +402,13 @@ impl Inner {
     /// that empties it again. [`Inner::update_readiness`] catches up.
     pub fn pump_quietly(&mut self, now: Instant) -> bool {
         self.quiet_levels = true;
-        let moved = self.pump(now);
+        let moved = self.pump_io(
+            now,
+            Lend {
+                first_arrival: true,
+                ..Lend::default()
+            },
+        );
         // Quiet until the unlock ([`Locked`]), which tells the watches
         // nothing either: the caller reports the levels itself.
         self.quiet_unlock = true;
@@ -541,6 +589,7 @@ impl Inner {
         if self.quiet_levels {
             return;
         }
+        let readable = self.readable();
         if let Some(r) = &mut self.readiness {
             // Data that arrived since the last update is a new edge for an
             // edge-triggered poller even if the stream was readable, as
@@ -549,7 +598,7 @@ impl Inner {
             let arrived = rx != self.rx_seen;
             self.rx_seen = rx;
             let was = r.is_readable();
-            let _ = r.set(self.link.readable(), self.link.writable());
+            let _ = r.set(readable, self.link.writable());
             // Turning readable is the arrival's edge already: one write.
             if arrived && was {
                 let _ = r.renew_readable();
@@ -571,7 +620,7 @@ impl Inner {
         let rx = self.link.conn().rx_total();
         let arrived = rx != self.told_rx;
         self.told_rx = rx;
-        let now = (self.link.readable(), self.link.writable());
+        let now = (self.readable(), self.link.writable());
         if now != self.told || (arrived && now.0) {
             self.told = now;
             for w in &self.watches.0 {
@@ -769,7 +818,7 @@ impl Shared {
             // Arrivals count from here.
             g.told_rx = g.link.conn().rx_total();
         }
-        let now = (g.link.readable(), g.link.writable());
+        let now = (g.readable(), g.link.writable());
         g.told = now;
         w.levels(now.0, now.1);
         g.watches.0.push(w);
