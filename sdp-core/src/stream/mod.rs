@@ -293,6 +293,7 @@ fn send_in(g: &mut Locked<'_>, parts: &[&[u8]], flags: SendFlags, rule: Rule) ->
 /// One receive into `buf` under `rule`: by Zcopy when it fits and may
 /// wait ([`zcopy::read`]), else copied.
 fn recv_in(g: &mut Locked<'_>, buf: &mut [u8], flags: RecvFlags, rule: Rule) -> io::Result<usize> {
+    g.read_len(buf.len());
     let mut got = 0;
     let mut now = Instant::now();
     let r = if rule.waits() && zcopy::read_fits(g, buf.len(), flags) {
@@ -355,7 +356,8 @@ fn recv_loop(
                 // Emptied buffers are re-posted and credited.
                 g.pump_out(*now);
                 *got += n;
-                if lend && n > 0 && *got < buf.len() && !pumped && g.input_left() {
+                let room = buf.len() - *got;
+                if lend && n > 0 && room >= g.message_len() && !pumped && g.input_left() {
                     // The Private Buffers are read out and the socket holds
                     // more: it comes straight into the rest of `buf`, as a
                     // TCP read takes what the socket holds.

@@ -171,6 +171,8 @@ pub struct Inner {
     /// The connection moved to a new socket (SuspComm): epoll sets that
     /// watched the old one no longer see it ([`Shared::watch_socket`]).
     pub(super) socket_moved: bool,
+    /// The buffer length of the program's last read ([`Inner::read_len`]).
+    last_read: u32,
 }
 
 /// Caller memory lent to one pump.
@@ -231,6 +233,17 @@ impl Inner {
             self.link.park_recv(self.ep.connection_mut());
         }
         n
+    }
+
+    /// A read of `len` bytes starts: what a pump that only needs to know
+    /// of an arrival leaves in the socket follows its size ([`Lend`]).
+    pub fn read_len(&mut self, len: usize) {
+        self.last_read = u32::try_from(len).unwrap_or(u32::MAX);
+    }
+
+    /// The payload one of our Private Buffers takes: a full message.
+    pub fn message_len(&self) -> usize {
+        self.link.conn().pool().buf_size()
     }
 
     /// Whether the socket may hold input that no pump read yet: the last
@@ -343,10 +356,15 @@ impl Inner {
         // may wait behind the bytes it read: an edge-triggered event that
         // said so ([`Shared::note_hangup`]) makes it read until Idle or EOF.
         let mut again = std::mem::take(&mut self.hangup_hint);
+        // Input stays in the socket only for a reader whose buffer takes
+        // more than the message read now: a smaller one would have it
+        // copied all the same, after more pumps.
+        let leave = self.last_read as usize >= 2 * self.message_len();
         let (lent, first_arrival) = (recv_into.is_some(), lend.first_arrival);
         let mut enough = |c: &iwarp::engine::Connection| {
-            (lent && c.datapath().overlay().is_none())
-                || (first_arrival && c.datapath().completions() > 0)
+            leave
+                && ((lent && c.datapath().overlay().is_none())
+                    || (first_arrival && c.datapath().completions() > 0))
         };
         while !self.llp_end && !self.reset {
             let r = self.ep.pump_recv_until(
@@ -768,6 +786,7 @@ impl Shared {
             quiet_levels: false,
             quiet_unlock: false,
             socket_moved: false,
+            last_read: 0,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
