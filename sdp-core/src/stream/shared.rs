@@ -75,6 +75,10 @@ fn base() -> Instant {
 
 const NO_DEADLINE: u64 = u64::MAX;
 
+/// Most pumps [`Inner::settle_input`] makes for one report: more than the
+/// credit-only messages that can come in a row before data.
+const SETTLE_ROUNDS: usize = 64;
+
 pub(super) fn encode(t: Option<Instant>) -> u64 {
     t.map_or(NO_DEADLINE, |t| {
         t.saturating_duration_since(base())
@@ -265,13 +269,18 @@ impl Inner {
     /// the program is then exact (a read after it finds a message), and
     /// what follows stays in the socket for the reader's buffer.
     pub fn settle_input(&mut self, now: Instant) {
-        while !self.link.readable() && self.input_left() {
+        // Each round reads the socket or ends; the bound keeps a pump that
+        // moves only other things (writes, timers) from going round.
+        for _ in 0..SETTLE_ROUNDS {
+            if self.link.readable() || !self.input_left() {
+                return;
+            }
             let lend = Lend {
                 first_arrival: true,
                 ..Lend::default()
             };
             if !self.pump_io(now, lend) {
-                break;
+                return;
             }
         }
     }
