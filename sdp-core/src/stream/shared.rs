@@ -179,7 +179,9 @@ pub struct Inner {
     last_read: u32,
 }
 
-/// Caller memory lent to one pump.
+/// Caller memory lent to one pump, and where its reading may stop. Both
+/// stops hold only while the program's reads take two messages or more
+/// ([`Inner::read_len`]); the socket is read until empty otherwise.
 #[derive(Default)]
 struct Lend<'a> {
     /// A waiting reader's buffer (Bcopy direct receive): reading stops
