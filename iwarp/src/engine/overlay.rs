@@ -411,49 +411,58 @@ mod tests {
         }
     }
 
+    /// A receiver with one 512-octet receive posted (`wr_id` 5) and a
+    /// 400-octet reader region, and the wire octets of one Send of `msg` in
+    /// FPDUs of 136 octets (EMSS): (receiver, its memory, receive buffer,
+    /// reader, wire).
+    fn one_send(msg: &[u8]) -> (DataPath, VecMemory, RegionId, RegionId, Vec<u8>) {
+        let params = Params {
+            emss: 128 + 8,
+            ..Params::default()
+        };
+        let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
+        a.enable(params);
+        b.enable(params);
+        let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
+        let buf = mb.add(vec![0; 512]);
+        let reader = mb.add(vec![0; 400]);
+        let sge = Sge {
+            region: buf,
+            offset: 0,
+            len: 512,
+        };
+        b.post_recv(RecvWr { wr_id: 5, sge }).unwrap();
+        let src = ma.add(msg.to_vec());
+        a.post_send(SendWr {
+            wr_id: 1,
+            kind: SendKind::Send,
+            payload: Payload::region(src, 0, msg.len()),
+            signaled: true,
+        })
+        .unwrap();
+        a.poll_transmit(&ma, 1 << 20);
+        let mut wire = Vec::new();
+        a.txq()
+            .for_each_slice(&ma, |s| {
+                wire.extend_from_slice(s);
+                true
+            })
+            .unwrap();
+        (b, mb, buf, reader, wire)
+    }
+
     /// A reader that comes while a message is under way (part of it placed
     /// in the receive buffer already, mid-segment or between two segments)
     /// gets an overlay that starts parked: it catches up what was placed
     /// and the rest lands in its buffer.
     #[test]
     fn an_overlay_set_while_a_message_is_under_way_catches_up() {
-        // FPDUs of 136 octets (EMSS): cut in the first one's payload, in its
-        // CRC, right after it (between the segments), in the second one.
+        let msg: Vec<u8> = (0..300usize).map(|i| (i * 13) as u8).collect();
+        // Cut in the first FPDU's payload, in its CRC, right after it
+        // (between the segments), in the second one.
         for cut in [60, 130, 136, 150, 250] {
             for step in [1, 7, 64, 1000] {
-                let params = Params {
-                    emss: 128 + 8,
-                    ..Params::default()
-                };
-                let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
-                a.enable(params);
-                b.enable(params);
-                let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
-                let msg: Vec<u8> = (0..300usize).map(|i| (i * 13) as u8).collect();
-                let buf = mb.add(vec![0; 512]);
-                let reader = mb.add(vec![0; 400]);
-                let sge = Sge {
-                    region: buf,
-                    offset: 0,
-                    len: 512,
-                };
-                b.post_recv(RecvWr { wr_id: 5, sge }).unwrap();
-                let src = ma.add(msg.clone());
-                a.post_send(SendWr {
-                    wr_id: 1,
-                    kind: SendKind::Send,
-                    payload: Payload::region(src, 0, msg.len()),
-                    signaled: true,
-                })
-                .unwrap();
-                a.poll_transmit(&ma, 1 << 20);
-                let mut wire = Vec::new();
-                a.txq()
-                    .for_each_slice(&ma, |s| {
-                        wire.extend_from_slice(s);
-                        true
-                    })
-                    .unwrap();
+                let (mut b, mut mb, buf, reader, wire) = one_send(&msg);
                 feed(&mut b, &wire[..cut], &mut mb, step);
                 assert_eq!(b.overlay_next_recv(10, reader, 0, 400), Some(5));
                 let ov = *b.overlay().unwrap();
@@ -474,38 +483,7 @@ mod tests {
     /// its end: nothing would land through it.
     #[test]
     fn no_overlay_past_what_the_message_placed() {
-        let params = Params {
-            emss: 128 + 8,
-            ..Params::default()
-        };
-        let (mut a, mut b) = (DataPath::new(Pd(1), 1), DataPath::new(Pd(1), 2));
-        a.enable(params);
-        b.enable(params);
-        let (mut ma, mut mb) = (VecMemory::new(), VecMemory::new());
-        let buf = mb.add(vec![0; 512]);
-        let reader = mb.add(vec![0; 400]);
-        let sge = Sge {
-            region: buf,
-            offset: 0,
-            len: 512,
-        };
-        b.post_recv(RecvWr { wr_id: 5, sge }).unwrap();
-        let src = ma.add(vec![7; 300]);
-        a.post_send(SendWr {
-            wr_id: 1,
-            kind: SendKind::Send,
-            payload: Payload::region(src, 0, 300),
-            signaled: true,
-        })
-        .unwrap();
-        a.poll_transmit(&ma, 1 << 20);
-        let mut wire = Vec::new();
-        a.txq()
-            .for_each_slice(&ma, |s| {
-                wire.extend_from_slice(s);
-                true
-            })
-            .unwrap();
+        let (mut b, mut mb, _, reader, wire) = one_send(&[7; 300]);
         // Past the first segment's 110 payload octets.
         feed(&mut b, &wire[..200], &mut mb, 64);
         assert_eq!(b.overlay_next_recv(10, reader, 0, 50), None);
