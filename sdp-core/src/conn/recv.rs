@@ -950,6 +950,19 @@ impl Conn {
         Err(Error::WouldBlock)
     }
 
+    /// Whether the reads since the last drive left the link work: emptied
+    /// buffers to re-post and credit, a control message owed (a SendSm,
+    /// §9.2 step 2a), RDMA Reads to issue, a Zcopy advertisement under
+    /// way. A read that only copied out of a buffer still partly unread
+    /// leaves none, and its caller need not drive the link (DESIGN §7: a
+    /// call does the work its bytes need).
+    pub fn owes_after_read(&self) -> bool {
+        !self.to_post.is_empty()
+            || self.control_pending()
+            || !self.rdma_out.is_empty()
+            || !self.sink_quiet()
+    }
+
     /// Whether a reader that waits now would get the next message's
     /// payload first: connected, nothing received unread, no urgent mark,
     /// more may come. A link may then place that payload straight into the

@@ -332,6 +332,29 @@ fn peek_and_waitall() {
     );
 }
 
+#[test]
+fn only_a_read_that_empties_a_buffer_owes_the_link_work() {
+    // A read that copies out of a message still partly unread leaves the
+    // link nothing to do; the one that empties its buffer owes a re-post
+    // (and the credit it brings) until the link is driven.
+    let mut pair = Pair::new(&small(), &small(), 6);
+    pair.apps[1].reading = false;
+    pair.apps[0].to_write = 100;
+    assert!(pair.settle(100_000));
+    let conn = &mut pair.conns[1];
+    assert!(!conn.owes_after_read());
+    let mut buf = [0; 100];
+    assert_eq!(conn.recv(&mut buf[..40], RecvFlags::EMPTY), Ok(40));
+    assert!(!conn.owes_after_read());
+    assert_eq!(conn.recv(&mut buf[40..], RecvFlags::EMPTY), Ok(60));
+    assert!(conn.owes_after_read());
+    let mut expect = [0; 100];
+    crate::testing::pattern(pair.apps[1].peer_seed, 0, &mut expect);
+    assert_eq!(buf, expect);
+    pair.drain();
+    assert!(!pair.conns[1].owes_after_read());
+}
+
 // ----- close -----------------------------------------------------------------
 
 /// A writes `a` bytes and shuts down; B writes `b` bytes and shuts down

@@ -353,8 +353,13 @@ fn recv_loop(
         };
         match r {
             Ok(n) => {
-                // Emptied buffers are re-posted and credited.
-                g.pump_out(*now);
+                // Emptied buffers are re-posted and credited; a read that
+                // emptied none only changes the levels.
+                if g.link.conn().owes_after_read() {
+                    g.pump_out(*now);
+                } else {
+                    g.update_readiness();
+                }
                 *got += n;
                 let room = buf.len() - *got;
                 if lend && n > 0 && room >= g.message_len() && !pumped && g.input_left() {

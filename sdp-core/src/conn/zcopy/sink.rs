@@ -114,6 +114,16 @@ impl Conn {
         true
     }
 
+    /// No Zcopy advertisement in or out on the sink side: a read then
+    /// leaves [`Conn::sink_progress`] nothing to do.
+    pub(crate) fn sink_quiet(&self) -> bool {
+        self.z.srcs_in.is_empty()
+            && self.z.posted.is_empty()
+            && self.z.cancel_in.is_none()
+            && self.z.forced_until.is_none()
+            && !self.z.sink_cancel
+    }
+
     /// Sink side progress: SendSm when Read Zcopy will not happen, RDMA
     /// Reads into posted buffers, SinkAvails for posted buffers.
     pub(crate) fn sink_progress(&mut self) {
