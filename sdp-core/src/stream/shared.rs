@@ -500,7 +500,9 @@ impl Inner {
             self.link
                 .drive_lent(now, self.ep.connection_mut(), lent, recv_into);
             let mut progressed = false;
-            if !self.reset {
+            // A round whose drive framed nothing and left nothing queued
+            // has nothing to write: no look at the engine's queues.
+            if !self.reset && self.ep.wants_send() {
                 match self
                     .ep
                     .pump_send(now, &self.link.memory_lent(send_from, None, zc_send, None))
