@@ -250,8 +250,13 @@ impl TxStream {
 /// Only a write of a message's worth or more that comes within the wait
 /// of the write before holds its tail back: the first write of a burst,
 /// and every write of a request–response exchange, send all they have.
-/// The tail goes when the next write fills its message, when the wait
-/// runs out, or at once after [`Hold::push`].
+/// While most of the peer's buffers hold our messages (credit is
+/// scarce), any write close behind another holds back: a stream of small
+/// writes would otherwise spend each of the few buffers left on one small
+/// message, and a peer that reads more slowly than we write would see
+/// its whole window in a few kilobytes. The tail goes when the next write
+/// fills its message, when credit comes back, when the wait runs out, or
+/// at once after [`Hold::push`].
 #[derive(Debug, Clone, Default)]
 pub struct Hold {
     /// A write came since the last [`Hold::tick`]: whether it was large.
@@ -260,6 +265,8 @@ pub struct Hold {
     close_until: Option<Instant>,
     /// The last write was large and followed the one before closely.
     streaming: bool,
+    /// The last write followed the one before closely, whatever its size.
+    bursting: bool,
     /// When the tail held back goes (none while nothing is held).
     until: Option<Instant>,
     /// Nothing waits until the next write.
@@ -285,7 +292,8 @@ impl Hold {
     /// a hold whose time ran out.
     pub fn tick(&mut self, now: Instant, wait: Duration) {
         if let Some(large) = self.wrote.take() {
-            self.streaming = large && self.close_until.is_some_and(|t| now < t);
+            self.bursting = self.close_until.is_some_and(|t| now < t);
+            self.streaming = large && self.bursting;
             self.close_until = Some(now + wait);
         }
         if self.until.is_some_and(|t| now >= t) {
@@ -293,9 +301,10 @@ impl Hold {
         }
     }
 
-    /// Whether a short tail, all that is left to send, waits now.
-    pub fn holds(&mut self, now: Instant, wait: Duration) -> bool {
-        if self.pushed || !self.streaming {
+    /// Whether a short tail, all that is left to send, waits now; with
+    /// `scarce` credit, after any write close behind another.
+    pub fn holds(&mut self, now: Instant, wait: Duration, scarce: bool) -> bool {
+        if self.pushed || !(self.streaming || (scarce && self.bursting)) {
             return false;
         }
         let until = *self.until.get_or_insert(now + wait);
@@ -545,7 +554,14 @@ impl Conn {
             && !self.config.coalesce.is_zero()
             && !self.zsend_pending()
             && self.local_suspend == LocalSuspend::None
-            && self.hold.holds(now, self.config.coalesce)
+            && self.hold.holds(now, self.config.coalesce, self.credit_scarce())
+    }
+
+    /// Fewer than half of the peer's Private Buffers are free for our
+    /// messages: one more short message now would take one of the few
+    /// left, where waiting fills it (see [`Hold`]).
+    fn credit_scarce(&self) -> bool {
+        self.credits.send_credit() * 2 < i64::from(self.credits.peer_bufs())
     }
 
     /// Bytes wait to be sent that only credit holds back (not a short tail
@@ -975,22 +991,44 @@ mod tests {
         // The first write of a burst sends all it has.
         h.wrote(true, false);
         h.tick(t0, WAIT);
-        assert!(!h.holds(t0, WAIT));
+        assert!(!h.holds(t0, WAIT, false));
         // The next one, 20 µs later, holds its tail for the wait.
         h.wrote(true, false);
         h.tick(at(t0, 20), WAIT);
-        assert!(h.holds(at(t0, 30), WAIT));
+        assert!(h.holds(at(t0, 30), WAIT, false));
         assert!(h.holding());
         assert_eq!(h.deadline(), Some(at(t0, 30) + WAIT));
         // A small write close behind sends its bytes.
         h.wrote(false, false);
         h.tick(at(t0, 40), WAIT);
-        assert!(!h.holds(at(t0, 40), WAIT));
+        assert!(!h.holds(at(t0, 40), WAIT, false));
         assert_eq!(h.deadline(), None);
         // A large write long after the last one starts a burst again.
         h.wrote(true, false);
         h.tick(at(t0, 40) + WAIT, WAIT);
-        assert!(!h.holds(at(t0, 40) + WAIT, WAIT));
+        assert!(!h.holds(at(t0, 40) + WAIT, WAIT, false));
+    }
+
+    #[test]
+    fn with_scarce_credit_small_writes_close_behind_another_hold_too() {
+        let t0 = Instant::now();
+        let mut h = Hold::default();
+        // The first small write of a burst sends all it has.
+        h.wrote(false, false);
+        h.tick(t0, WAIT);
+        assert!(!h.holds(t0, WAIT, true));
+        // The next one, close behind, holds while credit is scarce...
+        h.wrote(false, false);
+        h.tick(at(t0, 20), WAIT);
+        assert!(!h.holds(at(t0, 20), WAIT, false));
+        assert!(h.holds(at(t0, 20), WAIT, true));
+        assert_eq!(h.deadline(), Some(at(t0, 20) + WAIT));
+        // ...and goes once credit came back.
+        assert!(!h.holds(at(t0, 30), WAIT, false));
+        // A small write a whole wait after the last one starts a burst.
+        h.wrote(false, false);
+        h.tick(at(t0, 40) + WAIT, WAIT);
+        assert!(!h.holds(at(t0, 40) + WAIT, WAIT, true));
     }
 
     #[test]
@@ -1001,28 +1039,28 @@ mod tests {
         h.tick(t0, WAIT);
         h.wrote(true, false);
         h.tick(at(t0, 10), WAIT);
-        assert!(h.holds(at(t0, 10), WAIT));
+        assert!(h.holds(at(t0, 10), WAIT, false));
         // The wait runs out.
         h.tick(at(t0, 10) + WAIT, WAIT);
         assert!(!h.holding());
-        assert!(!h.holds(at(t0, 11) + WAIT, WAIT));
+        assert!(!h.holds(at(t0, 11) + WAIT, WAIT, false));
         // That write came a whole wait after the one before: the next
         // one is the first of a burst, the one after it holds until a
         // push.
         let t1 = at(t0, 20) + WAIT;
         h.wrote(true, false);
         h.tick(t1, WAIT);
-        assert!(!h.holds(t1, WAIT));
+        assert!(!h.holds(t1, WAIT, false));
         h.wrote(true, false);
         h.tick(at(t1, 10), WAIT);
-        assert!(h.holds(at(t1, 10), WAIT));
+        assert!(h.holds(at(t1, 10), WAIT, false));
         h.push();
-        assert!(!h.holds(at(t1, 11), WAIT));
+        assert!(!h.holds(at(t1, 11), WAIT, false));
         assert_eq!(h.deadline(), None);
         // An urgent write holds nothing back.
         h.wrote(true, true);
         h.tick(at(t1, 20), WAIT);
-        assert!(!h.holds(at(t1, 20), WAIT));
+        assert!(!h.holds(at(t1, 20), WAIT, false));
     }
 
     #[test]
