@@ -31,12 +31,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import free_port, listening  # noqa: E402  (the port checks bench.py makes)
+from bench import free_port  # noqa: E402  (the port checks bench.py makes)
+from syscalls import start_port_mapper, wait_listening  # noqa: E402
 
-# (label, function name as callgrind prints it, matched exactly or as a suffix)
+# (label, function name exactly as callgrind prints it)
 LAYERS = [
     ("library entry (send)", "<sdp_preload::backend::endpoint::Ep as sdp_preload::sdp::SdpEndpoint>::send"),
     ("library entry (recv)", "<sdp_preload::backend::endpoint::Ep as sdp_preload::sdp::SdpEndpoint>::recv"),
@@ -91,29 +91,6 @@ def parse(path):
     return by_name, total
 
 
-def start_pm(bin_dir, work, env):
-    control = os.path.join(work, "pm.sock")
-    pm = subprocess.Popen([os.path.join(bin_dir, "sdp-portmapper"), "--port", "0", "--control", control,
-                           "--stats-interval-ms", "0", "--log-level", "warn"],
-                          stdout=subprocess.PIPE, text=True, env=env)
-    line = pm.stdout.readline()
-    m = re.search(r"udp=[^,\s]*:(\d+)", line)
-    if not m:
-        sys.exit(f"unexpected port mapper line {line!r}")
-    env.update(SDP_PM_PORT=m.group(1), SDP_PM_CONTROL=control, SDP_LOG="error", SDP_LOCAL="off")
-    return pm
-
-
-def wait_listening(port, proc, deadline=60.0):
-    end = time.monotonic() + deadline
-    while not listening(port):
-        if proc.poll() is not None:
-            sys.exit(f"server exited early ({proc.returncode})")
-        if time.monotonic() > end:
-            sys.exit(f"nothing listens on {port}")
-        time.sleep(0.05)
-
-
 def run(work, env, sdprun, server_argv, client_argv, port, traced):
     """Runs the pair with `traced` ("server" or "client") under callgrind;
     returns the callgrind files written."""
@@ -124,7 +101,8 @@ def run(work, env, sdprun, server_argv, client_argv, port, traced):
     server = subprocess.Popen(srv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
-        wait_listening(port, server)
+        # valgrind takes seconds to start a program.
+        wait_listening(port, server, deadline=60.0)
         client = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
         if client.returncode != 0:
             sys.exit(f"client failed: {client.stderr[-2000:]}")
@@ -149,7 +127,8 @@ def main():
     bin_dir = os.path.abspath(args.bin)
     work = tempfile.mkdtemp(prefix="sdp-callcost-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SDP_") and k != "LD_PRELOAD"}
-    pm = start_pm(bin_dir, work, env)
+    pm = start_port_mapper(bin_dir, work, env)
+    env["SDP_LOCAL"] = "off"
     sdprun = os.path.join(bin_dir, "sdprun")
     try:
         port = free_port()

@@ -49,6 +49,21 @@ def wait_listening(port, proc, deadline=10.0):
         time.sleep(0.05)
 
 
+def start_port_mapper(bin_dir, work, env):
+    """A port mapper of this run's own, on a port the kernel picks; `env`
+    gains what a preloaded program needs to use it."""
+    control = os.path.join(work, "pm.sock")
+    pm = subprocess.Popen([os.path.join(bin_dir, "sdp-portmapper"), "--port", "0", "--control", control,
+                           "--stats-interval-ms", "0", "--log-level", "warn"],
+                          stdout=subprocess.PIPE, text=True, env=env)
+    line = pm.stdout.readline()
+    m = re.search(r"udp=[^,\s]*:(\d+)", line)
+    if not m:
+        sys.exit(f"unexpected port mapper line {line!r}")
+    env.update(SDP_PM_PORT=m.group(1), SDP_PM_CONTROL=control, SDP_LOG="error")
+    return pm
+
+
 def run_pair(work, name, prefix, env, server_argv, client_argv, port):
     srv_out = os.path.join(work, f"{name}-server.strace")
     cli_out = os.path.join(work, f"{name}-client.strace")
@@ -80,15 +95,7 @@ def main():
     prefix = []
     pm = None
     if not args.tcp:
-        control = os.path.join(work, "pm.sock")
-        pm = subprocess.Popen([os.path.join(bin_dir, "sdp-portmapper"), "--port", "0", "--control", control,
-                               "--stats-interval-ms", "0", "--log-level", "warn"],
-                              stdout=subprocess.PIPE, text=True, env=env)
-        line = pm.stdout.readline()
-        m = re.search(r"udp=[^,\s]*:(\d+)", line)
-        if not m:
-            sys.exit(f"unexpected port mapper line {line!r}")
-        env.update(SDP_PM_PORT=m.group(1), SDP_PM_CONTROL=control, SDP_LOG="error")
+        pm = start_port_mapper(bin_dir, work, env)
         prefix = [os.path.join(bin_dir, "sdprun")]
     try:
         port = free_port()
