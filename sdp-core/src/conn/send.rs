@@ -554,7 +554,9 @@ impl Conn {
             && !self.config.coalesce.is_zero()
             && !self.zsend_pending()
             && self.local_suspend == LocalSuspend::None
-            && self.hold.holds(now, self.config.coalesce, self.credit_scarce())
+            && self
+                .hold
+                .holds(now, self.config.coalesce, self.credit_scarce())
     }
 
     /// Fewer than half of the peer's Private Buffers are free for our
