@@ -305,6 +305,9 @@ impl Hold {
     /// `scarce` credit, after any write close behind another.
     pub fn holds(&mut self, now: Instant, wait: Duration, scarce: bool) -> bool {
         if self.pushed || !(self.streaming || (scarce && self.bursting)) {
+            // Credit came back: what was held goes now, with no timer left
+            // behind for it.
+            self.until = None;
             return false;
         }
         let until = *self.until.get_or_insert(now + wait);
@@ -1027,6 +1030,8 @@ mod tests {
         assert_eq!(h.deadline(), Some(at(t0, 20) + WAIT));
         // ...and goes once credit came back.
         assert!(!h.holds(at(t0, 30), WAIT, false));
+        assert!(!h.holding());
+        assert_eq!(h.deadline(), None);
         // A small write a whole wait after the last one starts a burst.
         h.wrote(false, false);
         h.tick(at(t0, 40) + WAIT, WAIT);
