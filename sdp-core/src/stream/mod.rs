@@ -407,7 +407,7 @@ fn recv_loop(
                     // wait for it before it answers).
                     g.pump_out(*now);
                 }
-                if let Err(e) = g.wait_for(rule.deadline(), rule.signals) {
+                if let Err(e) = g.wait_to_read(rule.deadline(), rule.signals) {
                     return moved_or(*got, e);
                 }
                 *now = Instant::now();

@@ -17,7 +17,10 @@
 //! (`EPOLL_CTL_MOD`, on this thread, off the critical path) and set again
 //! [`PARK`] later. Setting it again reports the socket at once if it is
 //! ready then, so nothing is missed; the price is that progress for an
-//! application that stops polling comes at most [`PARK`] late.
+//! application that stops polling comes at most [`PARK`] late. (A link
+//! whose application reads the socket itself — an epoll set or a `poll`
+//! watches it, or a blocking read waited on it — is not watched for
+//! arrivals at all unless bytes wait for credit; parking is for those.)
 //!
 //! **Timers.** The thread sleeps until the nearest deadline of its links.
 //! A link whose deadline moves wakes it only if the new one comes sooner

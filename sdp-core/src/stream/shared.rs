@@ -738,6 +738,9 @@ pub struct Shared {
     /// A `poll` or `select` of the application has polled the socket
     /// itself ([`Shared::poll_socket`]).
     socket_polled: AtomicBool,
+    /// A blocking read has waited on the socket itself
+    /// ([`Locked::wait_to_read`]).
+    read_blocking: AtomicBool,
     /// Application threads sleeping on the readiness descriptor
     /// ([`Shared::await_readiness`]).
     readiness_waiters: AtomicUsize,
@@ -820,6 +823,7 @@ impl Shared {
             hangup: AtomicBool::new(false),
             watchers: AtomicUsize::new(0),
             socket_polled: AtomicBool::new(false),
+            read_blocking: AtomicBool::new(false),
             readiness_waiters: AtomicUsize::new(0),
             reads: AtomicBool::new(true),
             // Nothing was written yet: the first unlock asks for room if
@@ -1007,9 +1011,12 @@ impl Shared {
     }
 
     /// Whether the application reads the socket itself (an epoll set
-    /// watches it, or a `poll` or `select` polled it).
+    /// watches it, a `poll` or `select` polled it, or a blocking read
+    /// waited on it).
     fn watched(&self) -> bool {
-        self.watchers.load(Ordering::SeqCst) > 0 || self.socket_polled.load(Ordering::SeqCst)
+        self.watchers.load(Ordering::SeqCst) > 0
+            || self.socket_polled.load(Ordering::SeqCst)
+            || self.read_blocking.load(Ordering::SeqCst)
     }
 
     /// Brings the progress thread's registration in line with
@@ -1021,6 +1028,7 @@ impl Shared {
             // thread reads the new one from now on.
             self.watchers.store(0, Ordering::SeqCst);
             self.socket_polled.store(false, Ordering::SeqCst);
+            self.read_blocking.store(false, Ordering::SeqCst);
         }
         let changed = |flag: &AtomicBool, want: bool| {
             flag.load(Ordering::Relaxed) != want && flag.swap(want, Ordering::SeqCst) != want
@@ -1059,6 +1067,7 @@ impl Shared {
     pub fn forget_watchers(&self) {
         self.watchers.store(0, Ordering::SeqCst);
         self.socket_polled.store(false, Ordering::SeqCst);
+        self.read_blocking.store(false, Ordering::SeqCst);
         self.readiness_waiters.store(0, Ordering::SeqCst);
         self.reads.store(true, Ordering::SeqCst);
         self.room.store(true, Ordering::SeqCst);
@@ -1236,6 +1245,26 @@ impl<'a> Locked<'a> {
     /// socket call's `EINTR`), for a caller that reports it.
     pub fn wait_interruptible(&mut self, deadline: Option<Instant>) -> io::Result<()> {
         self.wait_as(deadline, true)
+    }
+
+    /// [`Locked::wait_for`] for a read with nothing to take: the reader
+    /// polls the socket itself, and so, it is taken, will its next reads,
+    /// as a `poll` that polled it does ([`Shared::poll_socket`]): the
+    /// progress thread leaves arrivals to the application from now on.
+    /// Otherwise every message would wake it too, to find the reader
+    /// polling (and park the link) or holding the lock (and leave it a
+    /// second pump); between two reads the bytes wait in the socket, as
+    /// TCP's do.
+    pub fn wait_to_read(&mut self, deadline: Option<Instant>, signals: bool) -> io::Result<()> {
+        let shared = self.shared;
+        if !shared.read_blocking.load(Ordering::Relaxed)
+            && !shared.read_blocking.swap(true, Ordering::SeqCst)
+        {
+            if let Some(g) = self.guard.as_mut() {
+                shared.sync_interest(g);
+            }
+        }
+        self.wait_as(deadline, signals)
     }
 
     /// Another thread is the poller, or owns the socket for Zcopy: a wait

@@ -58,3 +58,28 @@ fn a_poller_that_receives_for_the_reader_wakes_it() {
     writer.join().unwrap();
     reader.join().unwrap();
 }
+
+/// A blocking read that waits polls the socket itself, and so will the
+/// next ones: from then on the progress thread leaves arrivals to the
+/// application, or every message would wake it too.
+#[test]
+fn a_blocking_read_that_waits_takes_arrivals_from_the_progress_thread() {
+    let (c, s) = pair();
+    assert!(c.shared().reads(), "nobody reads the socket yet");
+    let r = c.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 5];
+        (&r).read_exact(&mut buf).unwrap();
+        buf
+    });
+    until(&c, |g| g.poller_active);
+    assert!(!c.shared().reads());
+    (&s).write_all(b"hello").unwrap();
+    assert_eq!(&reader.join().unwrap(), b"hello");
+    // The next bytes wait in the socket for the next read.
+    (&s).write_all(b"again").unwrap();
+    let mut buf = [0; 5];
+    (&c).read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"again");
+    assert!(!c.shared().reads());
+}
