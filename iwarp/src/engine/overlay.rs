@@ -206,12 +206,14 @@ impl DataPath {
         self.rx.overlays_done.len()
     }
 
-    /// Removes every overlay, done or not (oldest first): the caller takes
-    /// its memory back.
-    pub fn take_overlays(&mut self) -> Vec<RecvOverlay> {
-        let mut all: Vec<RecvOverlay> = self.rx.overlays_done.drain(..).collect();
-        all.extend(self.rx.overlay.take());
-        all
+    /// Removes the oldest overlay, done or not: called until `None`, the
+    /// caller takes its memory back. (One at a time, so that a reader's
+    /// call that ends allocates nothing.)
+    pub fn take_next_overlay(&mut self) -> Option<RecvOverlay> {
+        self.rx
+            .overlays_done
+            .pop_front()
+            .or_else(|| self.rx.overlay.take())
     }
 
     /// Stops translating: octets land in the receive buffer again, as the

@@ -31,8 +31,8 @@ use super::terminate::{self, Echo};
 use super::tx::{Framer, MsgKind, OutMsg, Source};
 use super::txq::{Mark, MissingRegion, TxChunk, TxQueue};
 use super::wr::{
-    Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Status, TerminateInfo,
-    WcOpcode, WriteWr,
+    Completion, Event, Payload, PostError, ReadWr, RecvWr, SendKind, SendWr, Sge, Status,
+    TerminateInfo, WcOpcode, WriteWr,
 };
 
 /// The STag a zero-length tagged RTR carries: any non-zero value (the
@@ -227,7 +227,12 @@ pub struct DataPath {
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
     error: Option<(TermCode, bool)>,
+    /// Gather lists of messages written, for [`DataPath::sge_list`].
+    spare_sges: Vec<Vec<Sge>>,
 }
+
+/// Most gather lists [`DataPath`] keeps for reuse.
+const SPARE_SGE_LISTS: usize = 4;
 
 impl DataPath {
     /// A queue pair in [`State::Idle`] in protection domain `pd`, whose
@@ -264,6 +269,27 @@ impl DataPath {
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,
+            spare_sges: Vec::new(),
+        }
+    }
+
+    /// An empty gather list for a work request's [`Payload::Sges`]: one of
+    /// a message written before if there is one, so that a stream of
+    /// messages allocates none.
+    pub fn sge_list(&mut self) -> Vec<Sge> {
+        self.spare_sges
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(4))
+    }
+
+    /// Keeps the gather list of a message written (see
+    /// [`DataPath::sge_list`]).
+    fn recycle(&mut self, msg: OutMsg) {
+        if let Source::Payload(Payload::Sges(mut sges)) = msg.source {
+            if self.spare_sges.len() < SPARE_SGE_LISTS {
+                sges.clear();
+                self.spare_sges.push(sges);
+            }
         }
     }
 
@@ -562,7 +588,7 @@ impl DataPath {
                 }
             }
             match msg.write_segment(&mut self.framer, &mut self.txq, mem, self.mulpdu) {
-                Ok(true) => {}
+                Ok(true) => self.recycle(msg),
                 Ok(false) => self.cur = Some((msg, what)),
                 Err(MissingRegion(_)) => {
                     if let Current::Response(job) = &what {
@@ -1048,5 +1074,44 @@ fn advanced_rr(rr: &ReadRequestRepr, sent: u64) -> ReadRequestRepr {
         size: rr.size.saturating_sub(sent as u32),
         src_to: rr.src_to.wrapping_add(sent),
         ..*rr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Params;
+    use crate::mem::VecMemory;
+
+    /// A Send's gather list comes back from [`DataPath::sge_list`] once
+    /// its message is written, emptied: a stream of Sends allocates none.
+    #[test]
+    fn a_written_message_gives_its_gather_list_back() {
+        let mut dp = DataPath::new(Pd(1), 1);
+        dp.enable(Params::default());
+        let mut mem = VecMemory::new();
+        let src = mem.add(vec![7; 100]);
+        let mut sges = Vec::with_capacity(9);
+        sges.push(Sge {
+            region: src,
+            offset: 0,
+            len: 100,
+        });
+        dp.post_send(SendWr {
+            wr_id: 1,
+            kind: SendKind::Send,
+            payload: Payload::Sges(sges),
+            signaled: true,
+        })
+        .unwrap();
+        assert_eq!(
+            dp.sge_list().capacity(),
+            4,
+            "nothing written yet: a new list"
+        );
+        assert!(dp.poll_transmit(&mem, 1 << 20) > 100);
+        let again = dp.sge_list();
+        assert!(again.is_empty());
+        assert_eq!(again.capacity(), 9, "the Send's own list");
     }
 }

@@ -209,7 +209,7 @@ impl Link {
             self.release_deferred(now, Some(buf), false);
             any = true;
         }
-        for ov in qp.datapath_mut().take_overlays() {
+        while let Some(ov) = qp.datapath_mut().take_next_overlay() {
             self.copy_back(&ov, Some(buf));
             any = true;
         }
@@ -273,7 +273,7 @@ impl Link {
     /// reader's buffer go back too, and nothing more lands there.
     fn break_chain(&mut self, qp: &mut Connection, buf: Option<&[u8]>) {
         self.recv_lend = None;
-        for ov in qp.datapath_mut().take_overlays() {
+        while let Some(ov) = qp.datapath_mut().take_next_overlay() {
             self.copy_back(&ov, buf);
         }
     }

@@ -863,7 +863,7 @@ impl Link {
                 payload,
                 local,
             } => {
-                let mut sges = Vec::with_capacity(4);
+                let mut sges = qp.datapath_mut().sge_list();
                 let mut inline = true;
                 let mut payload = payload;
                 if let Some(at) = local {

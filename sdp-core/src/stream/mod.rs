@@ -836,12 +836,19 @@ impl SdpStream {
         block: Block,
     ) -> io::Result<usize> {
         use crate::link::direct::SEND_FROM_MAX;
-        let parts: Vec<&[u8]> = bufs
-            .iter()
-            .filter(|b| !b.is_empty())
-            .map(|b| &b[..])
-            .collect();
         let rule = Rule::socket(block);
+        let nonempty = bufs.iter().filter(|b| !b.is_empty()).map(|b| &b[..]);
+        if bufs.len() <= SEND_FROM_MAX {
+            // The common call: its buffers on the stack, no allocation.
+            let mut few: [&[u8]; SEND_FROM_MAX] = [&[]; SEND_FROM_MAX];
+            let mut n = 0;
+            for (slot, b) in few.iter_mut().zip(nonempty) {
+                *slot = b;
+                n += 1;
+            }
+            return send_in(&mut self.shared().lock(), &few[..n], flags, rule);
+        }
+        let parts: Vec<&[u8]> = nonempty.collect();
         let mut g = self.shared().lock();
         if parts.len() <= SEND_FROM_MAX {
             return send_in(&mut g, &parts, flags, rule);
