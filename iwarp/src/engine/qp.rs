@@ -16,6 +16,7 @@
 //! and [`State::Error`] (Terminate sent or received, or the LLP failed).
 //! Error is final: "Once failed, a connection stays failed".
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use crate::mem::{Access, Memory, MrAttrs, Pd, RegError, RegionId, Registry, Span};
@@ -227,12 +228,19 @@ pub struct DataPath {
     pub(super) cq: VecDeque<Completion>,
     pub(super) events: VecDeque<Event>,
     error: Option<(TermCode, bool)>,
-    /// Gather lists of messages written, for [`DataPath::sge_list`].
-    spare_sges: Vec<Vec<Sge>>,
 }
 
-/// Most gather lists [`DataPath`] keeps for reuse.
-const SPARE_SGE_LISTS: usize = 4;
+/// Most gather lists a thread keeps for reuse ([`DataPath::sge_list`]),
+/// and the longest it keeps.
+const SPARE_SGE_LISTS: usize = 8;
+const SPARE_SGE_LEN: usize = 16;
+
+thread_local! {
+    /// Gather lists of messages this thread wrote, any connection's: kept
+    /// by the thread, not by the connection, so that an idle connection
+    /// holds none.
+    static SPARE_SGES: RefCell<Vec<Vec<Sge>>> = const { RefCell::new(Vec::new()) };
+}
 
 impl DataPath {
     /// A queue pair in [`State::Idle`] in protection domain `pd`, whose
@@ -269,27 +277,35 @@ impl DataPath {
             cq: VecDeque::new(),
             events: VecDeque::new(),
             error: None,
-            spare_sges: Vec::new(),
         }
     }
 
     /// An empty gather list for a work request's [`Payload::Sges`]: one of
-    /// a message written before if there is one, so that a stream of
-    /// messages allocates none.
-    pub fn sge_list(&mut self) -> Vec<Sge> {
-        self.spare_sges
-            .pop()
+    /// a message this thread wrote before if there is one, so that a
+    /// stream of messages allocates none.
+    pub fn sge_list(&self) -> Vec<Sge> {
+        SPARE_SGES
+            .try_with(|s| s.borrow_mut().pop())
+            .ok()
+            .flatten()
             .unwrap_or_else(|| Vec::with_capacity(4))
     }
 
     /// Keeps the gather list of a message written (see
     /// [`DataPath::sge_list`]).
-    fn recycle(&mut self, msg: OutMsg) {
+    fn recycle(&self, msg: OutMsg) {
         if let Source::Payload(Payload::Sges(mut sges)) = msg.source {
-            if self.spare_sges.len() < SPARE_SGE_LISTS {
-                sges.clear();
-                self.spare_sges.push(sges);
+            if sges.capacity() > SPARE_SGE_LEN {
+                // A long list (a lent writev's) is not the common case.
+                return;
             }
+            sges.clear();
+            let _ = SPARE_SGES.try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < SPARE_SGE_LISTS {
+                    s.push(sges);
+                }
+            });
         }
     }
 

@@ -863,7 +863,7 @@ impl Link {
                 payload,
                 local,
             } => {
-                let mut sges = qp.datapath_mut().sge_list();
+                let mut sges = qp.datapath().sge_list();
                 let mut inline = true;
                 let mut payload = payload;
                 if let Some(at) = local {
