@@ -261,8 +261,10 @@ fn startup_error(e: StartupError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e)
 }
 
-/// A seed for STag keys that the peer cannot predict: std's per-process
-/// random SipHash keys (from the OS), mixed with the time.
+/// A seed for STag keys that the peer cannot predict: std's random
+/// SipHash keys (from the OS once per thread, a different key for each
+/// call), mixed with the time. (No process id: a system call per
+/// connection for nothing the keys do not give.)
 fn random_seed() -> u64 {
     let mut h = RandomState::new().build_hasher();
     h.write_u128(
@@ -271,7 +273,6 @@ fn random_seed() -> u64 {
             .map(|d| d.as_nanos())
             .unwrap_or(0),
     );
-    h.write_u32(std::process::id());
     h.finish()
 }
 
@@ -488,6 +489,14 @@ impl Endpoint {
             && (!self.conn.txq().is_empty() || self.conn.has_pending_tx() || self.must_shut_down())
     }
 
+    /// Shuts our direction of the socket down (the FIN of a graceful
+    /// close), unless it is already: nothing is written after it.
+    pub fn shutdown_write(&mut self) {
+        if !std::mem::replace(&mut self.tx_closed, true) {
+            let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Write);
+        }
+    }
+
     /// Whether reading makes sense now (for the readable interest).
     pub fn wants_recv(&self) -> bool {
         let frame_read = self.conn.in_startup() && self.startup_want() == 0;
@@ -524,14 +533,18 @@ impl Endpoint {
     /// The LLP failed or closed (RFC 5044 §8 code 1).
     fn llp_closed(&mut self, now: Instant, error: Option<io::ErrorKind>) {
         self.rx_closed = true;
-        self.tx_closed = true;
+        let shut = std::mem::replace(&mut self.tx_closed, true);
         if self.llp_error.is_none() {
             self.llp_error = error;
         }
         if !self.conn.rejected() {
             self.conn.handle_llp_closed(now);
         }
-        let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Both);
+        if !shut {
+            // Our FIN too, unless it went already (then the socket, shut
+            // both ways by the peer's, would answer ENOTCONN).
+            let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Both);
+        }
     }
 
     /// Feeds `scratch[from..to]` to the engine; keeps what it does not

@@ -552,8 +552,9 @@ impl Inner {
                     && self.ep.connection().txq().is_empty()
                     && self.ep.connection().datapath().send_outstanding() == 0 =>
             {
-                // Every Send already posted is written: FIN (§8.2.1).
-                let _ = rustix::net::shutdown(self.ep.stream(), rustix::net::Shutdown::Write);
+                // Every Send already posted is written: FIN (§8.2.1),
+                // unless the LLP closed and the driver sent ours already.
+                self.ep.shutdown_write();
                 self.shut_wr = true;
                 self.drain_until = Some(now + DRAIN);
                 true
