@@ -82,6 +82,12 @@ pub(crate) fn pm_cache_changed() {
 /// milliseconds still finds its tail waiting (docs/design.md §9).
 const COALESCE_US: u64 = 5000;
 
+/// Receive Private Buffers a connection's pool may grow to from the 16 it
+/// starts with (`Config::max_bufs`): 4 MiB of 64 KiB buffers, in the range
+/// of Linux TCP's receive buffer autotuning (`tcp_rmem` max 6 MiB). An
+/// idle connection holds none of it (docs/design.md §7).
+const MAX_BUFS: u16 = 64;
+
 /// The SDP connection parameters: the defaults, with the Zcopy policy
 /// from `SDP_ZCOPY` (off, read, write, both; default off) and
 /// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
@@ -124,6 +130,7 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                 },
             }
             config.coalesce = std::time::Duration::from_micros(COALESCE_US);
+            config.max_bufs = MAX_BUFS;
             if let Some(v) = env("SDP_COALESCE_US") {
                 match v.parse::<u64>() {
                     Ok(us) => config.coalesce = std::time::Duration::from_micros(us),

@@ -420,6 +420,8 @@ pub struct Conn {
     local_suspend: LocalSuspend,
     /// The same-host path ([`local`]).
     local: local::Local,
+    /// Buffers given back since the pool last grew (`Conn::grow_pool`).
+    emptied: usize,
 }
 
 impl Conn {
@@ -485,6 +487,7 @@ impl Conn {
             resuming: false,
             local_suspend: LocalSuspend::None,
             local,
+            emptied: 0,
         }
     }
 

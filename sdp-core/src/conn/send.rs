@@ -54,6 +54,10 @@ use crate::wire::{self, Body, Bsdh, BsdhRepr, ChRcvBufAckRepr, ChRcvBufRepr, Mes
 /// flag and its associated Out-Of-Band data byte".
 pub const OOB_PEND_REACH: u64 = 65_535;
 
+/// Our messages in the peer's buffers beyond which credit counts as scarce
+/// however many buffers the peer has ([`Conn::credit_scarce`]).
+const SCARCE_IN_FLIGHT: i64 = 8;
+
 /// One OOB indication of the application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Urgent {
@@ -514,7 +518,11 @@ impl Conn {
             )));
         }
         // §10.4: gratuitous credit update.
-        if self.credits.should_update(self.config.bufs) && self.credit_updates_due() {
+        if self
+            .credits
+            .should_update(u16::try_from(self.pool.len()).unwrap_or(u16::MAX))
+            && self.credit_updates_due()
+        {
             return Some(Work::Op(self.emit(
                 Body::Data { payload: &[] },
                 Flags::EMPTY,
@@ -562,11 +570,16 @@ impl Conn {
                 .holds(now, self.config.coalesce, self.credit_scarce())
     }
 
-    /// Fewer than half of the peer's Private Buffers are free for our
-    /// messages: one more short message now would take one of the few
-    /// left, where waiting fills it (see [`Hold`]).
+    /// More than half of the peer's Private Buffers, or more than eight,
+    /// hold our messages: one more short message now would take one of
+    /// the few left, where waiting fills it (see [`Hold`]). Eight at most,
+    /// so that a peer whose pool grew (`Config::max_bufs`) does not turn
+    /// a stream of small writes into as many small messages, as TCP's
+    /// autocorking holds while anything is in flight.
     fn credit_scarce(&self) -> bool {
-        self.credits.send_credit() * 2 < i64::from(self.credits.peer_bufs())
+        let bufs = i64::from(self.credits.peer_bufs());
+        let in_flight = bufs - self.credits.send_credit();
+        in_flight > (bufs / 2).min(SCARCE_IN_FLIGHT)
     }
 
     /// Bytes wait to be sent that only credit holds back (not a short tail

@@ -38,6 +38,11 @@ pub struct Config {
     /// Receive Private Buffers to post, at least [`MIN_BUFS`] (§10
     /// constraint 2; "RECOMMENDED ... substantially greater than 3").
     pub bufs: u16,
+    /// Receive Private Buffers the pool may grow to while the peer runs
+    /// out of credit and our application keeps up (TCP's receive buffer
+    /// autotuning; see `Conn::grow_pool`). At most `bufs` (0, the
+    /// default): the pool stays at `bufs`.
+    pub max_bufs: u16,
     /// Size of each receive Private Buffer in bytes, [`MIN_BUF_SIZE`] to
     /// 2^31 (§6.2.1.5, §10 constraint 4). Sent as LocalRcvSz / ActRcvSz.
     pub buf_size: u32,
@@ -136,6 +141,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             bufs: 16,
+            max_bufs: 0,
             buf_size: 64 * 1024,
             desired_remote_buf_size: 64 * 1024,
             max_adverts: 1,
@@ -163,6 +169,7 @@ impl Config {
     pub fn normalized(&self) -> Config {
         Config {
             bufs: self.bufs.max(MIN_BUFS),
+            max_bufs: self.max_bufs,
             buf_size: self.buf_size.clamp(MIN_BUF_SIZE, MAX_SIZE),
             desired_remote_buf_size: self.desired_remote_buf_size.clamp(MIN_BUF_SIZE, MAX_SIZE),
             max_adverts: self.max_adverts.max(1),

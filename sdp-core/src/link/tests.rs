@@ -216,6 +216,47 @@ fn stalled_receiver_stalls_sender_without_loss() {
     assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
 }
 
+/// The receive pool doubles while the peer runs out of credit and the
+/// application keeps up, to `max_bufs` and no further; every byte arrives
+/// (hashes compared by `transfer`) and every Op met §10.5 (checked).
+#[test]
+fn a_pool_grows_while_its_reader_keeps_up() {
+    let c = Config {
+        max_bufs: 16,
+        ..small()
+    };
+    let mut pair = transfer(&c, &c, 9, 400_000, 4096);
+    assert!(pair.ops_checked > 0);
+    for s in 0..2 {
+        assert_eq!(pair.sides[s].link().conn().pool().len(), 16, "side {s}");
+    }
+    // Without `max_bufs` the pool keeps its size.
+    let mut pair = transfer(&small(), &small(), 9, 400_000, 4096);
+    for s in 0..2 {
+        assert_eq!(pair.sides[s].link().conn().pool().len(), 4, "side {s}");
+    }
+}
+
+/// A reader that does not read holds its buffers: the peer's lack of
+/// credit is its doing, and more buffers would only hold more unread
+/// bytes.
+#[test]
+fn a_stalled_reader_does_not_grow_the_pool() {
+    let c = Config {
+        max_bufs: 16,
+        ..small()
+    };
+    let mut pair = LinkPair::connected(&c, &c, 5);
+    pair.apps[0].to_write = 200_000;
+    pair.apps[1].reading = false;
+    assert!(pair.settle(1_000_000));
+    assert!(pair.sides[0].link().credit_state().send_credit < 3);
+    assert_eq!(pair.sides[1].link().conn().pool().len(), 4);
+    pair.apps[1].reading = true;
+    assert!(pair.run(u64::MAX, |p| p.apps[1].read == 200_000));
+    assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+}
+
 /// Known livelock, found by the `sdp_link` fuzz target: with three receive
 /// buffers on each side (the least §10 allows; `Config::with_socket_buffers`
 /// gives it to programs with a small SO_RCVBUF), two applications that both
