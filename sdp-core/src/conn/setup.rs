@@ -205,8 +205,9 @@ impl Config {
     /// SDP must not buffer megabytes behind its back. The receive Private
     /// Buffers then hold about `rcvbuf` in all: fewer buffers first, then
     /// smaller ones, never below §10's minimums ([`MIN_BUFS`] buffers of
-    /// [`MIN_BUF_SIZE`]); the send buffer holds at most `sndbuf`. `None`
-    /// or a larger value leaves the field as it is.
+    /// [`MIN_BUF_SIZE`]), and the pool does not grow (`max_bufs`); the
+    /// send buffer holds at most `sndbuf`. `None` or a larger value leaves
+    /// the field as it is.
     pub fn with_socket_buffers(&self, rcvbuf: Option<u64>, sndbuf: Option<u64>) -> Config {
         let mut c = self.normalized();
         if let Some(window) = rcvbuf {
@@ -219,6 +220,9 @@ impl Config {
                 let each = (window / u64::from(MIN_BUFS)).clamp(u64::from(MIN_BUF_SIZE), size);
                 c.buf_size = each as u32;
             }
+            // A size the program set is the size: Linux stops autotuning
+            // a socket whose SO_RCVBUF was set.
+            c.max_bufs = c.max_bufs.min(c.bufs);
         }
         if let Some(bytes) = sndbuf {
             c.send_buffer = c.send_buffer.min(bytes.max(1));
@@ -393,6 +397,22 @@ mod tests {
         let mut out = vec![0; repr.buffer_len()];
         repr.emit(&mut out);
         out
+    }
+
+    /// A program's SO_RCVBUF bounds the pool's growth as it bounds its
+    /// start; without one the pool may grow.
+    #[test]
+    fn a_set_receive_buffer_keeps_the_pool_from_growing() {
+        let c = Config {
+            max_bufs: 64,
+            ..Config::default()
+        };
+        let small = c.with_socket_buffers(Some(256 * 1024), None);
+        assert_eq!((small.bufs, small.max_bufs), (4, 4));
+        let tiny = c.with_socket_buffers(Some(4096), None);
+        assert_eq!((tiny.bufs, tiny.max_bufs), (MIN_BUFS, MIN_BUFS));
+        let unset = c.with_socket_buffers(None, Some(4096));
+        assert_eq!((unset.bufs, unset.max_bufs), (16, 64));
     }
 
     #[test]
