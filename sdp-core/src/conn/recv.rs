@@ -812,9 +812,8 @@ impl Conn {
     /// grow it. The new buffers are posted and credited as freed ones are
     /// (§10.2: Bufs counts every buffer posted). Not once a ring is
     /// offered: its slots cover the buffers there were (§9 of DESIGN, the
-    /// credit that frees a slot). Smaller messages would spread over more
-    /// memory, one a buffer, for no more bytes in flight than the cache
-    /// holds better (qperf 16 KiB: a quarter slower with 64 buffers).
+    /// credit that frees a slot). Smaller messages take a buffer each for
+    /// few bytes: more buffers would add messages in flight, hardly bytes.
     fn grow_pool(&mut self, len: usize) {
         let n = self.pool.len();
         let max = usize::from(self.config.max_bufs);
