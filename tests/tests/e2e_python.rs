@@ -133,3 +133,75 @@ fn python_stream_is_identical_and_sdp_under_the_preload() {
     assert_eq!(preloaded[4], "reply True");
     assert_eq!(preloaded, plain);
 }
+
+/// A nonblocking connect whose server's blocking `accept` returned is
+/// complete, as over TCP: `epoll_wait` and `poll` with no wait report the
+/// client writable, `SO_ERROR` is 0 and a send goes out. (CPython's
+/// test_epoll relies on it.) The setup's last message is in the client's
+/// socket by then; the program's own call reads it.
+const CONNECT_DONE: &str = r#"
+import os, select, socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+ROUNDS = 60
+seen = {"epoll": 0, "poll": 0, "send": 0}
+for i in range(ROUNDS):
+    c = socket.socket()
+    c.setblocking(False)
+    rc = c.connect_ex(srv.getsockname())
+    s, _ = srv.accept()
+    how = ("epoll", "poll", "send")[i % 3]
+    if how == "epoll":
+        ep = select.epoll()
+        ep.register(c.fileno(), select.EPOLLIN | select.EPOLLOUT)
+        ok = ep.poll(0) == [(c.fileno(), select.EPOLLOUT)]
+        ep.close()
+    elif how == "poll":
+        p = select.poll()
+        p.register(c, select.POLLIN | select.POLLOUT)
+        ok = p.poll(0) == [(c.fileno(), select.POLLOUT)]
+    else:
+        err = c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        try:
+            ok = err == 0 and c.send(b"x") == 1 and s.recv(1) == b"x"
+        except BlockingIOError:
+            ok = False
+    seen[how] += ok
+    if i < ROUNDS - 1:
+        c.close()
+        s.close()
+print("complete", seen["epoll"], seen["poll"], seen["send"], "of", ROUNDS // 3)
+print("hold", os.getpid(), c.fileno(), s.fileno())
+sys.stdin.readline()
+"#;
+
+fn run_connect_done(env: &Env, mode: Mode) -> String {
+    let mut p = Proc::spawn("python connect", env.python(CONNECT_DONE, mode), true);
+    let complete = p.wait_line(|l| l.starts_with("complete "));
+    let hold = p.wait_line(|l| l.starts_with("hold "));
+    let n: Vec<u32> = hold
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    if mode == Mode::Sdp {
+        let (pid, client, accepted) = (n[0], n[1] as usize, n[2] as usize);
+        let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
+        let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
+        expect_sdp("python client socket (nonblocking connect)", &c[0]);
+        expect_sdp("python accepted socket (blocking accept)", &a[0]);
+    }
+    p.send("\n");
+    p.finish_ok();
+    complete
+}
+
+#[test]
+fn a_nonblocking_connect_is_complete_once_its_server_accepted() {
+    let env = Env::new("python-connect");
+    let plain = run_connect_done(&env, Mode::Plain);
+    assert_eq!(plain, "complete 20 20 20 of 20", "over TCP");
+    let preloaded = run_connect_done(&env, Mode::Sdp);
+    assert_eq!(preloaded, plain);
+}

@@ -14,7 +14,9 @@
 //! machine on the calling thread; a nonblocking one hands it to the
 //! service thread ([`super::service`]) and returns `EINPROGRESS` at once:
 //! the fd turns writable when SDP or the fallback is up or failed, and
-//! `SO_ERROR` tells which. Both end in [`Connector::finish`].
+//! `SO_ERROR` tells which. Both end in [`Connector::finish`]. Once the
+//! MPA Request is out, the program's own calls on the fd may end a
+//! nonblocking setup first ([`Pending`]).
 //!
 //! A cached port mapper answer whose SDP port refuses is forgotten and
 //! asked again once; a fresh answer refused is a denial (draft §7.5.1).
@@ -22,7 +24,7 @@
 //! `use sdp` rules and `AF_INET_SDP` sockets have no fallback: when SDP
 //! cannot be had the connect fails with `ECONNREFUSED` (DESIGN §4).
 
-use super::endpoint::{Ep, State};
+use super::endpoint::{Advance, Ep, State};
 use super::service::{self, Task, Wait};
 use crate::log::Level;
 use crate::sdp::{ConnectOutcome, Errno, SdpEndpoint, Setup};
@@ -33,9 +35,11 @@ use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
 use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::{Driver, SdpStream};
+use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long the MPA/Hello setup may take before the fallback (the engine's
@@ -246,8 +250,16 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
     // Carried on once the hooks recorded the endpoint in the fd table:
     // a fallback must find it there.
     if nonblocking {
+        let carried = ep.clone();
         ep.park(Box::new(move || {
-            service::submit(Box::new(c));
+            let pending = Arc::new(Pending {
+                connector: Mutex::new(Some(c)),
+                watch: OnceLock::new(),
+                ended: AtomicBool::new(false),
+            });
+            let setup: Weak<dyn Advance> = Arc::downgrade(&pending) as Weak<dyn Advance>;
+            carried.carried_by(setup);
+            service::submit(Box::new(Carried(pending)));
             Setup::InProgress
         }));
     } else {
@@ -822,32 +834,130 @@ impl Connector {
     }
 }
 
-/// A nonblocking connect, carried on by the service thread.
-impl Task for Connector {
-    fn advance(
-        mut self: Box<Self>,
-        now: Instant,
-        _spawned: &mut Vec<Box<dyn Task>>,
-    ) -> Option<(Box<dyn Task>, Wait)> {
-        if self.abandoned() {
+/// A nonblocking connect: the service thread carries it on ([`Carried`]),
+/// and once the MPA Request is out the program's calls on the fd may end
+/// it first ([`Advance`]): the setup's last messages are read in the
+/// program's thread, with no hop through the progress and the service
+/// threads (a client whose server's blocking `accept` returned finds its
+/// connect complete, as over TCP).
+struct Pending {
+    connector: Mutex<Option<Connector>>,
+    /// The setup's readiness descriptor, which the service thread may be
+    /// polling: open until its task ends, even after a program's call
+    /// ended the setup.
+    watch: OnceLock<Arc<OwnedFd>>,
+    /// A program's call ended the setup: the task ends at its next look.
+    ended: AtomicBool,
+}
+
+thread_local! {
+    /// This thread steps a connector now: a call the step makes that
+    /// reaches the same endpoint does not take it again.
+    static STEPPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A [`Pending`]'s connector, held by the thread stepping it.
+struct Turn<'a>(MutexGuard<'a, Option<Connector>>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        STEPPING.with(|s| s.set(false));
+    }
+}
+
+impl Pending {
+    /// The connector, once the other thread's step ended (steps never
+    /// block); `None` inside this thread's own step.
+    fn turn(&self) -> Option<Turn<'_>> {
+        if STEPPING.with(Cell::get) {
             return None;
         }
-        match self.step(now) {
-            Step::Wait(wait) => Some((self, wait)),
+        let g = self.connector.lock().unwrap_or_else(|p| p.into_inner());
+        STEPPING.with(|s| s.set(true));
+        Some(Turn(g))
+    }
+}
+
+impl Advance for Pending {
+    fn advance(&self) -> bool {
+        let Some(mut turn) = self.turn() else {
+            return false;
+        };
+        let Some(c) = turn.0.as_mut() else {
+            // The service thread ended it.
+            return true;
+        };
+        // The last phase only: the service thread's wait in the earlier
+        // ones is a descriptor a step here could close.
+        let Phase::Setup { stream, .. } = &c.phase else {
+            return false;
+        };
+        stream.pump();
+        let _g = table::enter_gate();
+        match c.step(Instant::now()) {
+            Step::Wait(_) => false,
             Step::Done(r) => {
-                (*self).finish(r);
-                None
+                if let Some(mut c) = turn.0.take() {
+                    c.finish(r);
+                }
+                self.ended.store(true, Ordering::Release);
+                service::wake();
+                true
             }
         }
     }
+}
+
+/// The service thread's side of a [`Pending`].
+struct Carried(Arc<Pending>);
+
+impl Task for Carried {
+    fn advance(
+        self: Box<Self>,
+        now: Instant,
+        _spawned: &mut Vec<Box<dyn Task>>,
+    ) -> Option<(Box<dyn Task>, Wait)> {
+        let wait = {
+            let mut turn = self.0.turn()?;
+            let c = turn.0.as_mut()?;
+            if c.abandoned() {
+                *turn.0 = None;
+                return None;
+            }
+            match c.step(now) {
+                Step::Wait(wait) => {
+                    if let Phase::Setup { watch: Some(w), .. } = &c.phase {
+                        self.0.watch.get_or_init(|| w.clone());
+                    }
+                    wait
+                }
+                Step::Done(r) => {
+                    if let Some(mut c) = turn.0.take() {
+                        c.finish(r);
+                    }
+                    return None;
+                }
+            }
+        };
+        Some((self, wait))
+    }
+
+    fn ended(&self) -> bool {
+        self.0.ended.load(Ordering::Acquire)
+    }
 
     /// No service thread: the connect fails as after an internal error.
-    fn dropped(mut self: Box<Self>) {
+    fn dropped(self: Box<Self>) {
         let _g = table::enter_gate();
-        self.finish(Err(Fail {
-            reason: TcpReason::Internal,
-            connected: false,
-        }));
+        let Some(mut turn) = self.0.turn() else {
+            return;
+        };
+        if let Some(mut c) = turn.0.take() {
+            c.finish(Err(Fail {
+                reason: TcpReason::Internal,
+                connected: false,
+            }));
+        }
     }
 }
 

@@ -42,7 +42,7 @@ use sdp_core::stream::SdpStream;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Where the connection stands.
@@ -68,6 +68,18 @@ pub enum State {
     Closed,
 }
 
+/// A nonblocking connect's setup that the program's own calls on the fd
+/// (`poll`, `epoll_ctl`, `epoll_wait`, `SO_ERROR`, a data call) may end
+/// (the connect module's `Pending`): what arrived for it is read in the
+/// caller's thread, not after hops through the progress and the service
+/// threads. A client whose server's blocking `accept` returned sees its
+/// connect complete, as over TCP.
+pub trait Advance: Send + Sync {
+    /// Reads what arrived and ends the setup if that completes it;
+    /// whether it ended.
+    fn advance(&self) -> bool;
+}
+
 /// See the module documentation.
 pub struct Ep {
     state: Mutex<State>,
@@ -91,6 +103,8 @@ pub struct Ep {
     /// A connect waiting for the hooks to record the endpoint
     /// ([`SdpEndpoint::recorded`]) before it goes on.
     connector: Mutex<Option<Box<dyn FnOnce() -> Setup + Send>>>,
+    /// A nonblocking connect's setup, while the service thread has it.
+    setup: OnceLock<Weak<dyn Advance>>,
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
@@ -237,6 +251,7 @@ impl Ep {
             wake: cell,
             fd,
             connector: Mutex::new(None),
+            setup: OnceLock::new(),
             sock: AtomicI32::new(-1),
             warned: AtomicBool::new(false),
             user_timeout: AtomicBool::new(false),
@@ -298,9 +313,31 @@ impl Ep {
         *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = Some(setup);
     }
 
-    /// The stream to call, after claiming the connection. A connected
-    /// stream this process owns takes no lock.
+    /// The nonblocking connect's setup, which the program's calls may
+    /// carry on ([`Advance`]).
+    pub fn carried_by(&self, setup: Weak<dyn Advance>) {
+        let _ = self.setup.set(setup);
+    }
+
+    /// A connect under way takes a step in this thread; whether it ended.
+    fn advance_setup(&self) -> bool {
+        self.setup
+            .get()
+            .and_then(Weak::upgrade)
+            .is_some_and(|s| s.advance())
+    }
+
+    /// The stream to call, after claiming the connection (a connect under
+    /// way looks at what arrived first). A connected stream this process
+    /// owns takes no lock.
     fn access(&self) -> Access<'_> {
+        match self.access_now() {
+            Access::Connecting if self.advance_setup() => self.access_now(),
+            found => found,
+        }
+    }
+
+    fn access_now(&self) -> Access<'_> {
         if let (Some(s), true) = (self.stream_if_open(), self.own.owned()) {
             return Access::Stream(s);
         }
@@ -1093,6 +1130,11 @@ impl SdpEndpoint for Ep {
     }
 
     fn watch_levels(&self, w: Arc<dyn LevelWatch>) -> bool {
+        // A set that starts watching a connect under way looks first.
+        if !self.open.load(Ordering::Acquire) {
+            let _g = table::enter_gate();
+            self.advance_setup();
+        }
         self.mark(|s| s.watch_levels(w))
     }
 

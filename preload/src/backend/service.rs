@@ -39,6 +39,13 @@ pub trait Task: Send {
         spawned: &mut Vec<Box<dyn Task>>,
     ) -> Option<(Box<dyn Task>, Wait)>;
 
+    /// The task ended elsewhere (another thread did its work): it goes
+    /// at the next wake of the service thread ([`wake`]), whatever it
+    /// waits for.
+    fn ended(&self) -> bool {
+        false
+    }
+
     /// The service thread cannot start: the task is dropped unstepped.
     fn dropped(self: Box<Self>) {}
 }
@@ -210,6 +217,7 @@ impl Service {
                 .zip(&pfds[1..])
                 .map(|(s, p)| match s.wait {
                     None => true,
+                    Some(_) if woken && s.task.ended() => true,
                     Some((fd, _, d)) => {
                         p.revents != 0 || (fd < 0 && woken) || d.is_some_and(|d| now >= d)
                     }
