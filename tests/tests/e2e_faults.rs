@@ -8,7 +8,13 @@
 //!   over plain TCP where TCP has an answer (each such case runs plain,
 //!   then preloaded, and prints both outcomes);
 //! * every byte delivered before the fault is right: the programs send a
-//!   seeded pattern ([`PEER`]) and the receiver checks each byte it gets.
+//!   seeded pattern ([`PEER`]) and the receiver checks each byte it gets;
+//! * the data cases (a killed peer, a close with unread data, a shutdown)
+//!   preloaded twice ([`Via`]): on the same-host path, which is on by
+//!   default between two processes of one host, and on the wire path
+//!   (`SDP_LOCAL=off`); a killed peer and a close with unread data wait
+//!   until the state export shows the bytes going that way before the
+//!   fault.
 //!
 //! Faults: the peer process killed (each direction; the survivor blocking,
 //! nonblocking in a `poll` loop, or under `epoll`); a close with unread
@@ -293,6 +299,74 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
+/// How the programs of a data case talk: plain TCP (the reference), or
+/// preloaded with their bytes written into each other's memory (the
+/// same-host path, DESIGN §9, on by default between two processes of one
+/// host) or kept on the connection (`SDP_LOCAL=off`, the wire path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Tcp,
+    Local,
+    Wire,
+}
+
+impl Via {
+    const ALL: [Via; 3] = [Via::Tcp, Via::Local, Via::Wire];
+
+    fn mode(self) -> Mode {
+        match self {
+            Via::Tcp => Mode::Plain,
+            Via::Local | Via::Wire => Mode::Sdp,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Via::Tcp => "plain TCP",
+            Via::Local => "preloaded, same-host path",
+            Via::Wire => "preloaded, wire path",
+        }
+    }
+
+    /// A program of `script`, run this way.
+    fn python(self, env: &Env, script: &str) -> Command {
+        let mut cmd = env.python(script, self.mode());
+        if self == Via::Wire {
+            cmd.env("SDP_LOCAL", "off");
+        }
+        cmd
+    }
+
+    /// [`PEER`] with `args`, run this way.
+    fn peer(self, env: &Env, args: &[String]) -> Command {
+        let mut cmd = self.python(env, PEER);
+        cmd.args(args);
+        cmd
+    }
+
+    /// Waits until connection `fd` of `pid` shows its bytes going this
+    /// way: on the same-host path, some written into the peer's ring or
+    /// into ours; on the wire path, none, the path turned off, once the
+    /// export shows bytes moved (statistics are published every 200 ms).
+    fn wait_for_path(self, env: &Env, what: &str, pid: u32, fd: usize) {
+        match self {
+            Via::Tcp => {}
+            Via::Local => {
+                env.wait_records(what, pid, 1, |r| {
+                    r.fd == fd && r.same_host_bytes.iter().sum::<u64>() > 0
+                });
+            }
+            Via::Wire => {
+                let r = env.wait_records(what, pid, 1, |r| {
+                    r.fd == fd && r.counters.iter().sum::<u64>() > 0
+                });
+                assert_eq!(r[0].same_host & 0xffff, 2, "{what}: {:?}", r[0]);
+                assert_eq!(r[0].same_host_bytes, [0, 0], "{what}: {:?}", r[0]);
+            }
+        }
+    }
+}
+
 /// Starts a listening [`PEER`]; returns it and its port.
 fn listening(run: &mut Run, name: &str, cmd: Command) -> (usize, u16) {
     let i = run.spawn(name, cmd, true);
@@ -325,12 +399,13 @@ enum Survivor {
 }
 
 /// One run: the survivor (the server, `io`) and the victim (the client,
-/// blocking) move the pattern; once 4 MiB moved the victim is killed;
-/// returns the survivor's end and how long it took after the kill.
-fn peer_killed_run(env: &Env, mode: Mode, survivor: Survivor, io: &str) -> (End, Duration) {
+/// blocking) move the pattern; once 4 MiB moved and the bytes take the
+/// path `via` names, the victim is killed; returns the survivor's end
+/// and how long it took after the kill.
+fn peer_killed_run(env: &Env, via: Via, survivor: Survivor, io: &str) -> (End, Duration) {
     let mut run = Run::new(
         env,
-        format!("{survivor:?} ({io}) of a killed peer, {}", mode_name(mode)),
+        format!("{survivor:?} ({io}) of a killed peer, {}", via.name()),
     );
     let (sdir, vdir) = match survivor {
         Survivor::Reader => ("recv", "send"),
@@ -343,21 +418,23 @@ fn peer_killed_run(env: &Env, mode: Mode, survivor: Survivor, io: &str) -> (End,
         format!("io={io}"),
         format!("report={report}"),
     ];
-    let (s, port) = listening(&mut run, "survivor", peer(env, mode, &args));
+    let (s, port) = listening(&mut run, "survivor", via.peer(env, &args));
     let args = [
         "role=connect".to_owned(),
         "host=127.0.0.1".to_owned(),
         format!("port={port}"),
         format!("dir={vdir}"),
     ];
-    let v = run.spawn("victim", peer(env, mode, &args), true);
+    let v = run.spawn("victim", via.peer(env, &args), true);
     let (spid, sfd) = pid_fd(&run.line(s, "connected "));
     let (vpid, vfd) = pid_fd(&run.line(v, "connected "));
-    if mode == Mode::Sdp {
+    if via.mode() == Mode::Sdp {
         assert_sdp(env, "the survivor's connection", spid, sfd);
         assert_sdp(env, "the victim's connection", vpid, vfd);
     }
     run.line(s, "progress ");
+    // Killed mid-copy: the bytes keep moving until the victim dies.
+    via.wait_for_path(env, "the survivor's connection", spid, sfd);
     run.kill(v);
     let killed = Instant::now();
     let end = End::parse(&run.line(s, "end "));
@@ -369,27 +446,30 @@ fn peer_killed_run(env: &Env, mode: Mode, survivor: Survivor, io: &str) -> (End,
     (end, took)
 }
 
-/// The case over plain TCP and preloaded; the survivor's outcome must be
-/// one of `allowed` both times.
+/// The case over plain TCP and preloaded on each path; the survivor's
+/// outcome must be one of `allowed` every time.
 fn peer_killed(survivor: Survivor, io: &str, allowed: &[&str]) {
     let env = Env::new(&format!("faults-killed-{io}"));
     let mut seen = Vec::new();
-    for mode in [Mode::Plain, Mode::Sdp] {
-        let (end, took) = peer_killed_run(&env, mode, survivor, io);
+    for via in Via::ALL {
+        let (end, took) = peer_killed_run(&env, via, survivor, io);
         eprintln!(
             "{survivor:?} ({io}), peer killed, {}: {} after {} bytes, {took:?} after the kill",
-            mode_name(mode),
+            via.name(),
             end.outcome,
             end.bytes
         );
         assert!(
             allowed.contains(&end.outcome.as_str()),
             "{survivor:?} ({io}), {}: {end:?}, expected one of {allowed:?}",
-            mode_name(mode)
+            via.name()
         );
         seen.push(end.outcome);
     }
-    eprintln!("plain TCP {}, preloaded {}", seen[0], seen[1]);
+    eprintln!(
+        "plain TCP {}, same-host path {}, wire path {}",
+        seen[0], seen[1], seen[2]
+    );
 }
 
 const READER_SEES: &[&str] = &["EOF", "ECONNRESET"];
@@ -428,26 +508,25 @@ fn peer_killed_mid_transfer_writer_epoll_gets_epipe_or_reset() {
 // ---------------------------------------------------------------------
 // 2. A close with unread data; a shutdown of one direction.
 
-/// The writer (`io`) sends until the reader, having read 1 MiB and seen
-/// more readable, closes with it unread (TCP: a reset).
-fn close_unread_run(env: &Env, mode: Mode, io: &str) -> End {
+/// The writer (`io`) sends until the reader, having read 8 MiB (by then
+/// the bytes take the path `via` names) and seen more readable, closes
+/// with it unread (TCP: a reset).
+fn close_unread_run(env: &Env, via: Via, io: &str) -> End {
     let mut run = Run::new(
         env,
-        format!(
-            "writer ({io}) of a close with unread data, {}",
-            mode_name(mode)
-        ),
+        format!("writer ({io}) of a close with unread data, {}", via.name()),
     );
+    let unread_after = 8 << 20;
     let args = [
         "role=listen".to_owned(),
         "dir=recv".to_owned(),
-        "close_unread=1048576".to_owned(),
-        // Held after its first bytes until the export was read: a fast
+        format!("close_unread={unread_after}"),
+        // Held once it read that much, until the export was read: a fast
         // reader would close (and its record go) before.
-        "report=1".to_owned(),
+        format!("report={unread_after}"),
         "stall=1".to_owned(),
     ];
-    let (r, port) = listening(&mut run, "closing reader", peer(env, mode, &args));
+    let (r, port) = listening(&mut run, "closing reader", via.peer(env, &args));
     let args = [
         "role=connect".to_owned(),
         "host=127.0.0.1".to_owned(),
@@ -455,14 +534,15 @@ fn close_unread_run(env: &Env, mode: Mode, io: &str) -> End {
         "dir=send".to_owned(),
         format!("io={io}"),
     ];
-    let w = run.spawn("writer", peer(env, mode, &args), true);
+    let w = run.spawn("writer", via.peer(env, &args), true);
     let (rpid, rfd) = pid_fd(&run.line(r, "connected "));
     let (wpid, wfd) = pid_fd(&run.line(w, "connected "));
-    if mode == Mode::Sdp {
+    if via.mode() == Mode::Sdp {
         assert_sdp(env, "the reader's connection", rpid, rfd);
         assert_sdp(env, "the writer's connection", wpid, wfd);
     }
     run.line(r, "progress ");
+    via.wait_for_path(env, "the reader's connection", rpid, rfd);
     run.procs[r].send("go\n");
     let closing = run.line(r, "closing ");
     run.check(closing.ends_with("unread True ok True"), || {
@@ -475,24 +555,36 @@ fn close_unread_run(env: &Env, mode: Mode, io: &str) -> End {
     end
 }
 
-/// The case over plain TCP and preloaded. The reader's close sends RST
-/// while the writer's connection is established, so Linux TCP gives the
-/// writer ECONNRESET (`tcp_reset`; EPIPE only after a FIN, in CLOSE_WAIT),
-/// and the first failing send reports it: the preloaded writer must see
-/// the same.
+/// The case over plain TCP and preloaded on each path. The reader's close
+/// sends RST while the writer's connection is established, so Linux TCP
+/// gives the writer ECONNRESET (`tcp_reset`; EPIPE only after a FIN, in
+/// CLOSE_WAIT), and the first failing send reports it: the preloaded
+/// writer must see the same.
 fn close_unread(io: &str) {
     let env = Env::new(&format!("faults-close-unread-{io}"));
-    let plain = close_unread_run(&env, Mode::Plain, io);
-    let sdp = close_unread_run(&env, Mode::Sdp, io);
-    eprintln!(
-        "writer ({io}) of a close with unread data: plain TCP {} after {} bytes, preloaded {} after {} bytes",
-        plain.outcome, plain.bytes, sdp.outcome, sdp.bytes
-    );
-    assert_eq!(plain.outcome, "ECONNRESET", "plain TCP: {plain:?}");
+    let ends = Via::ALL.map(|via| (via, close_unread_run(&env, via, io)));
+    for (via, end) in &ends {
+        eprintln!(
+            "writer ({io}) of a close with unread data, {}: {} after {} bytes",
+            via.name(),
+            end.outcome,
+            end.bytes
+        );
+    }
     assert_eq!(
-        sdp.outcome, plain.outcome,
-        "writer ({io}) of a close with unread data: preloaded {sdp:?}, plain TCP {plain:?}"
+        ends[0].1.outcome, "ECONNRESET",
+        "plain TCP: {:?}",
+        ends[0].1
     );
+    for (via, end) in &ends[1..] {
+        assert_eq!(
+            end.outcome,
+            ends[0].1.outcome,
+            "writer ({io}) of a close with unread data, {}: {end:?}, plain TCP {:?}",
+            via.name(),
+            ends[0].1
+        );
+    }
 }
 
 #[test]
@@ -567,24 +659,24 @@ else:
           "eof_again", again == b"", flush=True)
 "#;
 
-fn half_close_run(env: &Env, mode: Mode) -> (String, String) {
-    let mut run = Run::new(env, format!("SHUT_WR, {}", mode_name(mode)));
+fn half_close_run(env: &Env, via: Via) -> (String, String) {
+    let mut run = Run::new(env, format!("SHUT_WR, {}", via.name()));
     let first = 3 << 20;
     let (other_first, other_after) = (2 << 20, 3 << 20);
-    let mut cmd = env.python(HALF_CLOSE, mode);
+    let mut cmd = via.python(env, HALF_CLOSE);
     cmd.args(["role=listen", "shut=0", "seed_out=21", "seed_in=12"])
         .arg(format!("first={other_first}"))
         .arg(format!("after={other_after}"));
     let o = run.spawn("other", cmd, true);
     let port: u16 = words(&run.line(o, "listening "))[0].parse().unwrap();
-    let mut cmd = env.python(HALF_CLOSE, mode);
+    let mut cmd = via.python(env, HALF_CLOSE);
     cmd.args(["role=connect", "shut=1", "seed_out=12", "seed_in=21"])
         .arg(format!("port={port}"))
         .arg(format!("first={first}"));
     let h = run.spawn("shutter", cmd, true);
     let (opid, ofd) = pid_fd(&run.line(o, "connected "));
     let (hpid, hfd) = pid_fd(&run.line(h, "connected "));
-    if mode == Mode::Sdp {
+    if via.mode() == Mode::Sdp {
         assert_sdp(env, "the accepting side", opid, ofd);
         assert_sdp(env, "the side that shuts down", hpid, hfd);
     }
@@ -612,9 +704,10 @@ fn half_close_run(env: &Env, mode: Mode) -> (String, String) {
 #[test]
 fn peer_shuts_down_one_direction_other_direction_keeps_working() {
     let env = Env::new("faults-shut-wr");
-    let plain = half_close_run(&env, Mode::Plain);
-    let sdp = half_close_run(&env, Mode::Sdp);
-    assert_eq!(plain, sdp);
+    let plain = half_close_run(&env, Via::Tcp);
+    for via in [Via::Local, Via::Wire] {
+        assert_eq!(plain, half_close_run(&env, via), "{}", via.name());
+    }
 }
 
 // ---------------------------------------------------------------------
