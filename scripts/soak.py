@@ -267,6 +267,8 @@ class StatFile:
                 "bytes": list(struct.unpack_from("<6Q", b, 56)),
                 # SrcAvail, SinkAvail, SendSm, cancels, ModeChange
                 "msgs": list(struct.unpack_from("<5Q", b, 128)),
+                # same host: written into the peer's ring, into ours
+                "local": list(struct.unpack_from("<2Q", b, 192)) if len(b) >= 208 else [0, 0],
             }
         return None
 
@@ -1836,22 +1838,31 @@ def report(a, procs, problems, snap, secs, t_stop, elapsed):
     dup = sum(1 for r in cli if r["flags"] & F_DUPLEX)
     p(f"duplex connections: {dup}; clients closing by shutdown(SHUT_WR): "
       f"{sum(1 for r in cli if r['flags'] & F_SHUTWR)}")
-    p("by Zcopy mode (bytes sent by mechanism, both ends; Zcopy messages sent):")
-    p(f"  {'mode':5} {'conns':>6} {'Bcopy':>11} {'Read Zcopy':>11} {'Write Zcopy':>11} "
+    p("by Zcopy mode (bytes sent by mechanism, both ends, as the state export last showed them; "
+      "of the Bcopy bytes, those written into the peer's memory on the same-host path; Zcopy "
+      "messages sent):")
+    p(f"  {'mode':5} {'conns':>6} {'Bcopy':>11} {'same host':>11} {'Read Zcopy':>11} {'Write Zcopy':>11} "
       f"{'SrcAvail':>9} {'SinkAvail':>9} {'SendSm':>7} {'cancels':>7}")
+    local_total = 0
     for mode in a.modes.split(","):
         rs = [r for r in conns if r.get("mode") == mode and r.get("bytes")]
         b = [sum(r["bytes"][i] for r in rs) for i in range(6)]
         m = [sum(r["msgs"][i] for r in rs) for i in range(5)]
+        local = sum(r.get("local", [0, 0])[0] for r in rs)
+        local_total += local
         n = sum(1 for r in cli if r.get("mode") == mode)
-        p(f"  {mode:5} {n:6d} {fmt_bytes(b[0]):>11} {fmt_bytes(b[2]):>11} {fmt_bytes(b[4]):>11} "
-          f"{m[0]:9d} {m[1]:9d} {m[2]:7d} {m[3]:7d}")
+        p(f"  {mode:5} {n:6d} {fmt_bytes(b[0]):>11} {fmt_bytes(local):>11} {fmt_bytes(b[2]):>11} "
+          f"{fmt_bytes(b[4]):>11} {m[0]:9d} {m[1]:9d} {m[2]:7d} {m[3]:7d}")
         if n == 0:
             fails.append(f"no connection completed with SDP_ZCOPY={mode}")
         elif (mode == "read" or mode == "both" and a.sink_reads) and b[2] == 0:
             fails.append(f"SDP_ZCOPY={mode}: no byte went by Read Zcopy")
         elif mode in ("write", "both") and a.sink_reads and b[4] == 0:
             fails.append(f"SDP_ZCOPY={mode}: no byte went by Write Zcopy")
+    # Every process runs on this host: unless it is turned off, the
+    # same-host path carries the large messages (DESIGN §9).
+    if os.environ.get("SDP_LOCAL", "on") != "off" and local_total == 0:
+        fails.append("no byte went by the same-host path (SDP_LOCAL is not off)")
     if not a.sink_reads and any(m in ("write", "both") for m in a.modes.split(",")):
         p("  (write, both: reads of at most 256K, so no SinkAvail and no Write Zcopy, and "
           "SrcAvails are answered by SendSm; --sink-reads posts larger ones)")
