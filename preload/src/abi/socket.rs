@@ -12,7 +12,7 @@ use crate::sys::addr::{
     int_sockopt, read_sockaddr, socket_name, write_sockaddr, RawAddr, AF_INET_SDP,
 };
 use crate::sys::errno::{fail, SavedErrno};
-use crate::sys::guard::Guard;
+use crate::sys::guard::{self, Guard};
 use crate::sys::real;
 use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
 use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
@@ -499,7 +499,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if let Some(h) = table::stream(fd) {
+    if let Some(h) = own_stream(fd) {
         let how = match how {
             libc::SHUT_RD => Shutdown::Read,
             libc::SHUT_WR => Shutdown::Write,
@@ -572,6 +572,17 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         duplicated(old, r);
     }
     r
+}
+
+/// The SDP stream at `fd` for a program's call; `None` for the
+/// library's own calls (its threads', or made inside a hook), which go
+/// straight to the C library ([`guard::inside`]).
+#[inline]
+fn own_stream(fd: c_int) -> Option<std::sync::Arc<table::StreamHandle>> {
+    if guard::inside() {
+        return None;
+    }
+    table::stream(fd)
 }
 
 /// The program's view of `O_NONBLOCK` on an SDP fd (stream or listener),
@@ -699,7 +710,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
             return 0;
         }
     }
-    if let Some(h) = table::stream(fd) {
+    if let Some(h) = own_stream(fd) {
         let value = protect(
             "ioctl",
             || match request {
@@ -733,7 +744,7 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    if let Some(h) = table::stream(fd) {
+    if let Some(h) = own_stream(fd) {
         if val.is_null() || len.is_null() {
             return fail(libc::EFAULT);
         }
@@ -796,7 +807,7 @@ pub unsafe extern "C" fn setsockopt(
         }
     }
     if r == 0 && !val.is_null() {
-        if let Some(h) = table::stream(fd) {
+        if let Some(h) = own_stream(fd) {
             if level == libc::SOL_SOCKET {
                 // Perhaps a timeout: read again at the next blocking call.
                 for t in &h.timeouts {
@@ -854,4 +865,61 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the program's arguments.
     unsafe { name_common(fd, addr, len, true) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+    use std::time::Duration;
+
+    /// The engine's own socket calls on a stream's socket (its
+    /// `getsockopt(TCP_MAXSEG)` as it sends, made while it holds the
+    /// stream's lock) go to the kernel even while a `fork` has the gate
+    /// closed: the fork waits for that lock, so a call waiting at the
+    /// gate would never end (found by the soak: the progress thread and
+    /// a forking thread each waiting for the other).
+    #[test]
+    fn a_library_threads_socket_calls_pass_a_closed_fork_gate() {
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        install(app, ep.clone());
+        table::fork_prepare();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            guard::library_thread();
+            let mut ty: c_int = 0;
+            let mut len = std::mem::size_of::<c_int>() as socklen_t;
+            // SAFETY: a local int and its length.
+            let r = unsafe {
+                getsockopt(
+                    app,
+                    libc::SOL_SOCKET,
+                    libc::SO_TYPE,
+                    (&mut ty as *mut c_int).cast(),
+                    &mut len,
+                )
+            };
+            // SAFETY: plain calls on a socket this test owns.
+            let keepalive = unsafe {
+                let one: c_int = 1;
+                setsockopt(
+                    app,
+                    libc::SOL_SOCKET,
+                    libc::SO_KEEPALIVE,
+                    (&one as *const c_int).cast(),
+                    std::mem::size_of::<c_int>() as socklen_t,
+                )
+            };
+            let _ = done.send((r, ty, keepalive));
+        });
+        let got = finished.recv_timeout(Duration::from_secs(10));
+        table::fork_done();
+        assert_eq!(
+            got,
+            Ok((0, libc::SOCK_STREAM, 0)),
+            "the calls waited at the fork gate"
+        );
+        uninstall(app);
+    }
 }

@@ -34,6 +34,17 @@ impl Guard {
     }
 }
 
+/// Whether this thread is inside the preload: one of its own threads, or
+/// a program's thread in a hook. A socket call made from there is the
+/// library's own and goes straight to the C library: the engine's
+/// `getsockopt(TCP_MAXSEG)` on a stream's socket, made while it holds the
+/// stream's lock, must not wait at the fork gate for a `fork` that waits
+/// for that lock.
+#[inline]
+pub fn inside() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(true)
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = INSIDE.try_with(|inside| inside.set(false));
