@@ -880,6 +880,9 @@ impl Pending {
 
 impl Advance for Pending {
     fn advance(&self) -> bool {
+        // Inside the fork gate before the connector's lock, as the
+        // service thread is: a `fork` never finds the lock held.
+        let _g = table::enter_gate();
         let Some(mut turn) = self.turn() else {
             return false;
         };
@@ -893,7 +896,6 @@ impl Advance for Pending {
             return false;
         };
         stream.pump();
-        let _g = table::enter_gate();
         match c.step(Instant::now()) {
             Step::Wait(_) => false,
             Step::Done(r) => {

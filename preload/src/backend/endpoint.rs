@@ -1132,7 +1132,6 @@ impl SdpEndpoint for Ep {
     fn watch_levels(&self, w: Arc<dyn LevelWatch>) -> bool {
         // A set that starts watching a connect under way looks first.
         if !self.open.load(Ordering::Acquire) {
-            let _g = table::enter_gate();
             self.advance_setup();
         }
         self.mark(|s| s.watch_levels(w))
