@@ -88,17 +88,22 @@ release.set()
 t.join()
 "#;
 
-/// Runs the program; returns its result lines, and the records of its
-/// client and accepted sockets while it holds them.
-fn run(env: &Env, mode: Mode) -> (Vec<String>, Option<(u8, u8)>) {
-    let mut p = Proc::spawn("python stream", env.python(STREAM, mode), true);
-    let hold = p.wait_line(|l| l.starts_with("hold "));
-    let n: Vec<u32> = hold
+/// The pid, client fd and accepted fd of a `hold PID CLIENT ACCEPTED`
+/// line.
+fn held(line: &str) -> (u32, usize, usize) {
+    let n: Vec<u32> = line
         .split_whitespace()
         .skip(1)
         .map(|w| w.parse().unwrap())
         .collect();
-    let (pid, client, accepted) = (n[0], n[1] as usize, n[2] as usize);
+    (n[0], n[1] as usize, n[2] as usize)
+}
+
+/// Runs the program; returns its result lines, and the records of its
+/// client and accepted sockets while it holds them.
+fn run(env: &Env, mode: Mode) -> (Vec<String>, Option<(u8, u8)>) {
+    let mut p = Proc::spawn("python stream", env.python(STREAM, mode), true);
+    let (pid, client, accepted) = held(&p.wait_line(|l| l.starts_with("hold ")));
     let roles = (mode == Mode::Sdp).then(|| {
         let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
         let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
@@ -179,14 +184,8 @@ sys.stdin.readline()
 fn run_connect_done(env: &Env, mode: Mode) -> String {
     let mut p = Proc::spawn("python connect", env.python(CONNECT_DONE, mode), true);
     let complete = p.wait_line(|l| l.starts_with("complete "));
-    let hold = p.wait_line(|l| l.starts_with("hold "));
-    let n: Vec<u32> = hold
-        .split_whitespace()
-        .skip(1)
-        .map(|w| w.parse().unwrap())
-        .collect();
+    let (pid, client, accepted) = held(&p.wait_line(|l| l.starts_with("hold ")));
     if mode == Mode::Sdp {
-        let (pid, client, accepted) = (n[0], n[1] as usize, n[2] as usize);
         let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
         let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
         expect_sdp("python client socket (nonblocking connect)", &c[0]);
