@@ -865,6 +865,15 @@ impl Drop for Turn<'_> {
     }
 }
 
+impl Turn<'_> {
+    /// Ends the setup with `result`, if no one else did.
+    fn finish(&mut self, result: Result<SdpStream, Fail>) {
+        if let Some(mut c) = self.0.take() {
+            c.finish(result);
+        }
+    }
+}
+
 impl Pending {
     /// The connector, once the other thread's step ended (steps never
     /// block); `None` inside this thread's own step.
@@ -899,9 +908,7 @@ impl Advance for Pending {
         match c.step(Instant::now()) {
             Step::Wait(_) => false,
             Step::Done(r) => {
-                if let Some(mut c) = turn.0.take() {
-                    c.finish(r);
-                }
+                turn.finish(r);
                 self.ended.store(true, Ordering::Release);
                 service::wake();
                 true
@@ -934,9 +941,7 @@ impl Task for Carried {
                     wait
                 }
                 Step::Done(r) => {
-                    if let Some(mut c) = turn.0.take() {
-                        c.finish(r);
-                    }
+                    turn.finish(r);
                     return None;
                 }
             }
@@ -954,12 +959,10 @@ impl Task for Carried {
         let Some(mut turn) = self.0.turn() else {
             return;
         };
-        if let Some(mut c) = turn.0.take() {
-            c.finish(Err(Fail {
-                reason: TcpReason::Internal,
-                connected: false,
-            }));
-        }
+        turn.finish(Err(Fail {
+            reason: TcpReason::Internal,
+            connected: false,
+        }));
     }
 }
 
