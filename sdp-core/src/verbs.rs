@@ -411,6 +411,14 @@ pub enum Event {
         /// The Write's id.
         wr_id: WrId,
     },
+    /// An [`RdmaOp::Read`] or [`RdmaOp::Write`] the adapter carried out
+    /// itself, process to process (the same-host path, DESIGN §9): its
+    /// bytes are placed. It counts as completed once the work requests
+    /// before it have (RFC 5040 §5: in Send Queue order).
+    DoneLocally {
+        /// The Read's or Write's id.
+        wr_id: WrId,
+    },
 }
 
 #[cfg(test)]

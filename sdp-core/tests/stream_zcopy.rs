@@ -557,3 +557,103 @@ fn duplex_write_zcopy_moves_both_ways() {
     stop.store(true, Relaxed);
     signaller.join().unwrap();
 }
+
+// ----- The same-host path (DESIGN §9) -----
+
+/// Both ends in one process, so on one host: the extension is on.
+fn same_host(config: Config) -> Config {
+    Config {
+        local: true,
+        ..config
+    }
+}
+
+/// 64 MiB in 16 MiB writes against 16 MiB reads; with `fork_after`,
+/// the writer's ring token is revoked after its first write, as a `fork`
+/// of the writer does. Returns the bytes read and both ends' figures.
+fn read_zcopy_on_one_host(
+    fork_after: bool,
+) -> (
+    Vec<u8>,
+    sdp_core::stream::StreamInfo,
+    sdp_core::stream::StreamInfo,
+) {
+    let (c, s) = pair_with(&same_host(zcopy_config()), &same_host(zcopy_config()));
+    let sent = data(64 * MIB, 5);
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::with_capacity(64 * MIB);
+        let mut buf = vec![0; 16 * MIB];
+        loop {
+            match (&s).read(&mut buf).unwrap() {
+                0 => break,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        (got, s.info())
+    });
+    for (i, chunk) in sent.chunks(16 * MIB).enumerate() {
+        (&c).write_all(chunk).unwrap();
+        if fork_after && i == 0 {
+            c.revoke_local();
+        }
+    }
+    c.shutdown(Shutdown::Write).unwrap();
+    let (got, rx) = reader.join().unwrap();
+    assert!(got == sent, "{} bytes of {}", got.len(), sent.len());
+    (got, c.info(), rx)
+}
+
+/// Read Zcopy between two processes of one host: the reader takes each
+/// SrcAvail's bytes from the writer's buffer itself, process to process,
+/// not by RDMA Read over TCP — every byte of them.
+#[test]
+fn on_one_host_the_reader_reads_a_srcavails_buffer_itself() {
+    let (got, tx, rx) = read_zcopy_on_one_host(false);
+    let len = got.len() as u64;
+    assert!(tx.zcopy.read_zcopy_sent >= len - 4 * 1024, "{tx:?}");
+    assert_eq!(rx.zcopy.read_zcopy_received, tx.zcopy.read_zcopy_sent);
+    assert_eq!(
+        rx.copies.bytes_received_local, rx.zcopy.read_zcopy_received,
+        "{rx:?}"
+    );
+}
+
+/// The writer's ring token revoked after its first buffer (what a `fork`
+/// of the writer does): the reader's next read finds it gone and the rest
+/// goes by RDMA Read over TCP, nothing lost.
+#[test]
+fn on_one_host_a_revoked_token_sends_reads_back_to_the_wire() {
+    let (got, tx, rx) = read_zcopy_on_one_host(true);
+    let len = got.len() as u64;
+    assert!(tx.zcopy.read_zcopy_sent >= len - 4 * 1024, "{tx:?}");
+    assert_eq!(rx.zcopy.read_zcopy_received, tx.zcopy.read_zcopy_sent);
+    let local = rx.copies.bytes_received_local;
+    assert!(local >= 16 * MIB as u64 - 4096 && local < len / 2, "{rx:?}");
+}
+
+/// Write Zcopy between two processes of one host: the writer puts its
+/// bytes into the reader's advertised buffer itself, nothing copied on
+/// receive and nothing on the TCP connection but the messages.
+#[test]
+fn on_one_host_the_writer_writes_into_a_sinkavails_buffer_itself() {
+    let (c, s) = pair_with(&same_host(pipelined()), &same_host(zcopy_config()));
+    let sent = data(16 * MIB, 6);
+    let s2 = s.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0; 16 * MIB];
+        let n = (&s2).read(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    });
+    while s.info().zcopy.sink_avails == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (&c).write_all(&sent).unwrap();
+    let got = reader.join().unwrap();
+    assert!(got == sent, "{} bytes", got.len());
+    let (tx, rx) = (c.info(), s.info());
+    assert_eq!(rx.zcopy.write_zcopy_received, sent.len() as u64, "{rx:?}");
+    assert_eq!(rx.copies.bytes_copied_from_pool, 0, "{rx:?}");
+    assert_eq!(tx.zcopy.write_zcopy_sent, sent.len() as u64);
+    assert_eq!(tx.copies.bytes_sent_local, sent.len() as u64, "{tx:?}");
+}

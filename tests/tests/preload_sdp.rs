@@ -2124,6 +2124,9 @@ fn read_zcopy_under_the_preload() {
     assert_eq!((c.tx_mode, a.rx_mode), (1, 1));
     assert!(c.counters[2] >= (64 << 20) - 16 * 1024, "{c:?}");
     assert_eq!(c.counters[4], 0, "{c:?}");
+    // Both ends on this host: the reader read the writer's buffers itself
+    // (DESIGN §9), every byte the RDMA Reads would have carried.
+    assert!(a.same_host_bytes[1] >= a.counters[3], "{a:?}");
 }
 
 #[test]
@@ -2137,6 +2140,9 @@ fn write_zcopy_under_the_preload() {
     assert_eq!((c.tx_mode, a.rx_mode), (3, 3));
     assert!(c.counters[4] > 0, "{c:?}");
     assert_eq!(c.counters[2], 0, "{c:?}");
+    // Both ends on this host: the writer wrote into the reader's buffers
+    // itself (DESIGN §9), every byte the RDMA Writes would have carried.
+    assert!(c.same_host_bytes[0] >= c.counters[4], "{c:?}");
 }
 
 /// `MSG_WAITALL` reads of 4 MiB under Read Zcopy while `SIGALRM` comes

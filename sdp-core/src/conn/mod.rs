@@ -295,6 +295,9 @@ struct SendRecord {
     wr_id: u64,
     stream_end: u64,
     what: Sent,
+    /// An RDMA Read or Write the adapter carried out itself
+    /// ([`Event::DoneLocally`]): it completes once the work before it has.
+    done: bool,
 }
 
 /// Send work request ids carry this bit; receive ids are buffer indices.
@@ -801,6 +804,7 @@ impl Conn {
             Event::SendDone { wr_id } => self.on_send_done(now, wr_id, Sent::Other),
             Event::WriteDone { wr_id } => self.on_send_done(now, wr_id, Sent::Write),
             Event::ReadDone { wr_id } => self.on_send_done(now, wr_id, Sent::Read),
+            Event::DoneLocally { wr_id } => self.on_done_locally(now, wr_id),
             Event::Registered { mem, stag, to } => self.on_registered(mem, stag, to),
             Event::TransportError(kind) => self.on_transport_error(kind),
             Event::TransportClosed => self.on_transport_closed(),

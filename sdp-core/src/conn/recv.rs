@@ -839,11 +839,17 @@ impl Conn {
     /// Buffer the draft allows holds the LocalOffer: the LOH is no larger
     /// than SinkAH (§10 constraint 4).
     fn offer_ring(&mut self) {
-        if !self.local.both
-            || self.local.forked
-            || self.pool.ring.is_some()
-            || self.rx.total() < local::OFFER_AFTER
-        {
+        if self.rx.total() >= local::OFFER_AFTER {
+            self.offer_ring_now();
+        }
+    }
+
+    /// Offers our ring now if both ends speak the extension and it was not
+    /// offered yet. Before a Zcopy advertisement of ours, too: the ring's
+    /// token is what tells the peer that the advertised memory is in this
+    /// process ([`Conn::local_tos`]).
+    pub(super) fn offer_ring_now(&mut self) {
+        if !self.local.both || self.local.forked || self.pool.ring.is_some() {
             return;
         }
         let slots = u16::try_from(self.pool.len()).ok();

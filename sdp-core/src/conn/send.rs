@@ -793,6 +793,37 @@ impl Conn {
         (send, self.pool.ring.is_some())
     }
 
+    /// Whether our Zcopy advertisements name memory by its address in
+    /// this process (Tagged Offset = virtual address, RFC 5040 §4.4), so
+    /// that a peer on the same host can move the bytes itself: while both
+    /// ends speak the extension and no `fork` came.
+    pub fn local_tos(&self) -> bool {
+        self.local.both && !self.local.forked
+    }
+
+    /// The peer process whose advertised memory we may read or write
+    /// ourselves, and the token to read back after: its ring's offer,
+    /// checked. `None` while the bytes go on the wire.
+    pub fn local_peer(&self) -> Option<PeerSlot> {
+        match &self.local.send {
+            local::SendPath::On(w) => Some(PeerSlot {
+                pid: w.offer.pid,
+                addr: w.offer.ring,
+                ring: w.offer.ring,
+                token: w.offer.token,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The adapter could not move bytes of the peer's memory itself: the
+    /// same-host path is left for good, the bytes go on the wire.
+    pub fn local_left(&mut self, why: LocalOff) {
+        if matches!(self.local.send, local::SendPath::On(_)) {
+            self.local.send = local::SendPath::Wire(why);
+        }
+    }
+
     /// Before a `fork`: the peer writes no more into our ring (see
     /// [`local::Ring`]); what it wrote before is in both processes.
     pub fn local_revoke(&mut self) {
@@ -820,6 +851,7 @@ impl Conn {
             wr_id,
             stream_end: payload.end,
             what,
+            done: false,
         });
         Op::Send {
             wr_id: WrId(wr_id),
@@ -840,9 +872,37 @@ impl Conn {
             Some(s) if s.wr_id == wr_id.0 && s.what.completes_as() == kind => {}
             _ => return self.violation(Violation::BadCompletion),
         }
-        let Some(record) = self.sends.pop_front() else {
+        // Work carried out locally behind it completes with it, in order.
+        while let Some(record) = self.sends.pop_front() {
+            self.complete(now, record);
+            if !self.sends.front().is_some_and(|s| s.done) || self.state == State::Closed {
+                break;
+            }
+        }
+    }
+
+    /// An RDMA Read or Write the adapter carried out itself (the
+    /// same-host path, DESIGN §9): its bytes are placed; it completes in
+    /// Send Queue order, as the engine's own would.
+    pub(super) fn on_done_locally(&mut self, now: Instant, wr_id: WrId) {
+        if self.state == State::Closed {
             return;
+        }
+        let record = self
+            .sends
+            .iter_mut()
+            .find(|s| s.wr_id == wr_id.0 && !s.done && matches!(s.what, Sent::Read | Sent::Write));
+        let Some(record) = record else {
+            return self.violation(Violation::BadCompletion);
         };
+        record.done = true;
+        let (id, kind) = (record.wr_id, record.what);
+        if self.sends.front().is_some_and(|s| s.wr_id == id) {
+            self.on_send_done(now, WrId(id), kind);
+        }
+    }
+
+    fn complete(&mut self, now: Instant, record: SendRecord) {
         self.tx.release(record.stream_end);
         match record.what {
             Sent::Other => {}

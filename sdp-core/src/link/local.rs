@@ -18,15 +18,18 @@ use super::{direct, staging, zcopy, Link};
 use crate::conn::local::{LocalOff, PeerSlot};
 use crate::wire::LocalOfferRepr;
 
-/// The caller's send memory lent for one drive: the bytes of a direct
-/// send ([`Link::send_direct`]) and of a Zcopy send, where a LocalData's
-/// payload may lie.
-#[derive(Debug, Clone, Copy, Default)]
+/// The caller's memory lent for one drive: the bytes of a direct send
+/// ([`Link::send_direct`]) and of a Zcopy send, where a LocalData's or a
+/// same-host RDMA Write's payload may lie, and the Zcopy receive buffer,
+/// where a same-host RDMA Read lands.
+#[derive(Debug, Default)]
 pub struct Lent<'a> {
     /// The direct send's buffers.
     pub send_from: Option<&'a [&'a [u8]]>,
     /// The Zcopy send's buffer.
     pub zc_send: Option<&'a [u8]>,
+    /// The Zcopy receive buffer.
+    pub zc_recv: Option<&'a mut [u8]>,
 }
 
 impl Link {
@@ -37,7 +40,7 @@ impl Link {
         &self,
         at: PeerSlot,
         range: Range<u64>,
-        lent: Lent<'_>,
+        lent: &Lent<'_>,
     ) -> Result<(), Option<LocalOff>> {
         let mut sges: Vec<Sge> = Vec::with_capacity(4);
         self.payload_sges(range.clone(), &mut sges);
@@ -94,6 +97,38 @@ fn token_holds(pid: u32, ring: u64, token: u32) -> Result<(), LocalOff> {
 pub fn write(at: PeerSlot, parts: &[&[u8]]) -> Result<(), LocalOff> {
     put(at, parts)?;
     token_holds(at.pid, at.ring, at.token)
+}
+
+/// Reads `into.len()` bytes at `from` in the peer process into `into`,
+/// then the token of its ring, in one call: the kernel copies the remote
+/// ranges in order, so a token that still holds proves every byte came
+/// from the process that offered the ring (a `fork` revokes it first).
+pub fn read(peer: PeerSlot, from: u64, into: &mut [u8]) -> Result<(), LocalOff> {
+    let mut got = [0u8; 4];
+    let len = into.len();
+    let at = |base: u64| usize::try_from(base).map_err(|_| LocalOff::BadOffer);
+    let remote = [
+        RemoteIoVec {
+            base: at(from)?,
+            len,
+        },
+        RemoteIoVec {
+            base: at(peer.ring.checked_sub(4).ok_or(LocalOff::BadOffer)?)?,
+            len: got.len(),
+        },
+    ];
+    let pid = Pid::from_raw(i32::try_from(peer.pid).map_err(|_| LocalOff::BadOffer)?);
+    let mut local = [
+        std::io::IoSliceMut::new(into),
+        std::io::IoSliceMut::new(&mut got),
+    ];
+    match process_vm_readv(pid, &mut local, &remote) {
+        Ok(n) if n == len + got.len() && u32::from_ne_bytes(got) == peer.token => Ok(()),
+        Ok(n) if n == len + got.len() => Err(LocalOff::OtherHost),
+        // A partial read means part of the range is not mapped.
+        Ok(_) => Err(LocalOff::BadOffer),
+        Err(e) => Err(refusal(e)),
+    }
 }
 
 fn put(at: PeerSlot, parts: &[&[u8]]) -> Result<(), LocalOff> {

@@ -417,7 +417,9 @@ impl Link {
     /// Payload bytes by the way they travelled (DESIGN §7).
     pub fn copy_stats(&self) -> CopyStats {
         CopyStats {
-            bytes_received_local: self.conn.local_bytes_received(),
+            // LocalData the ring received, and RDMA Reads done here.
+            bytes_received_local: self.conn.local_bytes_received()
+                + self.stats.bytes_received_local,
             ..self.stats
         }
     }
@@ -655,9 +657,9 @@ impl Link {
     }
 
     /// [`Link::drive`] while a waiting reader lends `recv_into`
-    /// ([`Link::lend_recv`]) and a send lends its bytes (`sent`: those of
-    /// a direct send and of a Zcopy send, which a LocalData's payload may
-    /// come from).
+    /// ([`Link::lend_recv`]) and a call lends its memory (`sent`: the
+    /// bytes of a direct send and of a Zcopy send, which a LocalData's
+    /// payload may come from, and a Zcopy receive buffer).
     pub fn drive_lent(
         &mut self,
         now: Instant,
@@ -685,7 +687,7 @@ impl Link {
         now: Instant,
         qp: &mut Connection,
         mut check: Option<Check<'_>>,
-        sent: Lent<'_>,
+        mut sent: Lent<'_>,
         recv_into: Option<&[u8]>,
     ) {
         while let Some(ev) = qp.poll_event() {
@@ -735,9 +737,9 @@ impl Link {
                     if let (Some(check), Some(before)) = (check.as_mut(), &before) {
                         check(before, &op);
                     }
-                    self.execute(op, qp, sent);
+                    self.execute(op, qp, &sent);
                 }
-                Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp),
+                Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp, &mut sent),
             }
         }
         if !self.logged_close {
@@ -842,7 +844,7 @@ impl Link {
         }
     }
 
-    fn execute(&mut self, op: Op, qp: &mut Connection, sent: Lent<'_>) {
+    fn execute(&mut self, op: Op, qp: &mut Connection, sent: &Lent<'_>) {
         match op {
             Op::PostRecv { wr_id, buf } => {
                 let wr = RecvWr {

@@ -7,6 +7,7 @@ use iwarp::engine::{Payload, SendKind as QpSendKind, SendWr};
 
 use super::pair::LinkPair;
 use super::AcceptError;
+use super::Lent;
 use crate::conn::{CloseReason, Config, RecvFlags, SendFlags, Shutdown, State, Violation};
 use crate::errno::Error;
 use crate::verbs::{ErrorKind, Teardown};
@@ -707,7 +708,8 @@ fn rdma_read_into_a_buffer_registered_for_a_sink_avail() {
     let side = &mut pair.sides[1];
     let link = side.link.as_mut().unwrap();
     let len = 1 << 20;
-    let id = link.post_recv_zcopy(len, RecvFlags::EMPTY, None).unwrap();
+    let buf = vec![0u8; len as usize];
+    let id = link.post_recv_zcopy(&buf, RecvFlags::EMPTY, None).unwrap();
     // What the connection asks of the link in that order.
     let mem = MemId(1 << 20);
     link.execute_rdma(
@@ -718,6 +720,7 @@ fn rdma_read_into_a_buffer_registered_for_a_sink_avail() {
             access: Access::RemoteWrite,
         },
         &mut side.qp,
+        &mut Lent::default(),
     );
     assert_eq!(link.zc_regs(), 1);
     let before = side.qp.datapath().send_outstanding();
@@ -732,6 +735,7 @@ fn rdma_read_into_a_buffer_registered_for_a_sink_avail() {
             offset: 0,
         },
         &mut side.qp,
+        &mut Lent::default(),
     );
     let log: Vec<&str> = link.log_lines().collect();
     assert!(log.is_empty(), "{log:?}");

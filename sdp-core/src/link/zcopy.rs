@@ -38,10 +38,12 @@ use iwarp::mem::{Access as MemAccess, MrAttrs, RegionId, Scope};
 use iwarp::wire::ddp::Stag;
 
 use super::direct::SendSpan;
+use super::local::{self, Lent};
 use super::Link;
+use crate::conn::local::{LocalOff, PeerSlot};
 use crate::conn::{Completion, RecvFlags};
 use crate::errno::Error;
-use crate::verbs::{Access, Event, MemId, Memory, RdmaOp, RecvId, SendId};
+use crate::verbs::{Access, Event, MemId, Memory, RdmaOp, RecvId, SendId, WrId};
 
 /// The caller's buffer during a Zcopy send (read-only).
 pub const SEND_ZCOPY: RegionId = RegionId(u32::MAX - 4);
@@ -64,6 +66,12 @@ pub(crate) struct ZcopyLink {
     send: Option<(SendId, SendSpan)>,
     /// The receive buffer lent for a blocking read, until its completion.
     recv: Option<(RecvId, u32)>,
+    /// Where the lent send and receive buffers are in this process: their
+    /// Tagged Offsets on the same-host path ([`Conn::local_tos`]).
+    ///
+    /// [`Conn::local_tos`]: crate::conn::Conn::local_tos
+    send_at: u64,
+    recv_at: u64,
     regs: Vec<Reg>,
 }
 
@@ -76,7 +84,7 @@ impl ZcopyLink {
 }
 
 impl Link {
-    /// Hands `len` bytes, the caller's buffer, to the connection as one
+    /// Hands `buf`, the caller's buffer, to the connection as one
     /// ULP send buffer ([`crate::conn::Conn::send_zcopy`]): larger than
     /// the Bcopy Threshold they go by Read or Write Zcopy. The buffer is
     /// region [`SEND_ZCOPY`] until [`Link::poll_zcopy`] returns its
@@ -84,14 +92,16 @@ impl Link {
     /// ([`Link::memory_zcopy`]). EAGAIN while another one is under way.
     pub fn send_zcopy(
         &mut self,
-        len: usize,
+        buf: &[u8],
         deadline: Option<Instant>,
         now: Instant,
     ) -> Result<SendId, Error> {
         if self.zc.send.is_some() || self.send_span.is_some() {
             return Err(Error::WouldBlock);
         }
+        let len = buf.len();
         let id = self.conn.send_zcopy(len as u64, deadline, now)?;
+        self.zc.send_at = buf.as_ptr() as u64;
         let end = self.conn.tx().accepted();
         self.zc.send = Some((
             id,
@@ -100,22 +110,24 @@ impl Link {
         Ok(id)
     }
 
-    /// Posts the reader's buffer of `len` bytes
+    /// Posts the reader's buffer `buf`, up to 4 GiB of it
     /// ([`crate::conn::Conn::post_recv`]): RDMA Reads of the peer's
     /// SrcAvail land in it, or a SinkAvail advertises it. It is region
     /// [`RECV_ZCOPY`] until [`Link::poll_zcopy`] returns its
     /// [`Completion::Received`]. EAGAIN while another one is posted.
     pub fn post_recv_zcopy(
         &mut self,
-        len: u32,
+        buf: &[u8],
         flags: RecvFlags,
         deadline: Option<Instant>,
     ) -> Result<RecvId, Error> {
         if self.zc.recv.is_some() {
             return Err(Error::WouldBlock);
         }
+        let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let id = self.conn.post_recv(len, flags, deadline)?;
         self.zc.recv = Some((id, len));
+        self.zc.recv_at = buf.as_ptr() as u64;
         Ok(id)
     }
 
@@ -223,20 +235,30 @@ impl Link {
     }
 
     /// Carries out one [`RdmaOp`]. A registration is answered at once
-    /// with [`Event::Registered`] (the verbs contract).
-    pub(super) fn execute_rdma(&mut self, now: Instant, op: RdmaOp, qp: &mut Connection) {
+    /// with [`Event::Registered`] (the verbs contract). With the peer on
+    /// this host (DESIGN §9), an RDMA Read or Write whose memory is lent
+    /// in this drive moves process to process and completes as
+    /// [`Event::DoneLocally`]; if the kernel refuses, the same-host path
+    /// is left and it goes on the wire, nothing lost.
+    pub(super) fn execute_rdma(
+        &mut self,
+        now: Instant,
+        op: RdmaOp,
+        qp: &mut Connection,
+        lent: &mut Lent<'_>,
+    ) {
         match op {
             RdmaOp::Register {
                 mem,
                 memory,
                 access,
             } => match self.register(mem, &memory, access, qp) {
-                Some(stag) => self.conn.handle_event(
+                Some((stag, to)) => self.conn.handle_event(
                     now,
                     Event::Registered {
                         mem,
                         stag: stag.0,
-                        to: 0,
+                        to,
                     },
                 ),
                 None => {
@@ -252,13 +274,22 @@ impl Link {
                 into,
                 offset,
             } => {
+                if self.read_here(now, wr_id, to, len, (into, offset), lent) {
+                    return;
+                }
                 let local = self.zc.regs.iter().find(|r| r.recv == Some(into));
                 let posted = local.ok_or(None).and_then(|r| {
+                    // Zero-based, or the buffer's address (register).
+                    let base = qp
+                        .datapath()
+                        .registry()
+                        .get(r.stag)
+                        .map_or(0, |mr| mr.attrs.base_to);
                     qp.datapath_mut()
                         .post_read(ReadWr {
                             wr_id: wr_id.0,
                             local_stag: r.stag,
-                            local_to: u64::from(offset),
+                            local_to: base.saturating_add(u64::from(offset)),
                             remote_stag: Stag(stag),
                             remote_to: to,
                             len,
@@ -282,6 +313,9 @@ impl Link {
                 to,
                 payload,
             } => {
+                if self.write_here(now, wr_id, to, payload.clone(), lent) {
+                    return;
+                }
                 let mut sges = Vec::with_capacity(2);
                 self.payload_sges(payload, &mut sges);
                 let wr = WriteWr {
@@ -307,15 +341,16 @@ impl Link {
         }
     }
 
-    /// Registers `memory`; `None` if it is not lent (a connection asking
-    /// for memory nobody handed it).
+    /// Registers `memory`, with its Tagged Offsets zero-based or, on the
+    /// same-host path, its addresses; `None` if it is not lent (a
+    /// connection asking for memory nobody handed it).
     fn register(
         &mut self,
         mem: MemId,
         memory: &Memory,
         access: Access,
         qp: &mut Connection,
-    ) -> Option<Stag> {
+    ) -> Option<(Stag, u64)> {
         let (region, offset, len, recv) = match memory {
             Memory::Stream(range) => {
                 let span = &self.zc.send_span()?.span;
@@ -343,13 +378,93 @@ impl Link {
         };
         // Scoped to this stream: the peer's Send with Invalidate may
         // invalidate it (RFC 5040 §8.1.1 item 7; draft §9.2, §9.3).
-        let attrs = MrAttrs::new(qp.datapath().pd(), rights).with_scope(Scope::Stream);
+        let mut attrs = MrAttrs::new(qp.datapath().pd(), rights).with_scope(Scope::Stream);
+        if self.conn.local_tos() {
+            let at = if region == SEND_ZCOPY {
+                self.zc.send_at
+            } else {
+                self.zc.recv_at
+            };
+            attrs = attrs.with_base_to(at.checked_add(offset as u64)?);
+        }
         let stag = qp
             .datapath_mut()
             .register_with(region, offset, len, attrs)
             .ok()?;
         self.zc.regs.push(Reg { mem, stag, recv });
-        Some(stag)
+        Some((stag, attrs.base_to))
+    }
+
+    /// The same-host RDMA Read: `len` bytes at `to`, the address the
+    /// peer's SrcAvail gave, straight into the lent receive buffer at
+    /// `offset`. False if it goes on the wire.
+    fn read_here(
+        &mut self,
+        now: Instant,
+        wr_id: WrId,
+        to: u64,
+        len: u32,
+        (into, offset): (RecvId, u32),
+        lent: &mut Lent<'_>,
+    ) -> bool {
+        let Some(peer) = self.conn.local_peer() else {
+            return false;
+        };
+        let lent_here = self.zc.recv.is_some_and(|(id, _)| id == into);
+        let start = offset as usize;
+        let Some(buf) = lent
+            .zc_recv
+            .as_deref_mut()
+            .filter(|_| lent_here)
+            .and_then(|b| b.get_mut(start..start.checked_add(len as usize)?))
+        else {
+            return false;
+        };
+        match local::read(peer, to, buf) {
+            Ok(()) => {
+                self.stats.bytes_received_local += u64::from(len);
+                self.conn.handle_event(now, Event::DoneLocally { wr_id });
+                true
+            }
+            Err(why) => {
+                self.leave_local(why);
+                false
+            }
+        }
+    }
+
+    /// The same-host RDMA Write: the send stream bytes `payload` into the
+    /// peer's SinkAvail buffer at `to`, then its token read back. False if
+    /// it goes on the wire.
+    fn write_here(
+        &mut self,
+        now: Instant,
+        wr_id: WrId,
+        to: u64,
+        payload: Range<u64>,
+        lent: &Lent<'_>,
+    ) -> bool {
+        let Some(peer) = self.conn.local_peer() else {
+            return false;
+        };
+        let len = payload.end - payload.start;
+        match self.write_local(PeerSlot { addr: to, ..peer }, payload, lent) {
+            Ok(()) => {
+                self.stats.bytes_sent_local += len;
+                self.conn.handle_event(now, Event::DoneLocally { wr_id });
+                true
+            }
+            Err(None) => false,
+            Err(Some(why)) => {
+                self.leave_local(why);
+                false
+            }
+        }
+    }
+
+    fn leave_local(&mut self, why: LocalOff) {
+        self.log(format!("same-host path left: {why}"));
+        self.conn.local_left(why);
     }
 
     /// The gather list of the send stream bytes `payload`: older bytes

@@ -417,7 +417,14 @@ impl Inner {
                 }
             }
         }
-        any |= self.pump_out_lent(now, None, recv_into.as_deref(), lend.zcopy, lend.zc_send);
+        any |= self.pump_out_lent(
+            now,
+            None,
+            recv_into.as_deref(),
+            lend.zcopy,
+            lend.zc_send,
+            lend.zc_recv,
+        );
         self.news |= any;
         any
     }
@@ -475,11 +482,11 @@ impl Inner {
         send_from: Option<&[&[u8]]>,
         recv_into: Option<&[u8]>,
     ) -> bool {
-        self.pump_out_lent(now, send_from, recv_into, false, None)
+        self.pump_out_lent(now, send_from, recv_into, false, None, None)
     }
 
     /// [`Inner::pump_out_from`], for the Zcopy owner (`zcopy`) with its
-    /// send buffer.
+    /// send or receive buffer.
     fn pump_out_lent(
         &mut self,
         now: Instant,
@@ -487,9 +494,14 @@ impl Inner {
         recv_into: Option<&[u8]>,
         zcopy: bool,
         zc_send: Option<&[u8]>,
+        mut zc_recv: Option<&mut [u8]>,
     ) -> bool {
-        let lent = Lent { send_from, zc_send };
         if self.zc_owner.is_some() && !zcopy {
+            let lent = Lent {
+                send_from,
+                zc_send,
+                zc_recv,
+            };
             self.link
                 .drive_lent(now, self.ep.connection_mut(), lent, recv_into);
             self.update_readiness();
@@ -497,6 +509,11 @@ impl Inner {
         }
         let mut any = false;
         for _ in 0..64 {
+            let lent = Lent {
+                send_from,
+                zc_send,
+                zc_recv: zc_recv.as_deref_mut(),
+            };
             self.link
                 .drive_lent(now, self.ep.connection_mut(), lent, recv_into);
             let mut progressed = false;

@@ -141,10 +141,7 @@ pub const LENT_STALL: Duration = Duration::from_millis(20);
 fn write_owned(g: &mut Locked<'_>, buf: &[u8], call: Rule) -> io::Result<usize> {
     let bcopy = buf.len() as u64 <= g.link.conn().config().bcopy_threshold;
     loop {
-        match g
-            .link
-            .send_zcopy(buf.len(), call.deadline(), Instant::now())
-        {
+        match g.link.send_zcopy(buf, call.deadline(), Instant::now()) {
             Ok(_) => break,
             Err(Error::WouldBlock) => {
                 // A Zcopy buffer of another thread, or a stream cut by a
@@ -297,8 +294,8 @@ pub(super) fn read(
         if !fits(g, rest) || g.link.zcopy_lent() || g.zc_writer_waiting || unused >= 3 {
             return recv_loop(g, buf, flags, got, call, &mut Instant::now());
         }
-        let len = u32::try_from(rest).unwrap_or(u32::MAX);
-        if g.link.post_recv_zcopy(len, flags, deadline).is_err() {
+        let posted = buf.get(*got..).unwrap_or_default();
+        if g.link.post_recv_zcopy(posted, flags, deadline).is_err() {
             return recv_loop(g, buf, flags, got, call, &mut Instant::now());
         }
         g.zcopy_begin();

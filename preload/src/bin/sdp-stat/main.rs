@@ -425,7 +425,8 @@ fn same_host(r: &Record) -> Option<(String, String)> {
         Err(LocalOff::BadOffer) => "bad-offer".into(),
         Err(LocalOff::Refused(e)) => format!("refused:{e}"),
     };
-    let rx = if ring {
+    // Bytes come by our ring, or by our reads of the peer's SrcAvails.
+    let rx = if ring || r.same_host_bytes[1] > 0 {
         r.same_host_bytes[1].to_string()
     } else {
         "wire".into()

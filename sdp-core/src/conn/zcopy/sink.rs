@@ -217,6 +217,7 @@ impl Conn {
             wr_id: wr,
             stream_end: self.tx.sent(),
             what: Sent::Read,
+            done: false,
         });
         self.rdma_out.push_back(RdmaOp::Read {
             wr_id: WrId(wr),
@@ -488,6 +489,7 @@ impl Conn {
                 q.reg = Reg::Pending(mem);
                 q.remote = true;
             }
+            self.offer_ring_now();
             self.rdma_out.push_back(RdmaOp::Register {
                 mem,
                 memory: Memory::Recv {

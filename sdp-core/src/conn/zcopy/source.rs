@@ -131,6 +131,7 @@ impl Conn {
                     wr_id: wr,
                     stream_end: sent + n,
                     what: Sent::Write,
+                    done: false,
                 });
                 self.rdma_out.push_back(RdmaOp::Write {
                     wr_id: WrId(wr),
@@ -190,6 +191,7 @@ impl Conn {
             mem,
             reg: None,
         });
+        self.offer_ring_now();
         self.rdma_out.push_back(RdmaOp::Register {
             mem,
             memory: Memory::Stream(from..from + len),
