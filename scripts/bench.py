@@ -257,6 +257,8 @@ class Bench:
         # The same-host path (SDP_LOCAL) only in the "same host" step: the
         # other rows measure the wire path, as between two hosts.
         self.local = False
+        # SDP_ZCOPY for the SDP runs of the "same host zcopy" rows.
+        self.zcopy = None
 
     # ---- processes ------------------------------------------------------
 
@@ -268,6 +270,8 @@ class Bench:
             SDP_LOG="error",
             SDP_LOCAL="on" if self.local else "off",
         )
+        if self.zcopy:
+            env.update(SDP_ZCOPY=self.zcopy, SDP_ZCOPY_THRESHOLD="256K")
         return env
 
     def spawn(self, name, argv, sdp, pm="warm", pipe=False):
@@ -351,7 +355,8 @@ class Bench:
 
     def run_client(self, name, argv, sdp, timeout, watch_ports=(), servers=(), pm="warm"):
         """Runs a client to its end, sampling sdp-stat while it runs: for
-        SDP, the client's connections to `watch_ports`. A TCP run is
+        SDP, the client's connections to `watch_ports` and, for the
+        mechanism, the `servers`' ends of them. A TCP run is
         sampled the same way (and the answer ignored), so that the
         observer's own CPU time, on a machine of two cores, weighs on
         both sides of a pair alike. Returns (Proc, Transport)."""
@@ -370,8 +375,11 @@ class Bench:
                     raise s.failed(f"server exited with {s.p.returncode} during the run")
             if now >= next_look:
                 socks = self.stat_sockets(p.pid)
+                server_socks = [self.stat_sockets(s.pid) for s in servers]
                 if sdp:
                     seen.add(socks, watch_ports)
+                    for ss in server_socks:
+                        seen.add_accepted(ss, watch_ports)
                 next_look = time.monotonic() + SAMPLE_EVERY
             time.sleep(0.02)
         if p.p.returncode != 0:
@@ -431,13 +439,18 @@ class Bench:
 
     def same_host(self):
         """iperf3 and qperf from 64 KiB up with the same-host path on
-        (DESIGN §9), against TCP on loopback."""
+        (DESIGN §9), against TCP on loopback; then qperf's blocking writes
+        by Read Zcopy and by Write Zcopy, the peer moving the bytes itself."""
         self.local = True
         try:
             self.iperf3(section="same host", min_size=64 * KIB)
             self.qperf("bw", section="same host", min_size=64 * KIB)
+            for mode in ("read", "write"):
+                self.zcopy = mode
+                self.qperf("bw", section="same host zcopy", min_size=MIB, tool=f"qperf {mode} Zcopy")
         finally:
             self.local = False
+            self.zcopy = None
 
     def iperf3(self, section="throughput", min_size=0):
         cpu_section = "cpu" if section == "throughput" else f"{section} cpu"
@@ -480,7 +493,7 @@ class Bench:
         for s in servers.values():
             s.stop()
 
-    def qperf(self, kind, section=None, min_size=0):
+    def qperf(self, kind, section=None, min_size=0, tool="qperf"):
         """qperf tcp_bw/tcp_lat (plain) against sdp_bw/sdp_lat (preloaded)."""
         section = section or ("throughput" if kind == "bw" else "latency")
         sec = self.cfg["seconds"]
@@ -510,9 +523,9 @@ class Bench:
                 return (v * 8 / 1e9 if kind == "bw" else v / 1e3), seen
 
             if kind == "bw":
-                self.row(section, "qperf", size, "Gbit/s", "higher", "qperf", run)
+                self.row(section, tool, size, "Gbit/s", "higher", "qperf", run)
             else:
-                self.row(section, "qperf", size, "µs", "lower", "qperf", run)
+                self.row(section, tool, size, "µs", "lower", "qperf", run)
         for s in servers.values():
             s.stop()
 
@@ -927,8 +940,11 @@ class Bench:
             "same host": "Same host, one copy (SDP_LOCAL=on: payload written into the peer process; "
                          "the rows above run with it off)",
             "same host cpu": "Same host: CPU seconds per GB moved (iperf3; user + system of client and server)",
+            "same host zcopy": "Same host, Zcopy (SDP_ZCOPY=read or write, threshold 256 KiB: the peer reads "
+                               "the writer's buffer or writes the reader's itself, one copy in all; no target)",
         }
-        for section in ("throughput", "cpu", "same host", "same host cpu", "latency", "servers", "connections",
+        for section in ("throughput", "cpu", "same host", "same host cpu", "same host zcopy", "latency", "servers",
+                        "connections",
                         "churn", "memory", "scale"):
             rows = [r for r in self.rows if r["section"] == section]
             if not rows:
@@ -1078,6 +1094,10 @@ class Transport:
 
     def __init__(self):
         self.sockets = {}  # (fd, local) -> last record
+        # The servers' ends of those connections: only for the mechanism
+        # (a Read Zcopy reader moves the bytes on the same host, and only
+        # its end counts them).
+        self.accepted = {}
         self.notes = []
         self.pm_queries = []
         self.merged = []
@@ -1093,6 +1113,11 @@ class Transport:
             if s["transport"] == "-":
                 continue
             self.sockets[(s["fd"], s["local"])] = s
+
+    def add_accepted(self, sockets, ports):
+        for s in sockets:
+            if s["role"] == "accepted" and any(str(s["local"]).endswith(f":{p}") for p in ports):
+                self.accepted[(s["fd"], s["local"])] = s
 
     def note(self, text):
         self.notes.append(text)
@@ -1122,7 +1147,7 @@ class Transport:
             for s in t.sockets.values():
                 for k, v in s["bytes"].items():
                     total[k] = total.get(k, 0) + v
-            for s in t.sockets.values():
+            for s in list(t.sockets.values()) + list(t.accepted.values()):
                 for k, v in (s.get("same_host") or {}).items():
                     if k.startswith("bytes_"):
                         total["same_host_" + k] = total.get("same_host_" + k, 0) + v

@@ -763,10 +763,14 @@ mod tests {
             same_host(r).map(|(tx, rx)| format!("{tx}/{rx}"))
         };
         assert_eq!(show(0x1_0001, &mut r).as_deref(), Some("100/200"));
+        assert_eq!(show(0x1_0003, &mut r).as_deref(), Some("other-host/200"));
+        // No ring of ours, but bytes read from the peer's SrcAvails.
+        assert_eq!(show(0x101, &mut r).as_deref(), Some("refused:1/200"));
+        r.same_host_bytes = [100, 0];
         assert_eq!(show(0, &mut r).as_deref(), Some("wire/wire"));
         assert_eq!(show(2, &mut r).as_deref(), Some("off/wire"));
-        assert_eq!(show(0x1_0003, &mut r).as_deref(), Some("other-host/200"));
         assert_eq!(show(0x101, &mut r).as_deref(), Some("refused:1/wire"));
+        r.same_host_bytes = [100, 200];
         let j = json(&[ProcessState {
             pid: 1,
             start_time: 1,
