@@ -556,7 +556,13 @@ impl Conn {
         let Some(now) = now else {
             return false;
         };
-        let short = chunk.range.end - chunk.range.start < self.max_payload();
+        let len = chunk.range.end - chunk.range.start;
+        // A LocalData carries up to a slot of the peer's ring: a message's
+        // worth or more fills on while an earlier message of ours is still
+        // unread, as autocorking holds while an earlier send is in flight.
+        let slot_fills =
+            len >= self.max_payload() && len < self.message_max() && self.in_flight() > 0;
+        let short = len < self.max_payload() || slot_fills;
         let tail = chunk.range.end == self.tx.accepted() && chunk.flags.is_empty();
         short
             && tail
@@ -565,9 +571,11 @@ impl Conn {
             && !self.config.coalesce.is_zero()
             && !self.zsend_pending()
             && self.local_suspend == LocalSuspend::None
-            && self
-                .hold
-                .holds(now, self.config.coalesce, self.credit_scarce())
+            && self.hold.holds(
+                now,
+                self.config.coalesce,
+                slot_fills || self.credit_scarce(),
+            )
     }
 
     /// More than half of the peer's Private Buffers, or more than eight,
@@ -578,8 +586,12 @@ impl Conn {
     /// autocorking holds while anything is in flight.
     fn credit_scarce(&self) -> bool {
         let bufs = i64::from(self.credits.peer_bufs());
-        let in_flight = bufs - self.credits.send_credit();
-        in_flight > (bufs / 2).min(SCARCE_IN_FLIGHT)
+        self.in_flight() > (bufs / 2).min(SCARCE_IN_FLIGHT)
+    }
+
+    /// Our messages in the peer's Private Buffers, as far as we know.
+    fn in_flight(&self) -> i64 {
+        i64::from(self.credits.peer_bufs()) - self.credits.send_credit()
     }
 
     /// Bytes wait to be sent that only credit holds back (not a short tail

@@ -213,6 +213,8 @@ mod tests {
 
     use iwarp::engine::{Payload, SendKind as QpSendKind, SendWr};
 
+    use std::time::Duration;
+
     use crate::conn::local::{self, LOCAL_MIN, OFFER_AFTER};
     use crate::conn::{CloseReason, Config};
     use crate::link::pair::LinkPair;
@@ -269,6 +271,47 @@ mod tests {
             );
             assert_eq!(pair.sides[s].link().conn().local_state(), (Ok(()), true));
         }
+    }
+
+    /// Messages side 0 sent to move `bytes` in writes of 64 KiB, a
+    /// Private Buffer's worth, with writes held back for `coalesce`.
+    fn messages_for_64k_writes(coalesce: Duration, bytes: u64) -> (u32, u64) {
+        let c = Config {
+            coalesce,
+            ..same_host()
+        };
+        let mut pair = LinkPair::connected(&c, &c, 64);
+        pair.max_chunk = 256 * 1024;
+        pair.apps[0].to_write = bytes;
+        pair.apps[0].max_io = 64 * 1024;
+        pair.apps[0].exact_writes = true;
+        pair.apps[0].shutdown_when_done = true;
+        pair.apps[1].max_io = 1 << 20;
+        let before = pair.sides[0].link().credit_state().lsseq;
+        assert!(pair.run(u64::MAX, |p| p.apps[1].eof));
+        assert_eq!(pair.apps[1].read, bytes);
+        assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+        let link = pair.sides[0].link();
+        let messages = link.credit_state().lsseq.wrapping_sub(before);
+        (messages, link.copy_stats().bytes_sent_local)
+    }
+
+    /// A LocalData carries up to a slot (256 KiB): while an earlier
+    /// message of ours is unread, a write of a Private Buffer's worth
+    /// waits for the next to fill the slot, as a short tail does
+    /// (autocorking). Without the wait each write is its own message.
+    #[test]
+    fn message_sized_writes_fill_a_slot_while_a_message_is_unread() {
+        let bytes = 16 << 20;
+        let (alone, local_alone) = messages_for_64k_writes(Duration::ZERO, bytes);
+        let (filled, local_filled) = messages_for_64k_writes(Duration::from_secs(1), bytes);
+        assert!(local_alone > bytes / 2 && local_filled > bytes / 2);
+        let writes = (bytes / (64 * 1024)) as u32;
+        assert!(
+            alone >= writes * 3 / 4,
+            "{alone} messages for {writes} writes"
+        );
+        assert!(filled <= alone / 2, "{filled} messages against {alone}");
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct App {
     pub waiting: Option<Vec<u8>>,
     /// Waiting reads lend exactly `max_io` bytes.
     pub exact_reads: bool,
+    /// Writes are of `max_io` bytes (but the last).
+    pub exact_writes: bool,
 }
 
 impl App {
@@ -105,6 +107,7 @@ impl App {
             direct_recv: false,
             waiting: None,
             exact_reads: false,
+            exact_writes: false,
         }
     }
 }
@@ -593,7 +596,12 @@ impl LinkPair {
             }
             return;
         }
-        let want = (1 + self.rng.below(app.max_io as u64)).min(left) as usize;
+        let want = if app.exact_writes {
+            app.max_io as u64
+        } else {
+            1 + self.rng.below(app.max_io as u64)
+        };
+        let want = want.min(left) as usize;
         self.buf.resize(want, 0);
         pattern(app.seed, app.written, &mut self.buf);
         let Some(link) = self.sides[s].link.as_mut() else {
