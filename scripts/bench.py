@@ -340,9 +340,11 @@ class Bench:
 
     # ---- sdp-stat -------------------------------------------------------
 
-    def stat_sockets(self, pid):
+    def stat_sockets(self, pid=None):
+        """The sockets sdp-stat shows of process `pid`, or of every process."""
+        which = ["--pid", str(pid)] if pid is not None else []
         out = subprocess.run(
-            [os.path.join(self.bin, "sdp-stat"), "--json", "--pid", str(pid)],
+            [os.path.join(self.bin, "sdp-stat"), "--json"] + which,
             capture_output=True, text=True, timeout=10, env=self.base_env,
         )
         if out.returncode != 0:
@@ -375,11 +377,11 @@ class Bench:
                     raise s.failed(f"server exited with {s.p.returncode} during the run")
             if now >= next_look:
                 socks = self.stat_sockets(p.pid)
-                server_socks = [self.stat_sockets(s.pid) for s in servers]
+                # A server may accept in a child (qperf forks): all of them.
+                server_socks = self.stat_sockets() if servers else []
                 if sdp:
                     seen.add(socks, watch_ports)
-                    for ss in server_socks:
-                        seen.add_accepted(ss, watch_ports)
+                    seen.add_accepted(server_socks, watch_ports)
                 next_look = time.monotonic() + SAMPLE_EVERY
             time.sleep(0.02)
         if p.p.returncode != 0:

@@ -51,7 +51,8 @@ addresses, SDP or TCP and why, modes, bytes by mechanism, credits, Zcopy
 messages sent (ZC MSGS: SrcAvail/SinkAvail/SendSm/cancels/ModeChange),
 received bytes copied from Private Buffers and copied back (COPIED), and
 the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
-and by the peer into ours, or why a direction stays on the wire: wire,
+and received without the wire, written by the peer into ours or read from
+its SrcAvail buffers, or why a direction stays on the wire: wire,
 off, other-host, peer-gone, bad-offer, refused:ERRNO). After the table,
 each process's sockets that went over TCP, counted by reason.
 
