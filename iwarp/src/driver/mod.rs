@@ -236,6 +236,10 @@ pub struct Endpoint {
     rx_stopped: bool,
     /// The last `pump_send` found the send buffer full.
     tx_blocked: bool,
+    /// Our FIN follows what is queued ([`Endpoint::set_fin_next`]).
+    fin_next: bool,
+    /// A write left its last segment open for the FIN (`MSG_MORE`).
+    corked: bool,
     /// Octets the socket took in all.
     tx_total: u64,
     /// [`Endpoint::tx_total`] at which to look at TCP's MSS again, and the
@@ -313,6 +317,8 @@ impl Endpoint {
             emss_check_at: EMSS_CHECK,
             emss_check_gap: EMSS_CHECK,
             tx_blocked: false,
+            fin_next: false,
+            corked: false,
             aligned: false,
             established: None,
         }
@@ -492,8 +498,28 @@ impl Endpoint {
     /// Shuts our direction of the socket down (the FIN of a graceful
     /// close), unless it is already: nothing is written after it.
     pub fn shutdown_write(&mut self) {
+        self.corked = false;
         if !std::mem::replace(&mut self.tx_closed, true) {
             let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Write);
+        }
+    }
+
+    /// Whether our FIN follows what is queued now (a graceful close whose
+    /// last message is queued): writes then leave their last segment open
+    /// (`MSG_MORE`) and [`Endpoint::shutdown_write`] sends it with the
+    /// FIN, one segment and one wake-up of the peer instead of two. A
+    /// caller that sets it and does not shut down after the write calls
+    /// [`Endpoint::uncork`]. Not in aligned mode, which waits for TCP to
+    /// send each FPDU before the next.
+    pub fn set_fin_next(&mut self, on: bool) {
+        self.fin_next = on && !self.aligned;
+    }
+
+    /// Sends a segment a write left open for the FIN, if the FIN is not
+    /// coming after all (TCP_NODELAY set again pushes what waits).
+    pub fn uncork(&mut self) {
+        if std::mem::replace(&mut self.corked, false) && !self.tx_closed {
+            let _ = rustix::net::sockopt::set_tcp_nodelay(&*self.stream, true);
         }
     }
 
@@ -805,11 +831,17 @@ impl Endpoint {
                     }
                 };
                 let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
+                let flags = if self.fin_next {
+                    self.corked = true;
+                    SendFlags::NOSIGNAL | SendFlags::MORE
+                } else {
+                    SendFlags::NOSIGNAL
+                };
                 let r = sendmsg(
                     &self.stream,
                     &iov[..n],
                     &mut SendAncillaryBuffer::default(),
-                    SendFlags::NOSIGNAL,
+                    flags,
                 );
                 r.map(|sent| (sent, offered))
             };

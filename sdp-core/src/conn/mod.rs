@@ -647,6 +647,21 @@ impl Conn {
         self.ending.disconn_sent()
     }
 
+    /// Whether the LLP's graceful teardown follows once what is queued is
+    /// written: our DisConn went after the peer's, so its completion ends
+    /// the connection (§8.2.1 Remote Peer step 4).
+    pub fn fin_follows(&self) -> bool {
+        self.state == State::Connected
+            && self.abort_conn == AbortConn::None
+            && matches!(
+                self.ending,
+                Ending::DisConn {
+                    after_peer: true,
+                    ..
+                }
+            )
+    }
+
     /// Whether an abortive close is sending its AbortConn (§8.2.2).
     pub fn is_aborting(&self) -> bool {
         self.abort_conn != AbortConn::None

@@ -520,6 +520,12 @@ impl Inner {
             // A round whose drive framed nothing and left nothing queued
             // has nothing to write: no look at the engine's queues.
             if !self.reset && self.ep.wants_send() {
+                // The last message of a graceful close goes with our FIN.
+                self.ep.set_fin_next(
+                    !self.shut_wr
+                        && (self.link.teardown() == Some(Teardown::Graceful)
+                            || self.link.conn().fin_follows()),
+                );
                 match self
                     .ep
                     .pump_send(now, &self.link.memory_lent(send_from, None, zc_send, None))
@@ -541,6 +547,10 @@ impl Inner {
             if !progressed {
                 break;
             }
+        }
+        if !self.shut_wr {
+            // The FIN did not follow after all: what waits for it goes.
+            self.ep.uncork();
         }
         self.update_readiness();
         self.news |= any;
