@@ -29,7 +29,13 @@
 //! thread take connections ahead, up to `MAX_QUEUED`, of those that
 //! waited in Q for `TAKE_AHEAD_AFTER` without an `accept`: a program may
 //! connect to its own listener before it accepts, as with TCP, and its
-//! connect needs the server's half of the setup done without an `accept`.
+//! connect needs the server's half of the setup done without an `accept`;
+//! and a client's connect returns while a slow server has not accepted
+//! yet, as TCP's does. A program that called `accept` in the last
+//! `ATTENTIVE` is busy, not absent: the service thread leaves it its
+//! connections, which it takes in its own thread with no hand-off (under
+//! a burst of clients an event loop's round is longer than
+//! `TAKE_AHEAD_AFTER`).
 //! Connections are answered, and handed out, in Q's order: whoever takes
 //! from Q holds `Shared::taking` until the connection it took is answered
 //! and queued or returned.
@@ -65,7 +71,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -77,6 +83,10 @@ const MAX_QUEUED: usize = 64;
 /// thread takes it ahead: an attentive program takes it itself, in its own
 /// thread, with no hand-off.
 const TAKE_AHEAD_AFTER: Duration = Duration::from_millis(2);
+
+/// How recent a program's `accept` makes it attentive (see the module
+/// documentation).
+const ATTENTIVE: Duration = Duration::from_millis(50);
 
 /// How long a blocking `accept` waits for the RTR of the connection it
 /// returns (it returns it either way).
@@ -118,6 +128,10 @@ pub struct Shared {
     listening: AtomicBool,
     /// A task of this process's service thread takes from Q.
     task: AtomicBool,
+    /// When the program last called `accept`, in nanoseconds after
+    /// `created` (0: never).
+    accepted_at: AtomicU64,
+    created: Instant,
     control: Mutex<Option<ControlClient>>,
     /// When to try to register again, and the wait after that.
     retry: Mutex<(Instant, Duration)>,
@@ -233,6 +247,8 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
             taking: Mutex::new(()),
             listening: AtomicBool::new(true),
             task: AtomicBool::new(false),
+            accepted_at: AtomicU64::new(0),
+            created: Instant::now(),
             control: Mutex::new(control),
             retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
         }),
@@ -266,6 +282,13 @@ impl Task for Listen {
             // Woken for another task's sake.
             Some(due) if now < due => return Some((self, (-1, 0, Some(due)))),
             Some(_) => {
+                // An attentive program takes what waits itself; look
+                // again once it was not seen for `ATTENTIVE`.
+                if let Some(until) = self.sh.attentive_until(now) {
+                    let due = until.max(now + TAKE_AHEAD_AFTER);
+                    self.due = Some(due);
+                    return Some((self, (-1, 0, Some(due))));
+                }
                 self.due = None;
                 if !self.sh.listen_step(now, spawned) {
                     return None;
@@ -301,6 +324,14 @@ impl Task for Registration {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when the program counts as attentive: [`ATTENTIVE`] after
+    /// its last `accept`, if that is still to come.
+    fn attentive_until(&self, now: Instant) -> Option<Instant> {
+        let at = self.accepted_at.load(Ordering::Acquire);
+        let until = self.created + Duration::from_nanos(at) + ATTENTIVE;
+        (at != 0 && until > now).then_some(until)
     }
 
     /// Q's descriptor, for the service thread.
@@ -687,6 +718,8 @@ impl SdpListener for Lst {
     }
 
     fn accept(&self, nonblocking: bool, cloexec: bool) -> Result<Accepted, Errno> {
+        let since = self.sh.created.elapsed().as_nanos() as u64;
+        self.sh.accepted_at.store(since.max(1), Ordering::Release);
         loop {
             let taken = {
                 let _g = table::enter_gate();
@@ -829,5 +862,91 @@ impl SdpListener for Lst {
         // accepts (a prefork master must not take its workers'
         // connections).
         self.sh.listening.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A listening process's shared state on a plain Q, with no port
+    /// mapper, and a client whose connection waits in Q.
+    fn waiting() -> (Arc<Shared>, std::net::TcpStream) {
+        let q = TcpListener::bind("127.0.0.1:0").unwrap();
+        q.set_nonblocking(true).unwrap();
+        let mut client = std::net::TcpStream::connect(q.local_addr().unwrap()).unwrap();
+        client.write_all(b"not an MPA Request").unwrap();
+        let levels = Levels::new().unwrap();
+        let wake = levels.user_shared();
+        let sh = Arc::new(Shared {
+            p: q.local_addr().unwrap(),
+            q,
+            queue: Mutex::new(Queue {
+                ready: VecDeque::new(),
+                setting_up: 0,
+                levels,
+                wake,
+                closed: false,
+            }),
+            taking: Mutex::new(()),
+            listening: AtomicBool::new(true),
+            task: AtomicBool::new(true),
+            accepted_at: AtomicU64::new(0),
+            created: Instant::now(),
+            control: Mutex::new(None),
+            retry: Mutex::new((Instant::now(), RETRY_FIRST)),
+        });
+        (sh, client)
+    }
+
+    /// Steps the task at `now`; returns it and when it wants to run again.
+    fn step(task: Box<dyn Task>, now: Instant) -> (Box<dyn Task>, Option<Instant>) {
+        let (task, (_, _, due)) = task
+            .advance(now, &mut Vec::new())
+            .expect("the task goes on");
+        (task, due)
+    }
+
+    #[test]
+    fn a_connection_nobody_accepts_is_taken_ahead_after_a_moment() {
+        let (sh, _client) = waiting();
+        let t0 = Instant::now();
+        let (task, due) = step(
+            Box::new(Listen {
+                sh: sh.clone(),
+                due: None,
+            }),
+            t0,
+        );
+        assert_eq!(due, Some(t0 + TAKE_AHEAD_AFTER));
+        assert!(sh.q_pending());
+        // Taken from Q (and refused: it is no SDP peer).
+        let _ = step(task, t0 + TAKE_AHEAD_AFTER);
+        assert!(!sh.q_pending());
+    }
+
+    #[test]
+    fn an_accepting_program_takes_its_connections_itself() {
+        let (sh, _client) = waiting();
+        let t0 = Instant::now();
+        let (task, due) = step(
+            Box::new(Listen {
+                sh: sh.clone(),
+                due: None,
+            }),
+            t0,
+        );
+        assert_eq!(due, Some(t0 + TAKE_AHEAD_AFTER));
+        // The program accepted at t0 (what `accept` records).
+        let at = t0.duration_since(sh.created).as_nanos() as u64;
+        sh.accepted_at.store(at.max(1), Ordering::Release);
+        let (task, due) = step(task, t0 + TAKE_AHEAD_AFTER);
+        let attentive_until = sh.created + Duration::from_nanos(at.max(1)) + ATTENTIVE;
+        assert_eq!(due, Some(attentive_until));
+        assert!(sh.q_pending(), "taken ahead of an attentive program");
+        // Not seen for ATTENTIVE: taken ahead after all.
+        let _ = step(task, attentive_until);
+        assert!(!sh.q_pending());
     }
 }
