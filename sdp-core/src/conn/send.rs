@@ -624,7 +624,10 @@ impl Conn {
     }
 
     /// The payload of the next message: a Data Message's worth, or, when a
-    /// full one goes to the peer's ring, a slot's worth as a LocalData.
+    /// full one goes to the peer's ring, a slot's worth as a LocalData —
+    /// only if that is enough for one ([`local::LOCAL_MIN`]): a peer whose
+    /// Private Buffers are smaller than that (a program's small
+    /// SO_RCVBUF) would get a Data Message longer than its buffer.
     fn next_chunk(&self, limit: u64) -> Option<Chunk> {
         let chunk = self.tx.next_chunk_until(self.max_payload(), limit)?;
         let full = chunk.range.end - chunk.range.start == self.max_payload();
@@ -632,7 +635,7 @@ impl Conn {
             Some(slot) if full && chunk.flags.is_empty() => self
                 .tx
                 .next_chunk_until(slot, limit)
-                .filter(|c| c.flags.is_empty())
+                .filter(|c| c.flags.is_empty() && c.range.end - c.range.start >= local::LOCAL_MIN)
                 .or(Some(chunk)),
             _ => Some(chunk),
         }

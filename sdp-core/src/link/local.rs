@@ -273,6 +273,47 @@ mod tests {
         }
     }
 
+    /// A reader whose Private Buffers are smaller than a LocalData's least
+    /// payload (a program's small SO_RCVBUF: 3 of 2 730 bytes) gets Data
+    /// Messages of at most a buffer where the bytes waiting do not make a
+    /// LocalData — never one longer than its buffer, which it would refuse
+    /// with a Terminate (CPython's test_asyncio.test_sendfile did that).
+    #[test]
+    fn a_reader_with_small_buffers_gets_no_message_longer_than_one() {
+        let small = Config {
+            bufs: 3,
+            buf_size: 2730,
+            ..same_host()
+        };
+        // The writer's SO_SNDBUF is small too: its send buffer never
+        // holds a LocalData's worth.
+        let writer = Config {
+            send_buffer: 8192,
+            ..same_host()
+        };
+        let mut pair = LinkPair::connected(&writer, &small, 65);
+        pair.max_chunk = 256 * 1024;
+        pair.apps[0].to_write = 4 << 20;
+        pair.apps[0].max_io = 5000;
+        pair.apps[0].exact_writes = true;
+        pair.apps[0].shutdown_when_done = true;
+        pair.apps[1].max_io = 3000;
+        pair.apps[1].shutdown_when_done = true;
+        assert!(pair.run(u64::MAX, |p| p.apps[1].eof));
+        assert_eq!(pair.apps[1].read, 4 << 20);
+        assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+        assert!(pair.settle(1_000_000));
+        for s in 0..2 {
+            let link = pair.sides[s].link();
+            let log: Vec<String> = link.log_lines().map(str::to_string).collect();
+            assert_eq!(
+                link.close_reason(),
+                Some(&CloseReason::Graceful),
+                "side {s}: {log:?}"
+            );
+        }
+    }
+
     /// Messages side 0 sent to move `bytes` in writes of 64 KiB, a
     /// Private Buffer's worth, with writes held back for `coalesce`.
     fn messages_for_64k_writes(coalesce: Duration, bytes: u64) -> (u32, u64) {
