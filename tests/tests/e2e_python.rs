@@ -204,3 +204,62 @@ fn a_nonblocking_connect_is_complete_once_its_server_accepted() {
     let preloaded = run_connect_done(&env, Mode::Sdp);
     assert_eq!(preloaded, plain);
 }
+
+/// A connection accepted from a listener whose SO_RCVBUF and SO_SNDBUF
+/// the program set, before `listen` or after it, has the same buffer sizes
+/// under the preload as over TCP (the kernel copies them from the
+/// listener; the hidden SDP listener takes them from the program's). A
+/// program that makes its buffers small relies on flow control reaching
+/// it early, and SDP sizes its receive buffers by them.
+const BUFFERS: &str = r#"
+import os, socket, sys, threading
+SOL, RCV, SND = socket.SOL_SOCKET, socket.SO_RCVBUF, socket.SO_SNDBUF
+held = []
+def accepted_sizes(before):
+    srv = socket.socket()
+    if before:
+        srv.setsockopt(SOL, RCV, 4096)
+        srv.setsockopt(SOL, SND, 8192)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    if not before:
+        srv.setsockopt(SOL, RCV, 6144)
+        srv.setsockopt(SOL, SND, 12288)
+    c = socket.socket()
+    t = threading.Thread(target=c.connect, args=(srv.getsockname(),))
+    t.start()
+    s, _ = srv.accept()
+    t.join()
+    held.extend([srv, c, s])
+    return s.fileno(), s.getsockopt(SOL, RCV), s.getsockopt(SOL, SND)
+fb, rb, sb = accepted_sizes(True)
+fa, ra, sa = accepted_sizes(False)
+print("sizes", rb, sb, ra, sa)
+print("hold", os.getpid(), fb, fa)
+sys.stdin.readline()
+"#;
+
+fn run_buffers(env: &Env, mode: Mode) -> String {
+    let mut p = Proc::spawn("python buffers", env.python(BUFFERS, mode), true);
+    let sizes = p.wait_line(|l| l.starts_with("sizes "));
+    let (pid, before, after) = held(&p.wait_line(|l| l.starts_with("hold ")));
+    if mode == Mode::Sdp {
+        for (what, fd) in [("set before listen", before), ("set after listen", after)] {
+            let r = env.wait_records("accepted socket", pid, 1, |r| r.fd == fd);
+            expect_sdp(&format!("accepted socket, buffer sizes {what}"), &r[0]);
+        }
+    }
+    p.send("\n");
+    p.finish_ok();
+    sizes
+}
+
+#[test]
+fn an_accepted_connection_has_its_listeners_buffer_sizes() {
+    let env = Env::new("python-buffers");
+    let plain = run_buffers(&env, Mode::Plain);
+    // Linux reports twice what was asked.
+    assert_eq!(plain, "sizes 8192 16384 12288 24576", "over TCP");
+    let preloaded = run_buffers(&env, Mode::Sdp);
+    assert_eq!(preloaded, plain);
+}

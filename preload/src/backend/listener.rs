@@ -196,6 +196,24 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
+    // The buffer sizes the program gave P: a TCP connection accepted
+    // from P would have them (Linux copies them from the listener), and
+    // the SDP connections taken from Q size their buffers by them
+    // (`Config::with_socket_buffers`). Set on P later, they follow
+    // (the `setsockopt` hook).
+    let opts = table::get(p).map(|e| e.opts).unwrap_or_default();
+    for o in opts.iter().filter(|o| is_buffer_size(o.level, o.name)) {
+        // SAFETY: the option value the kernel took on P, on our own socket.
+        unsafe {
+            crate::sys::real::setsockopt(
+                s,
+                o.level,
+                o.name,
+                o.value.as_ptr().cast(),
+                o.value.len() as libc::socklen_t,
+            )
+        };
+    }
     let raw = crate::sys::addr::RawAddr::new(SocketAddr::new(local.ip(), 0));
     // SAFETY: a complete address; listen on our own socket.
     unsafe {
@@ -206,6 +224,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
         }
     }
     Ok(TcpListener::from(q))
+}
+
+/// SO_RCVBUF or SO_SNDBUF: what a listener's accepted connections inherit.
+fn is_buffer_size(level: i32, name: i32) -> bool {
+    level == libc::SOL_SOCKET && (name == libc::SO_RCVBUF || name == libc::SO_SNDBUF)
 }
 
 /// Opens the hidden listener for `local` (P) and registers it.
