@@ -931,19 +931,24 @@ mod tests {
         (task, due)
     }
 
+    /// The task's first step on a connection waiting in Q: it looks again
+    /// after `TAKE_AHEAD_AFTER`.
+    fn first_step(sh: &Arc<Shared>, t0: Instant) -> Box<dyn Task> {
+        let listen = Listen {
+            sh: sh.clone(),
+            due: None,
+        };
+        let (task, due) = step(Box::new(listen), t0);
+        assert_eq!(due, Some(t0 + TAKE_AHEAD_AFTER));
+        assert!(sh.q_pending());
+        task
+    }
+
     #[test]
     fn a_connection_nobody_accepts_is_taken_ahead_after_a_moment() {
         let (sh, _client) = waiting();
         let t0 = Instant::now();
-        let (task, due) = step(
-            Box::new(Listen {
-                sh: sh.clone(),
-                due: None,
-            }),
-            t0,
-        );
-        assert_eq!(due, Some(t0 + TAKE_AHEAD_AFTER));
-        assert!(sh.q_pending());
+        let task = first_step(&sh, t0);
         // Taken from Q (and refused: it is no SDP peer).
         let _ = step(task, t0 + TAKE_AHEAD_AFTER);
         assert!(!sh.q_pending());
@@ -953,14 +958,7 @@ mod tests {
     fn an_accepting_program_takes_its_connections_itself() {
         let (sh, _client) = waiting();
         let t0 = Instant::now();
-        let (task, due) = step(
-            Box::new(Listen {
-                sh: sh.clone(),
-                due: None,
-            }),
-            t0,
-        );
-        assert_eq!(due, Some(t0 + TAKE_AHEAD_AFTER));
+        let task = first_step(&sh, t0);
         // The program accepted at t0 (what `accept` records).
         let at = t0.duration_since(sh.created).as_nanos() as u64;
         sh.accepted_at.store(at.max(1), Ordering::Release);
