@@ -64,12 +64,30 @@ impl Link {
     }
 }
 
-/// Checks an offer: the 4 bytes in front of its ring, read from its
-/// process, are its token. A process of another user, another kernel's
-/// process number or a process gone all fail here, before anything is
-/// written.
+/// Checks an offer: its process belongs to our user, and the 4 bytes in
+/// front of its ring, read from it, are its token. A process of another
+/// user, another kernel's process number or a process gone all fail here,
+/// before anything is written. The user is checked here and not left to
+/// the kernel: a privileged process may read and write any other (ptrace
+/// rights), and a peer must not be able to point it at one (DESIGN §9).
 pub fn check(offer: &LocalOfferRepr) -> Result<(), LocalOff> {
+    same_user(offer.pid)?;
     token_holds(offer.pid, offer.ring, offer.token)
+}
+
+/// Whether process `pid` runs as our effective user: the owner of its
+/// `/proc` entry (root's for a process that made itself undumpable, which
+/// is refused too).
+fn same_user(pid: u32) -> Result<(), LocalOff> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(format!("/proc/{pid}"))
+        .map_err(|_| LocalOff::Gone)?
+        .uid();
+    if owner == rustix::process::geteuid().as_raw() {
+        Ok(())
+    } else {
+        Err(LocalOff::Refused(Errno::EPERM as i32))
+    }
 }
 
 fn token_holds(pid: u32, ring: u64, token: u32) -> Result<(), LocalOff> {
@@ -353,6 +371,41 @@ mod tests {
             "{alone} messages for {writes} writes"
         );
         assert!(filled <= alone / 2, "{filled} messages against {alone}");
+    }
+
+    /// An offer naming a process of another user is refused before any
+    /// read or write of it, whatever the token: as root (ptrace rights
+    /// over every process) a process of `nobody` started for the test,
+    /// otherwise process 1 (root's).
+    #[test]
+    fn an_offer_of_another_users_process_is_refused() {
+        use std::os::unix::process::CommandExt;
+        let root = rustix::process::geteuid().is_root();
+        let mut child = root.then(|| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .uid(65534)
+                .gid(65534)
+                .spawn()
+                .expect("a process of nobody")
+        });
+        let pid = child.as_ref().map_or(1, std::process::Child::id);
+        let offer = crate::wire::LocalOfferRepr {
+            pid,
+            slot_size: 256 * 1024,
+            slots: 4,
+            ring: 4096,
+            token: 0,
+        };
+        let r = check(&offer);
+        if let Some(c) = child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert_eq!(r, Err(LocalOff::Refused(Errno::EPERM as i32)));
+        // Our own process passes the user check (its token is another
+        // matter).
+        assert_eq!(same_user(std::process::id()), Ok(()));
     }
 
     #[test]
