@@ -236,7 +236,6 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
     let q = bind_q(fd, local, backlog)?;
     let q_port = q.local_addr()?.port();
     let levels = Levels::new()?;
-    let wake = levels.user_shared();
     let control = match ControlClient::connect_default()
         .and_then(|mut c| c.register(local.ip(), local.port(), q_port).map(|()| c))
     {
@@ -257,24 +256,7 @@ pub fn open(fd: RawFd, local: SocketAddr, backlog: i32) -> io::Result<Lst> {
         }
     };
     let lst = Lst {
-        sh: Arc::new(Shared {
-            q,
-            p: local,
-            queue: Mutex::new(Queue {
-                ready: VecDeque::new(),
-                setting_up: 0,
-                levels,
-                wake,
-                closed: false,
-            }),
-            taking: Mutex::new(()),
-            listening: AtomicBool::new(true),
-            task: AtomicBool::new(false),
-            accepted_at: AtomicU64::new(0),
-            created: Instant::now(),
-            control: Mutex::new(control),
-            retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
-        }),
+        sh: Arc::new(Shared::new(q, local, levels, control)),
     };
     // The listening process takes connections from the start (inside the
     // fork gate, as every use of the queue's lock: a fork never finds it
@@ -345,6 +327,34 @@ impl Task for Registration {
 }
 
 impl Shared {
+    /// The state of a listener that has just called `listen`.
+    fn new(
+        q: TcpListener,
+        p: SocketAddr,
+        levels: Levels,
+        control: Option<ControlClient>,
+    ) -> Shared {
+        let wake = levels.user_shared();
+        Shared {
+            q,
+            p,
+            queue: Mutex::new(Queue {
+                ready: VecDeque::new(),
+                setting_up: 0,
+                levels,
+                wake,
+                closed: false,
+            }),
+            taking: Mutex::new(()),
+            listening: AtomicBool::new(true),
+            task: AtomicBool::new(false),
+            accepted_at: AtomicU64::new(0),
+            created: Instant::now(),
+            control: Mutex::new(control),
+            retry: Mutex::new((Instant::now() + RETRY_FIRST, RETRY_FIRST)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -900,26 +910,9 @@ mod tests {
         q.set_nonblocking(true).unwrap();
         let mut client = std::net::TcpStream::connect(q.local_addr().unwrap()).unwrap();
         client.write_all(b"not an MPA Request").unwrap();
-        let levels = Levels::new().unwrap();
-        let wake = levels.user_shared();
-        let sh = Arc::new(Shared {
-            p: q.local_addr().unwrap(),
-            q,
-            queue: Mutex::new(Queue {
-                ready: VecDeque::new(),
-                setting_up: 0,
-                levels,
-                wake,
-                closed: false,
-            }),
-            taking: Mutex::new(()),
-            listening: AtomicBool::new(true),
-            task: AtomicBool::new(true),
-            accepted_at: AtomicU64::new(0),
-            created: Instant::now(),
-            control: Mutex::new(None),
-            retry: Mutex::new((Instant::now(), RETRY_FIRST)),
-        });
+        let p = q.local_addr().unwrap();
+        let sh = Arc::new(Shared::new(q, p, Levels::new().unwrap(), None));
+        sh.task.store(true, Ordering::Release);
         (sh, client)
     }
 
