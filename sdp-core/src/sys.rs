@@ -109,3 +109,19 @@ impl Drop for Region {
         }
     }
 }
+
+/// Has the C allocator hand the pages of its free memory back to the
+/// kernel. glibc keeps what `free` got in its arenas (it gives back only
+/// the top of a heap), so the buffers an idle connection gave back would
+/// stay in the process's resident memory.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> core::ffi::c_int;
+        }
+        // SAFETY: glibc's malloc_trim takes no pointer and may be called
+        // from any thread at any time; it only takes the arenas' locks.
+        let _ = unsafe { malloc_trim(0) };
+    }
+}

@@ -612,6 +612,16 @@ impl Endpoint {
         self.scratch.len()
     }
 
+    /// Gives back the memory the scratch buffer grew to, for a connection
+    /// gone idle; it grows again with the next reads that fill it. Nothing
+    /// happens while it holds octets not yet taken.
+    pub fn shrink_scratch(&mut self) {
+        if self.held.0 == self.held.1 && self.scratch.len() > SCRATCH_MIN {
+            self.scratch = vec![0; SCRATCH_MIN];
+            self.held = (0, 0);
+        }
+    }
+
     /// One read from the socket into wherever the engine wants the next
     /// octets: the octets read and the octets asked for. `Ok((0, _))` is
     /// the end of the stream.

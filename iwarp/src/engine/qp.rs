@@ -513,6 +513,27 @@ impl DataPath {
         self.rx.rq.len() + usize::from(self.rx.send.is_some())
     }
 
+    /// The receive buffers that hold octets of a message not yet
+    /// delivered: the buffer of the Send being received, the Receive
+    /// Queue's head while a segment is being received (a message's first
+    /// segment lands there before it is verified), and the buffers of
+    /// overlays not yet delivered. Every other posted buffer is written
+    /// only once its receive comes first, from its start.
+    pub fn recv_regions_busy(&self) -> impl Iterator<Item = RegionId> + '_ {
+        let overlays = self.rx.overlay.iter().chain(&self.rx.overlays_done);
+        let head = self
+            .rx
+            .rq
+            .front()
+            .filter(|_| !self.rx.deframer.at_boundary());
+        self.rx
+            .send
+            .map(|p| p.wr.sge.region)
+            .into_iter()
+            .chain(head.map(|wr| wr.sge.region))
+            .chain(overlays.map(|o| o.from.region))
+    }
+
     /// Work requests posted and not yet completed.
     pub fn send_outstanding(&self) -> usize {
         self.sq.len()

@@ -349,7 +349,6 @@ impl Deframer {
     }
 
     /// Whether the stream is between FPDUs (nothing of one received).
-    #[cfg(test)]
     pub fn at_boundary(&self) -> bool {
         self.phase == Phase::Length && self.len_have == 0 && self.in_marker() == 0
     }

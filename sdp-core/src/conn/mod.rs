@@ -636,6 +636,22 @@ impl Conn {
         self.rx.total()
     }
 
+    /// Payload bytes received and not read yet (OOB bytes among them).
+    pub fn rx_unread(&self) -> u64 {
+        self.rx.queued()
+    }
+
+    /// A figure that changes whenever a byte is accepted for sending,
+    /// released by its Send's completion, received or read: the link
+    /// tells by it that the connection moved data.
+    pub fn stream_progress(&self) -> u64 {
+        self.rx
+            .total()
+            .wrapping_add(self.rx.read_pos())
+            .wrapping_add(self.tx.accepted())
+            .wrapping_add(self.tx.released())
+    }
+
     /// Whether the LLP teardown Op went out: the adapter may drop the
     /// connection once the application is done with it.
     pub fn is_closed(&self) -> bool {

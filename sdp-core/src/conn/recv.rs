@@ -57,6 +57,8 @@ pub struct BufferPool {
     bufs: Vec<Vec<u8>>,
     count: usize,
     buf_size: usize,
+    /// Bytes the buffers' allocations hold.
+    held: usize,
     /// The ring offered to a peer on the same host ([`super::local`]),
     /// boxed: few connections have one.
     pub(crate) ring: Option<Box<Ring>>,
@@ -69,6 +71,7 @@ impl BufferPool {
             bufs: Vec::new(),
             count,
             buf_size,
+            held: 0,
             ring: None,
         }
     }
@@ -120,8 +123,35 @@ impl BufferPool {
             self.bufs.resize_with(i + 1, Vec::new);
         }
         let buf = self.bufs.get_mut(i)?;
+        let before = buf.capacity();
         grow(buf, range.end, self.buf_size);
+        self.held += buf.capacity() - before;
         buf.get_mut(range)
+    }
+
+    /// Bytes the buffers' allocations hold now (not the same-host ring).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Gives back the memory of every buffer but those `keep` says, for a
+    /// connection gone idle: the buffers stay posted and take memory again
+    /// as bytes land, as at the start. The caller keeps every buffer that
+    /// holds an unread message or may be written before the next message
+    /// begins.
+    pub fn give_back(&mut self, keep: impl Fn(usize) -> bool) {
+        for (i, buf) in self.bufs.iter_mut().enumerate() {
+            if buf.capacity() > 0 && !keep(i) {
+                self.held -= buf.capacity();
+                *buf = Vec::new();
+            }
+        }
+        while self.bufs.last().is_some_and(|b| b.capacity() == 0) {
+            self.bufs.pop();
+        }
+        if self.bufs.is_empty() {
+            self.bufs = Vec::new();
+        }
     }
 }
 

@@ -271,6 +271,31 @@ pub struct Link {
     stats: CopyStats,
     /// Zcopy buffers lent and registrations ([`zcopy`]).
     zc: zcopy::ZcopyLink,
+    /// When the buffers give their memory back if no byte moves before
+    /// ([`GIVE_BACK_AFTER`]).
+    give_back_at: Option<Instant>,
+    /// [`Conn::stream_progress`] when the link last looked.
+    progress: u64,
+}
+
+/// How long a connection that moves no byte keeps the memory its buffers
+/// grew to: then the receive Private Buffers, the send staging and the
+/// driver's scratch (see [`Link::give_back_due`]) give it back, as TCP
+/// frees a socket's queues once they are read and acknowledged. They grow
+/// again with use.
+pub const GIVE_BACK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Buffer memory at most kept without a timer: what a connection of
+/// small messages holds (its buffers grow only to the messages' size).
+const GIVE_BACK_ABOVE: usize = 8 * 1024;
+
+/// Bytes the links of this process gave back since [`take_given_back`]
+/// last looked: the progress thread has the allocator release them.
+static GIVEN_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The bytes the links gave back since the last call.
+pub fn take_given_back() -> usize {
+    GIVEN_BACK.swap(0, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Link {
@@ -294,6 +319,8 @@ impl Link {
             received_direct: 0,
             stats: CopyStats::default(),
             zc: zcopy::ZcopyLink::default(),
+            give_back_at: None,
+            progress: 0,
         }
     }
 
@@ -531,11 +558,11 @@ impl Link {
         }
         self.stats.bytes_sent_direct += keep_from - span.start;
         self.stats.bytes_staged += span.end - keep_from;
-        let cap = self.staging.capacity() as u64;
+        let staging = &self.staging;
         for (region, start, _) in send.parts() {
             let map = move |off: usize| {
-                let pos = (start.wrapping_add(off as u64) % cap) as usize;
-                (pos, cap as usize - pos)
+                let pos = staging.position(start.wrapping_add(off as u64));
+                (pos, staging.capacity() - pos)
             };
             qp.datapath_mut().rebase_region(&Rebase {
                 from: region,
@@ -620,10 +647,27 @@ impl Link {
         self.conn.credit_state()
     }
 
-    /// The connection's timer (close timeouts); the iWARP connection has
-    /// its own ([`Connection::poll_timeout`]).
+    /// The connection's timer (close timeouts) and the link's (memory
+    /// given back by an idle connection); the iWARP connection has its
+    /// own ([`Connection::poll_timeout`]).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conn.poll_timeout()
+        match (self.conn.poll_timeout(), self.give_back_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the connection has been idle for [`GIVE_BACK_AFTER`] with
+    /// memory to give back: the next [`Link::drive`] gives back the
+    /// link's, and the I/O driver its own receive scratch.
+    pub fn give_back_due(&self, now: Instant) -> bool {
+        self.give_back_at.is_some_and(|t| t <= now)
+    }
+
+    /// Bytes the link's buffers hold now: the receive Private Buffers and
+    /// the send staging.
+    pub fn buffer_memory(&self) -> usize {
+        self.conn.pool().held() + self.staging.held()
     }
 
     /// Lets the connection's timer take effect; drive afterwards.
@@ -721,6 +765,10 @@ impl Link {
                 self.conn.handle_event(now, ev);
             }
         }
+        if self.give_back_due(now) {
+            self.give_back_at = None;
+            self.give_back(qp);
+        }
         if let Some(offer) = self.conn.local_offer_to_check() {
             let result = local::check(&offer);
             if let Err(why) = result {
@@ -742,6 +790,13 @@ impl Link {
                 Some(Work::Rdma(op)) => self.execute_rdma(now, op, qp, &mut sent),
             }
         }
+        let progress = self.conn.stream_progress();
+        if progress != self.progress {
+            self.progress = progress;
+            if self.buffer_memory() > GIVE_BACK_ABOVE {
+                self.give_back_at = Some(now + GIVE_BACK_AFTER);
+            }
+        }
         if !self.logged_close {
             if let Some(reason) = self.conn.close_reason() {
                 self.logged_close = true;
@@ -751,6 +806,33 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Gives back the memory of the buffers that hold nothing needed: the
+    /// receive Private Buffers once every message was read, but for those
+    /// the engine may be placing into; the send staging once every byte
+    /// accepted was released and nothing refers to it.
+    fn give_back(&mut self, qp: &Connection) {
+        let before = self.buffer_memory();
+        let dp = qp.datapath();
+        if self.conn.rx_unread() == 0
+            && self.deferred.is_empty()
+            && self.recv_lend.is_none()
+            && dp.completions() == 0
+        {
+            let busy: Vec<usize> = dp.recv_regions_busy().map(|r| r.0 as usize).collect();
+            self.conn.pool_mut().give_back(|i| busy.contains(&i));
+        }
+        if self.conn.tx().buffered() == 0
+            && self.sends.is_empty()
+            && self.send_span.is_none()
+            && dp.region_low_water(staging::PAYLOAD_REGION).is_none()
+            && dp.region_low_water(staging::HEADER_REGION).is_none()
+        {
+            self.staging.give_back();
+        }
+        let freed = before - self.buffer_memory();
+        GIVEN_BACK.fetch_add(freed, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn on_qp_event(&mut self, ev: QpEvent) {

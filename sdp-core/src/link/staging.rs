@@ -2,16 +2,18 @@
 //! held until their Sends complete, and the SDP headers of the Sends in
 //! flight — the memory the iWARP engine transmits from.
 //!
-//! The payload ring is addressed by send stream offset (`offset % cap`),
-//! so a Data Message's payload range ([`Op::Send`](crate::verbs::Op)) maps
-//! to at most two gather elements without any bookkeeping. The connection
+//! The payload ring is addressed by send stream offset (`offset % cap`,
+//! shifted so that the first write after the memory was given back lands
+//! at the start), so a Data Message's payload range
+//! ([`Op::Send`](crate::verbs::Op)) maps to at most two gather elements
+//! without any bookkeeping. The connection
 //! never lets more than [`Config::send_buffer`](crate::conn::Config) bytes
 //! be accepted and unreleased, which is the ring's size: a byte is never
 //! overwritten before the Send carrying it completed.
 //!
-//! The ring takes memory as it is written, not when the link is made: an
-//! idle connection holds the pages its sends touched, and one that sends
-//! little never commits the whole ring.
+//! The ring takes memory as it is written, not when the link is made: one
+//! that sends little never commits the whole ring, and a connection idle
+//! for a while gives it back ([`Staging::give_back`]).
 //!
 //! Headers go into fixed slots of [`MAX_HEADER_LEN`] bytes, taken when the
 //! Send is posted and given back on its completion. The slot table only
@@ -50,6 +52,11 @@ pub struct Staging {
     /// The ring's bytes written so far: it grows to `cap` and then wraps.
     ring: Vec<u8>,
     cap: usize,
+    /// Added to a stream offset (modulo the size) to give its position:
+    /// set by the first write after the memory was given back so that
+    /// that write lands at position 0 and the ring grows from its start
+    /// again.
+    shift: Option<u64>,
     headers: Vec<u8>,
     free: Vec<u32>,
 }
@@ -60,6 +67,7 @@ impl Staging {
         Staging {
             ring: Vec::new(),
             cap: cap.max(1),
+            shift: Some(0),
             headers: Vec::new(),
             free: Vec::new(),
         }
@@ -70,8 +78,10 @@ impl Staging {
         self.cap
     }
 
-    fn pos(&self, offset: u64) -> usize {
-        (offset % self.cap as u64) as usize
+    /// The ring position of send stream offset `offset`.
+    pub fn position(&self, offset: u64) -> usize {
+        let cap = self.cap as u64;
+        ((offset % cap + self.shift.unwrap_or(0)) % cap) as usize
     }
 
     /// Ring bytes `at..end`, grown to hold them.
@@ -83,8 +93,10 @@ impl Staging {
     /// Copies `data` to send stream offsets `offset..offset + data.len()`
     /// (at most the ring size).
     pub fn write(&mut self, offset: u64, data: &[u8]) {
+        let cap = self.cap as u64;
+        self.shift.get_or_insert((cap - offset % cap) % cap);
         let data = &data[..data.len().min(self.cap)];
-        let at = self.pos(offset);
+        let at = self.position(offset);
         let first = data.len().min(self.cap - at);
         self.span(at, at + first).copy_from_slice(&data[..first]);
         let rest = &data[first..];
@@ -95,7 +107,7 @@ impl Staging {
     /// one, or two when it wraps.
     pub fn payload_sges(&self, range: Range<u64>) -> (Sge, Option<Sge>) {
         let len = (range.end.saturating_sub(range.start) as usize).min(self.cap);
-        let at = self.pos(range.start);
+        let at = self.position(range.start);
         let first = len.min(self.cap - at);
         let sge = |offset, len| Sge {
             region: PAYLOAD_REGION,
@@ -131,6 +143,23 @@ impl Staging {
     /// Gives a slot back (its Send completed).
     pub fn free_header(&mut self, slot: u32) {
         self.free.push(slot);
+    }
+
+    /// Bytes the ring's and the header slots' allocations hold now.
+    pub fn held(&self) -> usize {
+        self.ring.capacity() + self.headers.capacity() + self.free.capacity() * 4
+    }
+
+    /// Gives back the memory of the ring and the header slots, for a
+    /// connection gone idle. The caller makes sure that nothing refers to
+    /// them: every byte written was released and every Send completed.
+    pub fn give_back(&mut self) {
+        self.ring = Vec::new();
+        self.shift = None;
+        if self.free.len() * MAX_HEADER_LEN == self.headers.len() {
+            self.headers = Vec::new();
+            self.free = Vec::new();
+        }
     }
 
     /// The bytes of a staging region.

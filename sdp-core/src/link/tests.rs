@@ -743,3 +743,67 @@ fn rdma_read_into_a_buffer_registered_for_a_sink_avail() {
     // The RDMA Read Request is queued.
     assert_eq!(side.qp.datapath().send_outstanding(), before + 1);
 }
+
+/// A configuration whose buffers grow past what an idle connection keeps.
+fn roomy() -> Config {
+    Config {
+        bufs: 4,
+        buf_size: 16 * 1024,
+        desired_remote_buf_size: 16 * 1024,
+        send_buffer: 64 * 1024,
+        ..Config::default()
+    }
+}
+
+/// A connection that moved a burst of data and went quiet gives its
+/// buffers' memory back after [`super::GIVE_BACK_AFTER`] (the harness's
+/// virtual time jumps to the timer), and takes it again with the next
+/// burst, delivering every byte of both.
+#[test]
+fn an_idle_connection_gives_its_buffer_memory_back() {
+    for direct in [(false, false), (true, true)] {
+        let mut pair = LinkPair::connected(&roomy(), &roomy(), 21);
+        for app in &mut pair.apps {
+            (app.direct_send, app.direct_recv) = direct;
+        }
+        for burst in 1..=2u64 {
+            for app in &mut pair.apps {
+                app.to_write = burst * 300_000;
+            }
+            let start = pair.now;
+            let done = |p: &LinkPair| p.apps.iter().all(|a| a.read == burst * 300_000);
+            assert!(pair.run(u64::MAX, done), "{direct:?} burst {burst} stuck");
+            for s in 0..2 {
+                let held = pair.sides[s].link().buffer_memory();
+                assert!(held > super::GIVE_BACK_ABOVE, "{direct:?} side {s}: {held}");
+                assert_eq!(pair.apps[s].read_hash, pair.apps[1 - s].write_hash);
+            }
+            assert!(pair.settle(1_000_000));
+            assert!(pair.now >= start + super::GIVE_BACK_AFTER);
+            for s in 0..2 {
+                let link = pair.sides[s].link();
+                assert_eq!(link.buffer_memory(), 0, "{direct:?} burst {burst} side {s}");
+                assert_eq!(link.poll_timeout(), None);
+                assert!(pair.apps[s].errors.is_empty(), "{:?}", pair.apps[s].errors);
+            }
+        }
+    }
+}
+
+/// Unread bytes keep their buffers: the memory goes only once they are
+/// read, and they come out whole.
+#[test]
+fn unread_bytes_keep_their_buffers_through_the_idle_time() {
+    let mut pair = LinkPair::connected(&roomy(), &roomy(), 22);
+    pair.apps[0].to_write = 40_000;
+    pair.apps[1].reading = false;
+    assert!(pair.settle(1_000_000));
+    let unread = pair.sides[1].link().bytes_readable();
+    assert!(unread > 0);
+    assert!(pair.sides[1].link().conn().pool().held() as u64 >= unread);
+    pair.apps[1].reading = true;
+    assert!(pair.run(u64::MAX, |p| p.apps[1].read == 40_000));
+    assert_eq!(pair.apps[1].read_hash, pair.apps[0].write_hash);
+    assert!(pair.settle(1_000_000));
+    assert_eq!(pair.sides[1].link().buffer_memory(), 0);
+}

@@ -51,6 +51,7 @@ use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
 use rustix::event::{eventfd, EventfdFlags, Timespec};
 
 use super::shared::Shared;
+use crate::link::GIVE_BACK_AFTER;
 
 /// How long a link whose application thread polls its socket is left out
 /// of the epoll set (see Parking above).
@@ -441,6 +442,7 @@ impl Thread {
         // at every link only when a deadline is due, not at each event —
         // with 10 000 links that look was most of its time.
         let mut timer: Option<Instant> = None;
+        let mut release = Release::default();
         loop {
             let seen = self.changes.load(Ordering::SeqCst);
             let told = super::shared::decode(
@@ -448,7 +450,11 @@ impl Thread {
                     .swap(super::shared::encode(None), Ordering::SeqCst),
             );
             timer = timer.into_iter().chain(told).min();
-            let next = timer.into_iter().chain(parked.first().map(|p| p.0)).min();
+            let next = timer
+                .into_iter()
+                .chain(parked.first().map(|p| p.0))
+                .chain(release.due())
+                .min();
             self.asleep_until
                 .store(super::shared::encode(next), Ordering::SeqCst);
             if self.changes.load(Ordering::SeqCst) != seen {
@@ -523,6 +529,7 @@ impl Thread {
                     timer = Some(timer.map_or(d, |t| t.min(d)));
                 }
             }
+            release.note(now);
             BUSY.store(false, Ordering::SeqCst);
         }
     }
@@ -530,6 +537,38 @@ impl Thread {
     fn remove(&self, s: &Shared) {
         if lock(&self.links).remove(&s.id).is_some() {
             let _ = epoll::delete(&self.epoll, &*s.sock());
+        }
+    }
+}
+
+/// The memory idle links gave back ([`crate::link::take_given_back`]),
+/// released to the kernel by the allocator at most once per
+/// [`GIVE_BACK_AFTER`]: the release looks at every free chunk of the
+/// process, so many connections going idle one after the other share one.
+#[derive(Default)]
+struct Release {
+    pending: usize,
+    last: Option<Instant>,
+}
+
+/// Bytes given back that are worth a release.
+const RELEASE_ABOVE: usize = 256 * 1024;
+
+impl Release {
+    fn note(&mut self, now: Instant) {
+        self.pending += crate::link::take_given_back();
+        if self.pending >= RELEASE_ABOVE && self.due().is_none_or(|t| t <= now) {
+            self.pending = 0;
+            self.last = Some(now);
+            crate::sys::release_free_memory();
+        }
+    }
+
+    /// When a release waiting for its turn is due.
+    fn due(&self) -> Option<Instant> {
+        match self.last {
+            Some(t) if self.pending >= RELEASE_ABOVE => Some(t + GIVE_BACK_AFTER),
+            _ => None,
         }
     }
 }

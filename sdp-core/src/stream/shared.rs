@@ -564,6 +564,11 @@ impl Inner {
             fired = true;
         }
         if self.link.poll_timeout().is_some_and(|t| t <= now) {
+            if self.link.give_back_due(now) {
+                // Idle: the link gives back its buffers' memory as it is
+                // driven next, the driver its scratch now.
+                self.ep.shrink_scratch();
+            }
             self.link.handle_timeout(now);
             fired = true;
         }
