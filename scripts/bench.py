@@ -40,6 +40,7 @@ CHURN_TARGET = 0.5  # SDP/TCP connections per second, 100 clients at once, at le
 SAME_HOST_TARGET = 1.5  # SDP/TCP throughput with the same-host path, 64 KiB to 4 MiB, at least
 SAME_HOST_CPU_TARGET = 0.6  # SDP/TCP CPU s/GB with the same-host path, at most
 MEMORY_TARGET = 16.0  # KiB per idle SDP connection, both ends together, at most
+BURST_IDLE = 3  # seconds a connection waits idle after a burst before its RSS is read again
 
 FULL = {
     "reps": 3,
@@ -50,6 +51,7 @@ FULL = {
     "idle": 1000,
     "churn": 5000,
     "scale": 10000,
+    "burst_conns": 100,
     "redis_requests": 200000,
 }
 QUICK = {
@@ -61,6 +63,7 @@ QUICK = {
     "idle": 100,
     "churn": 500,
     "scale": 300,
+    "burst_conns": 20,
     "redis_requests": 20000,
 }
 
@@ -409,7 +412,7 @@ class Bench:
     def row(self, section, tool, size, metric, better, label, run, extract=None, reps=None):
         """One table row: `run(sdp, rep)` returns (value, Transport), where
         value is a number or a dict from which `extract` rows are made."""
-        name = f"{tool} {size_name(size)}".strip() if section not in ("memory", "scale") else f"{size} {tool}"
+        name = f"{tool} {size_name(size)}".strip() if section not in ("memory", "burst", "scale") else f"{size} {tool}"
         print(f"bench: {section}: {name} ...", file=sys.stderr, flush=True)
         try:
             got = self.pairs(label, run, reps)
@@ -743,12 +746,15 @@ class Bench:
                     "raw": {"tcp": got["tcp"], "sdp": got[k]}, "error": None,
                 })
 
-    def hold(self, sdp, n):
+    def hold(self, sdp, n, burst=0):
         """`sdp-connbench hold`: opens 1, then `n` more connections, each
         carrying a byte both ways, then one more byte over every one at
         once. Returns the RSS growth per connection of client and server
         (KiB), the seconds the `n` took to open and the round took, and
-        what sdp-stat saw of the client's connections."""
+        what sdp-stat saw of the client's connections. With `burst`, each
+        connection then moves that many bytes there and back, and the RSS
+        growth per connection is read again right after and once the
+        connections have been idle for `BURST_IDLE` seconds."""
         cb = os.path.join(self.bin, "sdp-connbench")
         port = free_port()
         what = "SDP" if sdp else "TCP"
@@ -758,8 +764,11 @@ class Bench:
         try:
             self.wait_server(srv, port, sdp)
             deadline = time.monotonic() + 60 + n * 0.05
-            cl = self.spawn(f"sdp-connbench hold ({what}, {n})",
-                            [cb, "hold", "--port", str(port), "--count", str(n)], sdp, pipe=True)
+            argv = [cb, "hold", "--port", str(port), "--count", str(n)]
+            if burst:
+                argv += ["--burst", str(burst)]
+                deadline += n * burst / 50e6
+            cl = self.spawn(f"sdp-connbench hold ({what}, {n})", argv, sdp, pipe=True)
             try:
                 cl.reader.wait(lambda l: l.startswith("one "), deadline, "the first connection")
                 srv.reader.wait(lambda l: l == "held 1", deadline, "the server's first connection")
@@ -775,6 +784,12 @@ class Bench:
                         seen.note(f"{seen.sdp} of {n + 1} connections seen as SDP")
                 cl.send_line()
                 used = cl.reader.wait(lambda l: l.startswith(f"used {n + 1} "), deadline, "the round over all")
+                if burst:
+                    cl.send_line()
+                    cl.reader.wait(lambda l: l.startswith(f"burst {n + 1} "), deadline, "the bursts")
+                    after = (rss_kib(cl.pid), rss_kib(srv.pid))
+                    time.sleep(BURST_IDLE)
+                    idle = (rss_kib(cl.pid), rss_kib(srv.pid))
             except BenchError as e:
                 bad = cl if cl.poll() is not None else srv
                 raise bad.failed(str(e))
@@ -785,8 +800,13 @@ class Bench:
             srv.stop()
         client = (full[0] - base[0]) / n
         server = (full[1] - base[1]) / n
-        return {"client": client, "server": server, "both": client + server,
-                "open": float(held.split()[2]), "used": float(used.split()[2])}, seen
+        out = {"client": client, "server": server, "both": client + server,
+               "open": float(held.split()[2]), "used": float(used.split()[2])}
+        if burst:
+            for key, (c, v) in (("burst", after), ("idle", idle)):
+                out[f"{key} client"] = (c - full[0]) / (n + 1)
+                out[f"{key} server"] = (v - full[1]) / (n + 1)
+        return out, seen
 
     def memory(self):
         """RSS per idle connection, client and server, `idle` connections."""
@@ -795,6 +815,21 @@ class Bench:
                      ("memory", "client", "KiB/connection", "lower", "client"),
                      ("memory", "server", "KiB/connection", "lower", "server"),
                      ("memory", "both", "KiB/connection", "lower", "both"),
+                 ])
+
+    def burst(self):
+        """The memory a burst takes and what of it stays once idle:
+        `burst_conns` connections, each moving 4 MiB there and back in
+        turn, then idle (the same-host path off, as in the rows above)."""
+        n = self.cfg["burst_conns"]
+        self.row("burst", "connections after a 4 MiB burst", n, "KiB/connection", "lower", "memory",
+                 lambda sdp, rep: self.hold(sdp, n, burst=4 * MIB), extract=[
+                     ("burst", "burst, client", "KiB/connection", "lower", "burst client"),
+                     ("burst", "burst, server", "KiB/connection", "lower", "burst server"),
+                     ("burst", f"burst, then idle {BURST_IDLE} s, client", "KiB/connection", "lower",
+                      "idle client"),
+                     ("burst", f"burst, then idle {BURST_IDLE} s, server", "KiB/connection", "lower",
+                      "idle server"),
                  ])
 
     def scale(self):
@@ -936,6 +971,9 @@ class Bench:
                            "1 byte there and back, close)",
             "churn": "Churn (100 clients at once, each connecting, one request, closing, again)",
             "memory": f"Memory per idle connection (RSS growth from 1 to {cfg['idle'] + 1} connections)",
+            "burst": f"Memory after a burst ({cfg.get('burst_conns', '-')} connections, each moving 4 MiB there "
+                     f"and back in turn; RSS growth per connection beyond the idle connections', right after "
+                     f"and {BURST_IDLE} s later)",
             "scale": f"Connections at once ({cfg.get('scale', '-')} opened one after the other, each used, "
                      "then a byte over every one; one pair)",
             "servers": "Real servers (redis-server and redis-benchmark; nginx and wrk; both under the preload for SDP)",
@@ -947,7 +985,7 @@ class Bench:
         }
         for section in ("throughput", "cpu", "same host", "same host cpu", "same host zcopy", "latency", "servers",
                         "connections",
-                        "churn", "memory", "scale"):
+                        "churn", "memory", "burst", "scale"):
             rows = [r for r in self.rows if r["section"] == section]
             if not rows:
                 continue
@@ -957,7 +995,7 @@ class Bench:
             lines.append("| test | size | unit | TCP | SDP | SDP/TCP | target | SDP ran as |")
             lines.append("|---|---|---|---:|---:|---:|---|---|")
             for r in rows:
-                size = size_name(r["size"]) if isinstance(r["size"], int) and section not in ("memory", "scale") else "-"
+                size = size_name(r["size"]) if isinstance(r["size"], int) and section not in ("memory", "burst", "scale") else "-"
                 if r.get("error"):
                     lines.append(f"| {r['tool']} | {size} | {r['metric']} | FAILED | FAILED | - | - | {r['error']} |")
                     continue
@@ -1197,6 +1235,7 @@ STEPS = {
     "setup": lambda b: b.connbench(),
     "churn": lambda b: b.churn(),
     "memory": lambda b: b.memory(),
+    "burst": lambda b: b.burst(),
     "scale": lambda b: b.scale(),
 }
 
@@ -1281,6 +1320,8 @@ def main():
             "connections": "setup = connect() plus one byte there and back; warm: one PMReq per client "
                            "process (PmTime 30 s), cold: a port mapper with PmTime 0, one PMReq per connection",
             "memory": "VmRSS growth of client and server from 1 to idle+1 connections, divided by idle",
+            "burst": "VmRSS of client and server after a burst over each connection, and BURST_IDLE s later, "
+                     "less their VmRSS with the connections idle before it, divided by the connections",
         },
         "rows": bench.rows,
         "targets": targets,

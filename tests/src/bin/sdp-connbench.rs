@@ -6,7 +6,7 @@
 //! ```text
 //! sdp-connbench server [--bind ADDR] [--port P] [--hold]
 //! sdp-connbench rate   [--host ADDR] --port P --count N [--concurrency C] [--check]
-//! sdp-connbench hold   [--host ADDR] --port P --count N
+//! sdp-connbench hold   [--host ADDR] --port P --count N [--burst BYTES]
 //! ```
 //!
 //! * `server` prints `listening PORT`, then serves every connection at
@@ -27,7 +27,11 @@
 //!   line on standard input, opens `N` more and prints `held N SECONDS`
 //!   (the time they took to open). At the next line it sends one byte over
 //!   each of the `N + 1`, reads every echo and prints `used N+1 SECONDS`;
-//!   then it waits for another line (or end of input) before it exits.
+//!   then it waits for another line (or end of input). With `--burst` it
+//!   then sends `BYTES` over each connection in turn, reads the echo and
+//!   compares it, prints `burst N+1 SECONDS` and waits for one more line
+//!   before it exits: the caller reads the RSS after the burst and again
+//!   once the connections have been idle a while.
 //!   Every connection carries a byte both ways as it opens. The caller
 //!   reads both processes' RSS at `one` and `held`: the difference over
 //!   `N` is the memory of an idle connection, beyond what the first one
@@ -44,7 +48,7 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: sdp-connbench server [--bind ADDR] [--port P] [--hold]
        sdp-connbench rate   [--host ADDR] --port P --count N [--concurrency C] [--check]
-       sdp-connbench hold   [--host ADDR] --port P --count N
+       sdp-connbench hold   [--host ADDR] --port P --count N [--burst BYTES]
 ";
 
 /// Descriptors a connection may take: its socket, and what the preload
@@ -60,6 +64,7 @@ struct Options {
     concurrency: usize,
     hold: bool,
     check: bool,
+    burst: u64,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
@@ -75,6 +80,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String>
         concurrency: 1,
         hold: false,
         check: false,
+        burst: 0,
     };
     while let Some(a) = args.next() {
         let mut value = |what: &str| args.next().ok_or(format!("{a} needs {what}"));
@@ -97,6 +103,10 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String>
                     Ok(c) if c > 0 => c,
                     _ => return Err(format!("bad concurrency {v:?}")),
                 };
+            }
+            "--burst" => {
+                let v = value("a byte count")?;
+                o.burst = v.parse().map_err(|_| format!("bad burst {v:?}"))?;
             }
             "--hold" => o.hold = true,
             "--check" => o.check = true,
@@ -436,7 +446,60 @@ fn hold(o: &Options) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     ))?;
     wait_stdin().map_err(|e| e.to_string())?;
+    if o.burst > 0 {
+        let t0 = Instant::now();
+        for (n, s) in held.iter_mut().enumerate() {
+            burst(s, o.burst).map_err(|e| format!("connection {n}: burst: {e}"))?;
+        }
+        say(format!(
+            "burst {} {:.3}",
+            held.len(),
+            t0.elapsed().as_secs_f64()
+        ))?;
+        wait_stdin().map_err(|e| e.to_string())?;
+    }
     Ok(())
+}
+
+/// Byte `i` of a burst.
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(131).wrapping_add(7) % 251) as u8
+}
+
+/// Sends `bytes` of [`pattern`] over `s` (from a second thread) and reads
+/// the server's echo of them, comparing every byte.
+fn burst(s: &mut TcpStream, bytes: u64) -> Result<(), String> {
+    let mut out = s.try_clone().map_err(|e| e.to_string())?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut at = 0;
+        while at < bytes {
+            let n = chunk.len().min((bytes - at) as usize);
+            for (k, b) in chunk[..n].iter_mut().enumerate() {
+                *b = pattern(at + k as u64);
+            }
+            out.write_all(&chunk[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0;
+    while at < bytes {
+        let want = buf.len().min((bytes - at) as usize);
+        let n = s.read(&mut buf[..want]).map_err(|e| format!("echo: {e}"))?;
+        if n == 0 {
+            return Err(format!("echo ended after {at} of {bytes} bytes"));
+        }
+        if let Some(k) = (0..n).find(|&k| buf[k] != pattern(at + k as u64)) {
+            return Err(format!("echo byte {} differs", at + k as u64));
+        }
+        at += n as u64;
+    }
+    match writer.join() {
+        Ok(r) => r.map_err(|e| format!("send: {e}")),
+        Err(_) => Err("the sending thread panicked".into()),
+    }
 }
 
 fn main() -> ExitCode {
@@ -478,6 +541,9 @@ mod tests {
         assert_eq!(o.concurrency, 4);
         let o = parse_args(args("server --hold --bind ::1")).unwrap();
         assert_eq!((o.addr, o.port, o.hold), ("::1".parse().unwrap(), 0, true));
+        let o = parse_args(args("hold --port 5000 --count 10 --burst 4194304")).unwrap();
+        assert_eq!((o.count, o.burst), (10, 4 << 20));
+        assert!(parse_args(args("hold --port 5000 --count 10 --burst many")).is_err());
     }
 
     #[test]
