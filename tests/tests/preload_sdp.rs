@@ -2456,9 +2456,29 @@ sys.stdin.read()
 
 #[test]
 fn a_signal_interrupts_a_zcopy_receive_with_eintr() {
+    zcopy_signal(ZCOPY_SIGNAL);
+}
+
+/// The same, the writer's end having read once before, blocking: the
+/// progress thread then leaves arrivals to its program, which sits in
+/// the other end's read — the SinkCancelAck the cancel waits for must
+/// come all the same (it hung before).
+#[test]
+fn a_zcopy_receive_is_canceled_while_the_writers_program_reads_elsewhere() {
+    let script = ZCOPY_SIGNAL.replace(
+        "assert a.recv(1) == b\"x\"\n",
+        "assert a.recv(1) == b\"x\"\na.sendall(b\"y\")\nassert c.recv(1) == b\"y\"\n",
+    );
+    assert_ne!(script, ZCOPY_SIGNAL);
+    zcopy_signal(&script);
+}
+
+/// Runs a [`ZCOPY_SIGNAL`] program: signals it until its receive was
+/// interrupted, and checks what came after.
+fn zcopy_signal(script: &str) {
     let stat = TempDir::new("sdp-zcopy-signal");
     let pm = PortMapper::start();
-    let mut cmd = python_command(ZCOPY_SIGNAL, Mode::Sdp, stat.path());
+    let mut cmd = python_command(script, Mode::Sdp, stat.path());
     pm.apply(&mut cmd)
         .env("SDP_ZCOPY", "write")
         .env("SDP_ZCOPY_THRESHOLD", "1M")

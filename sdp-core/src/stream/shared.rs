@@ -54,6 +54,7 @@ use rustix::io::Errno;
 use self::bell::Bell;
 use super::counters::{Counters, Snapshot};
 use super::readiness::{LevelWatch, Readiness};
+use crate::conn::FlowControlMode;
 use crate::link::{Lent, Link};
 use crate::verbs::{ErrorKind, Teardown};
 use iwarp::driver::{Endpoint, Progress};
@@ -1041,6 +1042,11 @@ impl Shared {
             || g.released
             || g.zc_owner.is_some()
             || g.link.conn().tx().unsent() > 0
+            // The peer may hold SinkAvails (§9.3): one it cancels waits
+            // for our SinkCancelAck (§9.5.5), which must not wait for the
+            // program's next call on this socket — a program blocked on
+            // another one (its peer, in one thread) would never make it.
+            || g.link.conn().send_mode() == FlowControlMode::Pipelined
     }
 
     /// Whether the application reads the socket itself (an epoll set
