@@ -1,7 +1,7 @@
 //! The errors a TCP program sees, with the errno Linux TCP gives for each
 //! (DESIGN §3 principle 4).
 //!
-//! Every failing socket-level call of [`Conn`](crate::conn::Conn) returns
+//! Every failing socket-level call of the connection (`Conn`) returns
 //! an [`Error`]; `std::io::Error::from(err)` carries the raw OS error, so
 //! the preload can hand `err.errno()` to `errno` unchanged.
 //!

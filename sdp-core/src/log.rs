@@ -2,7 +2,7 @@
 //! (an abortive close and the rule that caused it, a Terminate, a refused
 //! Hello). Lines go to standard error when the environment variable
 //! `SDP_LOG` is set (to anything but `0`), prefixed with `sdp:`; each
-//! [`Link`](crate::link::Link) also keeps its own lines for tests and for
+//! connection also keeps its own lines (its `Link`'s log) for tests and for
 //! `sdp-stat`.
 //!
 //! ```
