@@ -170,9 +170,52 @@ type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 struct Registry {
     by_id: IntMap<u64, Registration>,
     by_key: IntMap<(c_int, c_int), u64>,
+    /// The registrations that name each fd number, as the fd registered or
+    /// as its epoll set: what a `close` of the number ends, found without
+    /// a look at every registration (a server holding thousands of
+    /// connections closes a file per request).
+    by_fd: IntMap<c_int, Vec<u64>>,
     /// The ready list of each epoll fd that has one.
     sets: IntMap<c_int, Arc<ReadyList>>,
     next: u64,
+}
+
+impl Registry {
+    fn insert(&mut self, id: u64, reg: Registration) {
+        self.by_key.insert((reg.epfd, reg.fd), id);
+        self.by_fd.entry(reg.fd).or_default().push(id);
+        self.by_fd.entry(reg.epfd).or_default().push(id);
+        self.by_id.insert(id, reg);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Registration> {
+        let reg = self.by_id.remove(&id)?;
+        self.by_key.remove(&(reg.epfd, reg.fd));
+        for n in [reg.fd, reg.epfd] {
+            if let Some(ids) = self.by_fd.get_mut(&n) {
+                ids.retain(|&i| i != id);
+                if ids.is_empty() {
+                    self.by_fd.remove(&n);
+                }
+            }
+        }
+        Some(reg)
+    }
+
+    /// The registrations naming `n` (as fd or set) that `pred` picks.
+    fn naming(&self, n: c_int, pred: impl Fn(&Registration) -> bool) -> Vec<u64> {
+        self.by_fd.get(&n).map_or_else(Vec::new, |ids| {
+            ids.iter()
+                .copied()
+                .filter(|id| self.by_id.get(id).is_some_and(&pred))
+                .collect()
+        })
+    }
+
+    /// Whether a registration is in the set `epfd`.
+    fn set_in_use(&self, epfd: c_int) -> bool {
+        !self.naming(epfd, |g| g.epfd == epfd).is_empty()
+    }
 }
 
 /// The token of a set's ready list eventfd (no registration has id 0).
@@ -490,7 +533,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         // Dormant for another socket that got the fd number, or a
         // parent's: it ends, and the fd is registered afresh.
         Some((true, false)) => {
-            remove_where(|r| r.epfd == epfd && r.fd == fd);
+            remove_ids(|r| r.by_key.get(&(epfd, fd)).copied().into_iter().collect());
         }
         None => {}
     }
@@ -567,8 +610,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
         ok
     });
     with_registry(|r| {
-        r.by_key.insert((epfd, fd), id);
-        r.by_id.insert(
+        r.insert(
             id,
             Registration {
                 epfd,
@@ -601,7 +643,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
 
 /// Tells the endpoint of registration `id` that this set watches its
 /// socket (with the socket registered), if it was not told yet; the mark
-/// is taken back when the registration ends ([`remove_where`]). Dormant
+/// is taken back when the registration ends ([`remove_ids`]). Dormant
 /// and `EPOLLONESHOT`-disarmed registrations keep it: the bytes wait in
 /// the socket until the program asks again, as over TCP (a `poll` or
 /// `select` meanwhile has them read, see `abi::poll`). Outside the
@@ -719,28 +761,17 @@ fn delete(epfd: c_int, fd: c_int) -> Result<(), c_int> {
         None => Err(libc::ENOENT),
         Some(true) => Ok(()),
         Some(false) => {
-            remove_where(|r| r.epfd == epfd && r.fd == fd);
+            remove_ids(|r| r.by_key.get(&(epfd, fd)).copied().into_iter().collect());
             Ok(())
         }
     }
 }
 
-/// Removes the registrations matching `pred` from the kernel and from here.
-fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
+/// Removes the registrations `select` names from the kernel and from here.
+fn remove_ids(select: impl FnOnce(&Registry) -> Vec<u64>) -> usize {
     let gone: Vec<Registration> = with_registry(|r| {
-        let ids: Vec<u64> = r
-            .by_id
-            .iter()
-            .filter(|(_, g)| pred(g))
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| {
-                let reg = r.by_id.remove(&id)?;
-                r.by_key.remove(&(reg.epfd, reg.fd));
-                Some(reg)
-            })
-            .collect()
+        let ids = select(r);
+        ids.into_iter().filter_map(|id| r.remove(id)).collect()
     });
     // A set left without registrations lets go of its ready list (any
     // stream's registration made one, connected or not): the program may
@@ -748,7 +779,7 @@ fn remove_where(pred: impl Fn(&Registration) -> bool) -> usize {
     // same number must not find this one's list.
     with_registry(|r| {
         for reg in &gone {
-            if !r.by_id.values().any(|g| g.epfd == reg.epfd) {
+            if !r.set_in_use(reg.epfd) {
                 r.sets.remove(&reg.epfd);
             }
         }
@@ -785,13 +816,20 @@ pub fn registered() -> bool {
     table::epoll_registrations() != 0
 }
 
+/// Whether closing `fd` ends a registration: it is an SDP fd in an epoll
+/// set, or an epoll set holding one. Looks, changes nothing (a `vfork`
+/// child's `close` may ask).
+pub fn concerns(fd: c_int) -> bool {
+    registered() && with_registry(|r| r.by_fd.contains_key(&fd) || r.sets.contains_key(&fd))
+}
+
 /// The fd number `fd` is being closed: its registrations (as an SDP fd or
 /// as an epoll fd) end. Cheap when nothing is registered.
 pub fn forget_fd(fd: c_int) {
     if table::epoll_registrations() == 0 {
         return;
     }
-    remove_where(|r| r.fd == fd || r.epfd == fd);
+    remove_ids(|r| r.naming(fd, |_| true));
     // An epoll fd: its ready list goes (its eventfd closes with the last
     // holder).
     with_registry(|r| r.sets.remove(&fd));
@@ -810,7 +848,7 @@ pub fn fell_back(fd: c_int) {
             .map(|g| (g.epfd, g.events, g.data))
             .collect()
     });
-    remove_where(|r| r.fd == fd);
+    remove_ids(|r| r.naming(fd, |g| g.fd == fd));
     for (epfd, events, data) in moved {
         let _ = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, fd, events, data);
     }
@@ -1548,5 +1586,44 @@ mod tests {
         unsafe { super::super::socket::close(app) };
         assert!(!registered(e1) && !registered(e2));
         assert_eq!(wait(e1, 0), vec![]);
+    }
+
+    #[test]
+    fn a_close_ends_the_registrations_that_name_its_number_and_no_others() {
+        let (a, _pa) = socketpair();
+        let (b, _pb) = socketpair();
+        let (other, _po) = socketpair();
+        for fd in [a, b] {
+            install(fd, FakeEndpoint::new());
+        }
+        let (e1, e2) = (epoll(), epoll());
+        assert_eq!(ctl(e1, libc::EPOLL_CTL_ADD, a, libc::EPOLLIN, 1), 0);
+        assert_eq!(ctl(e1, libc::EPOLL_CTL_ADD, b, libc::EPOLLIN, 2), 0);
+        assert_eq!(ctl(e2, libc::EPOLL_CTL_ADD, b, libc::EPOLLIN, 3), 0);
+        let keys = || {
+            let mut k: Vec<(c_int, c_int)> = with_registry(|r| r.by_key.keys().copied().collect());
+            k.sort();
+            k
+        };
+        let mut all = vec![(e1, a), (e1, b), (e2, b)];
+        all.sort();
+        assert_eq!(keys(), all);
+        assert!(concerns(a) && concerns(b) && concerns(e1) && concerns(e2));
+        assert!(!concerns(other));
+        // SAFETY: closing our own fds through the hook.
+        unsafe { super::super::socket::close(other) };
+        assert_eq!(keys(), all);
+        // The set goes with both its registrations; b stays in e2.
+        // SAFETY: as above.
+        unsafe { super::super::socket::close(e1) };
+        assert_eq!(keys(), vec![(e2, b)]);
+        assert!(!concerns(e1) && !concerns(a) && concerns(b));
+        assert!(with_registry(
+            |r| !r.sets.contains_key(&e1) && r.sets.contains_key(&e2)
+        ));
+        // SAFETY: as above.
+        unsafe { super::super::socket::close(b) };
+        assert_eq!(keys(), vec![]);
+        assert!(with_registry(|r| r.by_fd.is_empty() && r.sets.is_empty()));
     }
 }

@@ -467,7 +467,9 @@ pub(super) fn listen_managed(fd: c_int, backlog: c_int) {
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if table::is_managed(fd) || super::epoll::registered() {
+    // Another fd's close (a file a server opens per request) is the C
+    // library's alone: no look at this process's id, no registry walk.
+    if table::is_managed(fd) || super::epoll::concerns(fd) {
         if let Some(_g) = Guard::enter_lifecycle() {
             let _errno = SavedErrno::save();
             protect(

@@ -701,6 +701,12 @@ impl Connector {
                     // SAFETY: the program's number, its connecting socket
                     // still (checked under the endpoint's lock).
                     let _ = stream.move_socket(unsafe { OwnedFd::from_raw_fd(fd) });
+                    if !self.nonblocking {
+                        // Its program reads with blocking calls, which
+                        // wait on the socket: the progress thread need
+                        // not wake for what arrives.
+                        stream.reads_blocking();
+                    }
                     if to_progress(&stream).is_err() {
                         crate::log!(
                             Level::Error,

@@ -631,6 +631,14 @@ impl SdpStream {
         progress::register(self.handle.shared.clone())
     }
 
+    /// The application reads this stream with blocking calls from the
+    /// start (a blocking connect): the progress thread leaves arrivals to
+    /// its reads, as it does once a blocking read waited. Call before
+    /// [`SdpStream::to_progress`].
+    pub fn reads_blocking(&self) {
+        self.shared().reads_blocking();
+    }
+
     /// An epoll set of the application starts (`on`) or stops watching the
     /// stream's socket, its waiting thread pumping the stream when bytes
     /// arrive; the progress thread leaves arrivals to it meanwhile (see

@@ -1023,6 +1023,19 @@ impl Shared {
         }
     }
 
+    /// The application reads with blocking calls (a blocking connect's
+    /// program): from the start the progress thread leaves arrivals to
+    /// them, as after a blocking read that waited
+    /// ([`Locked::wait_to_read`]). Otherwise the first answer to come
+    /// wakes the progress thread too, racing the reader for the lock.
+    pub fn reads_blocking(&self) {
+        let mut g = self.lock_inner();
+        // A socket moved before: its marks are cleared first.
+        self.sync_interest(&mut g);
+        self.read_blocking.store(true, Ordering::SeqCst);
+        self.sync_interest(&mut g);
+    }
+
     /// An application thread starts (`on`) or stops sleeping on the
     /// readiness descriptor, which only what reads the socket moves: the
     /// progress thread reads it meanwhile (see [`Shared::watch_socket`]).

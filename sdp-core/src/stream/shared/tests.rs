@@ -83,3 +83,19 @@ fn a_blocking_read_that_waits_takes_arrivals_from_the_progress_thread() {
     assert_eq!(&buf, b"again");
     assert!(!c.shared().reads());
 }
+
+/// A stream whose program reads with blocking calls from the start (a
+/// blocking connect under the preload) leaves arrivals to those reads
+/// before the first one waited; a read gets them from the socket.
+#[test]
+fn a_stream_read_blocking_from_the_start_leaves_arrivals_to_its_reads() {
+    let (c, s) = pair();
+    assert!(c.shared().reads());
+    c.reads_blocking();
+    assert!(!c.shared().reads());
+    (&s).write_all(b"first").unwrap();
+    let mut buf = [0; 5];
+    (&c).read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"first");
+    assert!(!c.shared().reads());
+}
