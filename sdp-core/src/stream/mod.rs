@@ -162,9 +162,12 @@ impl Handle {
         let now = Instant::now();
         g.pump(now);
         let finished = g.finished(now);
+        let lazy = !finished && shared.drain_if_only_that_is_left(&mut g, now);
         drop(g);
         if finished {
             progress::deregister(shared.id);
+        } else if lazy {
+            progress::drain_lazily(shared);
         }
     }
 }

@@ -295,7 +295,7 @@ pub(super) fn set_interest(id: u64) {
         return;
     };
     let links = lock(&t.links);
-    if let Some(s) = links.get(&id) {
+    if let Some(s) = links.get(&id).filter(|s| !s.is_lazy()) {
         let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), interest(s));
     }
 }
@@ -306,6 +306,23 @@ pub fn deregister(id: u64) {
         return;
     };
     if let Some(shared) = lock(&t.links).remove(&id) {
+        if !shared.is_lazy() {
+            let _ = epoll::delete(&t.epoll, &*shared.sock());
+        }
+    }
+}
+
+/// Takes a released link that only waits for its peer's end out of the
+/// epoll set: the thread looks at it on the [`super::shared::DRAIN_LOOK`]
+/// grid (its deadline) with every other such link, instead of waking for
+/// each arrival on it. (`EPOLLHUP` cannot be masked: the peer's FIN
+/// after ours would wake the thread however little it asked for.)
+pub(super) fn drain_lazily(shared: &Shared) {
+    let Some(t) = running() else {
+        return;
+    };
+    let links = lock(&t.links);
+    if links.contains_key(&shared.id) {
         let _ = epoll::delete(&t.epoll, &*shared.sock());
     }
 }
@@ -365,7 +382,10 @@ fn rekey<R>(
 ) -> (R, io::Result<()>) {
     let t = running();
     let links = t.map(|t| lock(&t.links));
-    let registered = links.as_ref().is_some_and(|l| l.contains_key(&id));
+    let registered = links
+        .as_ref()
+        .and_then(|l| l.get(&id))
+        .is_some_and(|s| !s.is_lazy());
     let mut cur = sock.write().unwrap_or_else(|p| p.into_inner());
     if let (Some(t), true) = (t, registered) {
         let _ = epoll::delete(&t.epoll, &**cur);
@@ -535,7 +555,7 @@ impl Thread {
     }
 
     fn remove(&self, s: &Shared) {
-        if lock(&self.links).remove(&s.id).is_some() {
+        if lock(&self.links).remove(&s.id).is_some() && !s.is_lazy() {
             let _ = epoll::delete(&self.epoll, &*s.sock());
         }
     }

@@ -68,6 +68,18 @@ mod tests;
 /// peer's (see [`Inner::finished`]).
 pub const DRAIN: Duration = Duration::from_secs(5);
 
+/// How often the progress thread looks at the released links that only
+/// wait for their peer's end ([`Inner::drains_only`]), all at once.
+pub const DRAIN_LOOK: Duration = Duration::from_millis(50);
+
+/// The next point of the [`DRAIN_LOOK`] grid after `now`: every lazily
+/// drained link has it as its deadline, so that they share one wake-up.
+fn drain_look(now: Instant) -> Instant {
+    let step = DRAIN_LOOK.as_nanos();
+    let n = now.saturating_duration_since(base()).as_nanos() / step + 1;
+    base() + Duration::from_nanos((n * step).min(u64::MAX as u128) as u64)
+}
+
 /// The origin of the deadlines kept in atomics.
 fn base() -> Instant {
     static BASE: OnceLock<Instant> = OnceLock::new();
@@ -147,6 +159,10 @@ pub struct Inner {
     news: bool,
     /// No handle is left: the progress thread finishes the close.
     pub released: bool,
+    /// Released, and all that is left is the peer's end: looked at on the
+    /// progress thread's [`DRAIN_LOOK`] grid, not woken for (see
+    /// [`Inner::drains_only`]).
+    lazy: bool,
     /// O_NONBLOCK.
     pub nonblocking: bool,
     /// SO_RCVTIMEO.
@@ -648,6 +664,19 @@ impl Inner {
                 && qp.datapath().send_outstanding() == 0)
     }
 
+    /// Released, the peer's DisConn in (it sends no more data, §8.2.1),
+    /// everything we owe in the socket, and not finished: all that is left
+    /// is to read what the peer still sends until its FIN, which nobody
+    /// waits for. Such a link need not wake the progress thread for each
+    /// arrival; a server closing connection after connection would
+    /// otherwise have its progress thread woken once for each.
+    fn drains_only(&self, now: Instant) -> bool {
+        self.released
+            && !self.finished(now)
+            && self.link.conn().disconn_received()
+            && self.written_out()
+    }
+
     /// Sets the readiness descriptor from the link's state, and tells
     /// the watches.
     pub fn update_readiness(&mut self) {
@@ -722,11 +751,13 @@ impl Inner {
 
     fn next_deadline(&self, extra: Option<Instant>) -> Option<Instant> {
         let drain = self.drain_until.filter(|_| self.released && !self.llp_end);
+        let look = self.lazy.then(|| drain_look(Instant::now()));
         [
             extra,
             self.ep.poll_timeout(),
             self.link.poll_timeout(),
             drain,
+            look,
         ]
         .into_iter()
         .flatten()
@@ -783,6 +814,9 @@ pub struct Shared {
     /// Whether the progress thread's registration asks for room in the
     /// socket (FPDUs wait for it).
     room: AtomicBool,
+    /// [`Inner::lazy`], for the progress thread: the socket is out of its
+    /// epoll set.
+    lazy: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -824,6 +858,7 @@ impl Shared {
             wake_pending: false,
             news: false,
             released: false,
+            lazy: false,
             nonblocking: false,
             read_timeout: None,
             write_timeout: None,
@@ -863,6 +898,7 @@ impl Shared {
             // Nothing was written yet: the first unlock asks for room if
             // the socket does not take what it writes.
             room: AtomicBool::new(false),
+            lazy: AtomicBool::new(false),
             id,
         })
     }
@@ -919,6 +955,23 @@ impl Shared {
     /// Marks the stream released (see [`Shared::is_released`]).
     pub fn set_released(&self) {
         self.released.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks `g`'s link lazily drained if it [`Inner::drains_only`]; true
+    /// if it just became so (the caller then takes its socket out of the
+    /// progress thread's epoll set, [`super::progress::drain_lazily`]).
+    fn mark_lazy(&self, g: &mut Inner, now: Instant) -> bool {
+        if g.lazy || !g.drains_only(now) {
+            return false;
+        }
+        g.lazy = true;
+        self.lazy.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether the link is lazily drained ([`Inner::drains_only`]).
+    pub fn is_lazy(&self) -> bool {
+        self.lazy.load(Ordering::SeqCst)
     }
 
     /// See [`Inner::written_out`].
@@ -1207,10 +1260,25 @@ impl Shared {
         if std::mem::take(&mut g.news) {
             self.wake_waiters(&mut g);
         }
+        let lazy = self.mark_lazy(&mut g, now);
         self.publish_deadline(&g);
         self.counters.store(g.snapshot());
         self.sync_interest(&mut g);
-        g.released && g.finished(now)
+        let finished = g.released && g.finished(now);
+        drop(g);
+        if lazy {
+            super::progress::drain_lazily(self);
+        }
+        finished
+    }
+
+    /// After the application's close pumped: a link that only waits for
+    /// its peer's end is drained lazily from now on.
+    pub fn drain_if_only_that_is_left(&self, g: &mut Locked<'_>, now: Instant) -> bool {
+        match g.guard.as_mut() {
+            Some(inner) => self.mark_lazy(inner, now),
+            None => false,
+        }
     }
 
     /// The figures as of the last unlock (no lock taken).
