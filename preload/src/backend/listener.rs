@@ -492,7 +492,8 @@ impl Shared {
             let Some(mut h) = self.take_q(true, now) else {
                 return;
             };
-            match h.answer(now) {
+            // Taken ahead: it waits for an accept, the RTR must not.
+            match h.answer(now, Driver::Progress) {
                 Ok(Some(stream)) => {
                     let peer = h.peer;
                     self.answered(Ready { stream, peer });
@@ -539,7 +540,8 @@ impl Shared {
     fn take_now(self: &Arc<Self>, now: Instant) -> Option<Ready> {
         loop {
             let mut h = self.take_q(false, now)?;
-            match h.answer(now) {
+            // The program's own accept: it drives the connection next.
+            match h.answer(now, Driver::Handed) {
                 Ok(Some(stream)) => {
                     let peer = h.peer;
                     return Some(Ready { stream, peer });
@@ -616,14 +618,14 @@ impl Handshake {
     /// step ([`accept::answer_request`]). `Ok(Some)`: the stream, waiting
     /// for the RTR; `Ok(None)`: not there yet ([`Handshake::wait`]);
     /// `Err`: why it failed.
-    fn answer(&mut self, now: Instant) -> Result<Option<SdpStream>, String> {
+    fn answer(&mut self, now: Instant, driver: Driver) -> Result<Option<SdpStream>, String> {
         if now >= self.until {
             return Err("setup timed out".into());
         }
         let Some((ep, config)) = self.ep.take() else {
             return Err("answered already".into());
         };
-        match accept::answer_request(ep, &config, now, Driver::Progress) {
+        match accept::answer_request(ep, &config, now, driver) {
             Answer::Answered(s) => Ok(Some(s)),
             Answer::Pending(ep) => {
                 self.ep = Some((ep, config));
@@ -667,7 +669,7 @@ impl Task for Handshake {
         if self.lst.is_closed() {
             return None;
         }
-        match self.answer(now) {
+        match self.answer(now, Driver::Progress) {
             Ok(Some(stream)) => {
                 let peer = self.peer;
                 self.lst.pending_ended(Some(Ready { stream, peer }));

@@ -451,6 +451,14 @@ pub enum Driver {
     /// then hands the stream on ([`SdpStream::to_progress`]): no other
     /// thread wakes for the setup's messages.
     Caller,
+    /// The progress thread, once the program the stream is handed to had
+    /// its turn: an event loop registers an accepted connection in its
+    /// epoll set at once, and its own wait takes the RTR that follows the
+    /// Reply within microseconds — which the progress thread, reading the
+    /// socket from the start, raced it for, a wake-up and a contended
+    /// lock per connection. It reads only if the program did not watch
+    /// the socket by the next point of the [`shared::DRAIN_LOOK`] grid.
+    Handed,
 }
 
 /// An SDP connection; see the module documentation.
@@ -574,7 +582,10 @@ impl SdpStream {
             progress::next_id(),
             readiness,
         )?);
-        if driver == Driver::Progress {
+        if driver != Driver::Caller {
+            if driver == Driver::Handed {
+                shared.give_grace(Instant::now());
+            }
             progress::register(shared.clone())?;
         }
         // What the setup sends first (the MPA Request or Reply) goes from

@@ -483,7 +483,11 @@ impl Thread {
                 continue;
             }
             let timeout = next.map(|t| {
+                // Whole milliseconds, rounded up: `epoll_pwait` takes
+                // those, and a deadline less than one away would
+                // otherwise be waited for by looking again and again.
                 let d = t.saturating_duration_since(Instant::now());
+                let d = Duration::from_millis(d.as_nanos().div_ceil(1_000_000) as u64);
                 Timespec {
                     tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
                     tv_nsec: i64::from(d.subsec_nanos()),
@@ -544,6 +548,10 @@ impl Thread {
             for s in due.drain(..) {
                 if s.service(now) {
                     self.remove(&s);
+                } else if s.kick_pending() {
+                    // The lock's holder serves it, and tells of its
+                    // deadline: looking again now would only find the
+                    // lock taken, again and again.
                 } else if let Some(d) = s.deadline() {
                     // Served: its deadline may have moved later, untold.
                     timer = Some(timer.map_or(d, |t| t.min(d)));

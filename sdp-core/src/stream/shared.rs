@@ -69,13 +69,20 @@ mod tests;
 pub const DRAIN: Duration = Duration::from_secs(5);
 
 /// How often the progress thread looks at the released links that only
-/// wait for their peer's end ([`Inner::drains_only`]), all at once.
+/// wait for their peer's end ([`Inner::drains_only`]), all at once, and
+/// steps in for the streams handed to a program that has not watched them
+/// ([`Shared::give_grace`]).
 pub const DRAIN_LOOK: Duration = Duration::from_millis(50);
 
 /// The next point of the [`DRAIN_LOOK`] grid after `now`: every lazily
 /// drained link has it as its deadline, so that they share one wake-up.
 fn drain_look(now: Instant) -> Instant {
-    let step = DRAIN_LOOK.as_nanos();
+    grid(now, DRAIN_LOOK)
+}
+
+/// The next point of a grid of `step` after `now`.
+fn grid(now: Instant, step: Duration) -> Instant {
+    let step = step.as_nanos().max(1);
     let n = now.saturating_duration_since(base()).as_nanos() / step + 1;
     base() + Duration::from_nanos((n * step).min(u64::MAX as u128) as u64)
 }
@@ -163,6 +170,9 @@ pub struct Inner {
     /// progress thread's [`DRAIN_LOOK`] grid, not woken for (see
     /// [`Inner::drains_only`]).
     lazy: bool,
+    /// Handed to a program that has not watched the socket yet: the
+    /// progress thread reads it from this point on ([`Shared::give_grace`]).
+    grace_until: Option<Instant>,
     /// O_NONBLOCK.
     pub nonblocking: bool,
     /// SO_RCVTIMEO.
@@ -758,6 +768,7 @@ impl Inner {
             self.link.poll_timeout(),
             drain,
             look,
+            self.grace_until,
         ]
         .into_iter()
         .flatten()
@@ -817,6 +828,8 @@ pub struct Shared {
     /// [`Inner::lazy`], for the progress thread: the socket is out of its
     /// epoll set.
     lazy: AtomicBool,
+    /// [`Inner::grace_until`] is set: arrivals are left to the program.
+    in_grace: AtomicBool,
     /// Key in the progress thread's table.
     pub id: u64,
 }
@@ -859,6 +872,7 @@ impl Shared {
             news: false,
             released: false,
             lazy: false,
+            grace_until: None,
             nonblocking: false,
             read_timeout: None,
             write_timeout: None,
@@ -899,6 +913,7 @@ impl Shared {
             // the socket does not take what it writes.
             room: AtomicBool::new(false),
             lazy: AtomicBool::new(false),
+            in_grace: AtomicBool::new(false),
             id,
         })
     }
@@ -957,6 +972,28 @@ impl Shared {
         self.released.store(true, Ordering::Relaxed);
     }
 
+    /// A stream handed to a program ([`super::Driver::Handed`]): until the
+    /// next point of the [`DRAIN_LOOK`] grid the progress thread leaves
+    /// its arrivals to the program, which usually watches the socket at
+    /// once. The grid is the one the thread wakes on for the links left
+    /// to drain, so that a server accepting and closing connection after
+    /// connection has it wake for neither; the price is that a program
+    /// which takes a connection and leaves it alone delays its peer's
+    /// connect by up to one step. Call before the stream is registered.
+    pub fn give_grace(&self, now: Instant) {
+        let mut g = self.lock_inner();
+        g.grace_until = Some(drain_look(now));
+        self.in_grace.store(true, Ordering::SeqCst);
+        // Only the reads: room is asked for once the first unlock finds
+        // the Reply not written.
+        self.reads.store(self.wants_reads(&g), Ordering::SeqCst);
+    }
+
+    fn end_grace(&self, g: &mut Inner) {
+        g.grace_until = None;
+        self.in_grace.store(false, Ordering::SeqCst);
+    }
+
     /// Marks `g`'s link lazily drained if it [`Inner::drains_only`]; true
     /// if it just became so (the caller then takes its socket out of the
     /// progress thread's epoll set, [`super::progress::drain_lazily`]).
@@ -967,6 +1004,12 @@ impl Shared {
         g.lazy = true;
         self.lazy.store(true, Ordering::SeqCst);
         true
+    }
+
+    /// The progress thread found the lock taken and left its visit to the
+    /// holder ([`Shared::serve_kicks`]).
+    pub fn kick_pending(&self) -> bool {
+        self.kick.load(Ordering::SeqCst)
     }
 
     /// Whether the link is lazily drained ([`Inner::drains_only`]).
@@ -1103,7 +1146,7 @@ impl Shared {
     /// Whether the progress thread should read the socket (see
     /// [`Shared::watch_socket`]).
     fn wants_reads(&self, g: &Inner) -> bool {
-        !self.watched()
+        (!self.watched() && !self.in_grace.load(Ordering::SeqCst))
             || self.readiness_waiters.load(Ordering::SeqCst) > 0
             || g.released
             || g.zc_owner.is_some()
@@ -1128,6 +1171,10 @@ impl Shared {
     /// [`Shared::wants_reads`] and with whether FPDUs wait for room in the
     /// socket (a system call only when either changes).
     fn sync_interest(&self, g: &mut Inner) {
+        if g.grace_until.is_some() && self.watched() {
+            // The program watches: the grace has done its work.
+            self.end_grace(g);
+        }
         if std::mem::take(&mut g.socket_moved) {
             // Their duplicates refer to the old socket: the progress
             // thread reads the new one from now on.
@@ -1216,10 +1263,17 @@ impl Shared {
             }
             self.take_hangup(&mut g);
             let now = Instant::now();
+            if g.grace_until.is_some_and(|t| t <= now) {
+                self.end_grace(&mut g);
+            }
             g.pump(now);
             self.sync_interest(&mut g);
             if std::mem::take(&mut g.news) {
                 self.wake_waiters(&mut g);
+            }
+            // The progress thread left its due deadline to this pump.
+            if self.publish_deadline(&g) {
+                super::progress::wake_for(self.deadline());
             }
             if g.released && g.finished(now) {
                 // The progress thread left this pump to us: it will not
@@ -1254,6 +1308,11 @@ impl Shared {
         self.kick.store(false, Ordering::SeqCst);
         if g.poller_active {
             return false;
+        }
+        if g.grace_until.is_some_and(|t| t <= now) {
+            // The program did not watch the socket in time: its arrivals
+            // are read here from now on.
+            self.end_grace(&mut g);
         }
         self.take_hangup(&mut g);
         g.pump(now);

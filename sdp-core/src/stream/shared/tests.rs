@@ -123,3 +123,53 @@ fn a_link_left_only_to_drain_is_looked_at_on_the_grid() {
     let left = crate::stream::progress::wait_released(Instant::now() + Duration::from_secs(5));
     assert_eq!(left, 0, "a released link did not finish");
 }
+
+/// An accepted stream handed to the program (`Driver::Handed`): until the
+/// next point of the `DRAIN_LOOK` grid the progress thread leaves its
+/// arrivals to the program, which an event loop watches at once (and the
+/// grace ends); one that does not has the thread answer the RTR at the
+/// grid, and the peer's connect completes.
+#[test]
+fn a_handed_stream_is_read_by_the_thread_only_after_its_grace() {
+    use crate::stream::{accept, Driver};
+    use rustix::event::{poll, PollFd, PollFlags};
+
+    for watched in [false, true] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = std::thread::spawn(move || SdpStream::connect(addr).unwrap());
+        let (tcp, _) = l.accept().unwrap();
+        let (mut ep, config) =
+            accept::responder(tcp, &crate::conn::Config::default(), Instant::now()).unwrap();
+        let s = loop {
+            ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Handed) {
+                accept::Answer::Answered(s) => break s,
+                accept::Answer::Failed(e) => panic!("setup failed: {e}"),
+                accept::Answer::Pending(ep) => ep,
+            };
+            let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
+            poll(&mut fds, None).unwrap();
+        };
+        assert!(
+            !s.shared().reads(),
+            "the grace leaves arrivals to the program"
+        );
+        if watched {
+            s.watch_socket(true);
+            assert!(s.shared().lock_inner().grace_until.is_none());
+            // The program's own wait takes the RTR: its read pumps.
+            let sock = s.shared().sock().clone();
+            let mut fds = [PollFd::new(sock.as_ref(), PollFlags::IN)];
+            poll(&mut fds, None).unwrap();
+            assert!(s.pump());
+        }
+        let c = client.join().unwrap();
+        until(&s, |g| g.grace_until.is_none());
+        // Unwatched, the thread reads from the end of the grace on.
+        assert_eq!(s.shared().reads(), !watched);
+        (&c).write_all(b"hello").unwrap();
+        let mut buf = [0; 5];
+        (&s).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+    }
+}
