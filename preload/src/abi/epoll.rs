@@ -170,11 +170,11 @@ type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 struct Registry {
     by_id: IntMap<u64, Registration>,
     by_key: IntMap<(c_int, c_int), u64>,
-    /// The registrations that name each fd number, as the fd registered or
-    /// as its epoll set: what a `close` of the number ends, found without
-    /// a look at every registration (a server holding thousands of
-    /// connections closes a file per request).
-    by_fd: IntMap<c_int, Vec<u64>>,
+    /// How many registrations each epoll set holds. The registrations a
+    /// `close` of an fd ends are found from the sets, a handful, by key:
+    /// a server holding thousands of connections closes a file per
+    /// request, and that close looked at every registration.
+    in_set: IntMap<c_int, usize>,
     /// The ready list of each epoll fd that has one.
     sets: IntMap<c_int, Arc<ReadyList>>,
     next: u64,
@@ -183,38 +183,53 @@ struct Registry {
 impl Registry {
     fn insert(&mut self, id: u64, reg: Registration) {
         self.by_key.insert((reg.epfd, reg.fd), id);
-        self.by_fd.entry(reg.fd).or_default().push(id);
-        self.by_fd.entry(reg.epfd).or_default().push(id);
+        *self.in_set.entry(reg.epfd).or_default() += 1;
         self.by_id.insert(id, reg);
     }
 
     fn remove(&mut self, id: u64) -> Option<Registration> {
         let reg = self.by_id.remove(&id)?;
         self.by_key.remove(&(reg.epfd, reg.fd));
-        for n in [reg.fd, reg.epfd] {
-            if let Some(ids) = self.by_fd.get_mut(&n) {
-                ids.retain(|&i| i != id);
-                if ids.is_empty() {
-                    self.by_fd.remove(&n);
-                }
+        if let Some(n) = self.in_set.get_mut(&reg.epfd) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_set.remove(&reg.epfd);
             }
         }
         Some(reg)
     }
 
-    /// The registrations naming `n` (as fd or set) that `pred` picks.
-    fn naming(&self, n: c_int, pred: impl Fn(&Registration) -> bool) -> Vec<u64> {
-        self.by_fd.get(&n).map_or_else(Vec::new, |ids| {
-            ids.iter()
-                .copied()
-                .filter(|id| self.by_id.get(id).is_some_and(&pred))
-                .collect()
-        })
+    /// The registrations of the fd `fd`, one key per set.
+    fn of_fd(&self, fd: c_int) -> impl Iterator<Item = u64> + '_ {
+        self.in_set
+            .keys()
+            .filter_map(move |&epfd| self.by_key.get(&(epfd, fd)).copied())
+    }
+
+    /// The registrations that end when `n` closes: those of the fd `n`,
+    /// and those in the set `n` (an epoll fd's close is rare: a look at
+    /// every registration).
+    fn naming(&self, n: c_int) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.of_fd(n).collect();
+        if self.in_set.contains_key(&n) {
+            ids.extend(
+                self.by_id
+                    .iter()
+                    .filter(|(_, g)| g.epfd == n)
+                    .map(|(id, _)| *id),
+            );
+        }
+        ids
+    }
+
+    /// Whether closing `n` ends a registration.
+    fn names(&self, n: c_int) -> bool {
+        self.in_set.contains_key(&n) || self.sets.contains_key(&n) || self.of_fd(n).next().is_some()
     }
 
     /// Whether a registration is in the set `epfd`.
     fn set_in_use(&self, epfd: c_int) -> bool {
-        !self.naming(epfd, |g| g.epfd == epfd).is_empty()
+        self.in_set.contains_key(&epfd)
     }
 }
 
@@ -820,7 +835,7 @@ pub fn registered() -> bool {
 /// set, or an epoll set holding one. Looks, changes nothing (a `vfork`
 /// child's `close` may ask).
 pub fn concerns(fd: c_int) -> bool {
-    registered() && with_registry(|r| r.by_fd.contains_key(&fd) || r.sets.contains_key(&fd))
+    registered() && with_registry(|r| r.names(fd))
 }
 
 /// The fd number `fd` is being closed: its registrations (as an SDP fd or
@@ -829,7 +844,7 @@ pub fn forget_fd(fd: c_int) {
     if table::epoll_registrations() == 0 {
         return;
     }
-    remove_ids(|r| r.naming(fd, |_| true));
+    remove_ids(|r| r.naming(fd));
     // An epoll fd: its ready list goes (its eventfd closes with the last
     // holder).
     with_registry(|r| r.sets.remove(&fd));
@@ -848,7 +863,7 @@ pub fn fell_back(fd: c_int) {
             .map(|g| (g.epfd, g.events, g.data))
             .collect()
     });
-    remove_ids(|r| r.naming(fd, |g| g.fd == fd));
+    remove_ids(|r| r.of_fd(fd).collect());
     for (epfd, events, data) in moved {
         let _ = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, fd, events, data);
     }
@@ -1624,6 +1639,6 @@ mod tests {
         // SAFETY: as above.
         unsafe { super::super::socket::close(b) };
         assert_eq!(keys(), vec![]);
-        assert!(with_registry(|r| r.by_fd.is_empty() && r.sets.is_empty()));
+        assert!(with_registry(|r| r.in_set.is_empty() && r.sets.is_empty()));
     }
 }
