@@ -674,17 +674,16 @@ impl Inner {
                 && qp.datapath().send_outstanding() == 0)
     }
 
-    /// Released, the peer's DisConn in (it sends no more data, §8.2.1),
-    /// everything we owe in the socket, and not finished: all that is left
-    /// is to read what the peer still sends until its FIN, which nobody
-    /// waits for. Such a link need not wake the progress thread for each
-    /// arrival; a server closing connection after connection would
-    /// otherwise have its progress thread woken once for each.
+    /// Released, everything we owe in the socket (our DisConn too), and
+    /// not finished: all that is left is to read what the peer still
+    /// sends — its DisConn and FIN, credit updates, or data that ends the
+    /// connection as it would a TCP socket closed with data arriving —
+    /// which nobody waits for. Such a link need not wake the progress
+    /// thread for each arrival; a server closing connection after
+    /// connection, or a client, would otherwise have its progress thread
+    /// woken once for each.
     fn drains_only(&self, now: Instant) -> bool {
-        self.released
-            && !self.finished(now)
-            && self.link.conn().disconn_received()
-            && self.written_out()
+        self.released && !self.finished(now) && self.written_out()
     }
 
     /// Sets the readiness descriptor from the link's state, and tells
