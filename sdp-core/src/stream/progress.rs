@@ -57,6 +57,9 @@ use crate::link::GIVE_BACK_AFTER;
 /// of the epoll set (see Parking above).
 pub const PARK: Duration = Duration::from_millis(1);
 
+/// When a due link whose lock was taken is looked at again.
+const KICK_RETRY: Duration = Duration::from_millis(1);
+
 /// Arrivals, room and a hang-up: what a moved socket is watched for when
 /// its link is not known (see [`interest`]).
 const EVERYTHING: EventFlags = EventFlags::IN
@@ -548,10 +551,13 @@ impl Thread {
             for s in due.drain(..) {
                 if s.service(now) {
                     self.remove(&s);
-                } else if s.kick_pending() {
-                    // The lock's holder serves it, and tells of its
-                    // deadline: looking again now would only find the
-                    // lock taken, again and again.
+                } else if let (true, Some(d)) = (s.kick_pending(), s.deadline()) {
+                    // The lock's holder serves the kick when it unlocks
+                    // (if it unlocks through `Locked`): looked at again a
+                    // little later, not at once and again and again while
+                    // the lock stays taken.
+                    let d = d.max(now + KICK_RETRY);
+                    timer = Some(timer.map_or(d, |t| t.min(d)));
                 } else if let Some(d) = s.deadline() {
                     // Served: its deadline may have moved later, untold.
                     timer = Some(timer.map_or(d, |t| t.min(d)));
