@@ -77,12 +77,7 @@ pub const DRAIN_LOOK: Duration = Duration::from_millis(50);
 /// The next point of the [`DRAIN_LOOK`] grid after `now`: every lazily
 /// drained link has it as its deadline, so that they share one wake-up.
 fn drain_look(now: Instant) -> Instant {
-    grid(now, DRAIN_LOOK)
-}
-
-/// The next point of a grid of `step` after `now`.
-fn grid(now: Instant, step: Duration) -> Instant {
-    let step = step.as_nanos().max(1);
+    let step = DRAIN_LOOK.as_nanos();
     let n = now.saturating_duration_since(base()).as_nanos() / step + 1;
     base() + Duration::from_nanos((n * step).min(u64::MAX as u128) as u64)
 }
@@ -993,6 +988,14 @@ impl Shared {
         self.in_grace.store(false, Ordering::SeqCst);
     }
 
+    /// The program did not watch the socket in time: its arrivals are
+    /// read by whoever pumps for the progress thread from now on.
+    fn end_grace_if_due(&self, g: &mut Inner, now: Instant) {
+        if g.grace_until.is_some_and(|t| t <= now) {
+            self.end_grace(g);
+        }
+    }
+
     /// Marks `g`'s link lazily drained if it [`Inner::drains_only`]; true
     /// if it just became so (the caller then takes its socket out of the
     /// progress thread's epoll set, [`super::progress::drain_lazily`]).
@@ -1262,9 +1265,7 @@ impl Shared {
             }
             self.take_hangup(&mut g);
             let now = Instant::now();
-            if g.grace_until.is_some_and(|t| t <= now) {
-                self.end_grace(&mut g);
-            }
+            self.end_grace_if_due(&mut g, now);
             g.pump(now);
             self.sync_interest(&mut g);
             if std::mem::take(&mut g.news) {
@@ -1308,11 +1309,7 @@ impl Shared {
         if g.poller_active {
             return false;
         }
-        if g.grace_until.is_some_and(|t| t <= now) {
-            // The program did not watch the socket in time: its arrivals
-            // are read here from now on.
-            self.end_grace(&mut g);
-        }
+        self.end_grace_if_due(&mut g, now);
         self.take_hangup(&mut g);
         g.pump(now);
         if std::mem::take(&mut g.news) {
