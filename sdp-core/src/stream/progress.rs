@@ -57,7 +57,8 @@ use crate::link::GIVE_BACK_AFTER;
 /// of the epoll set (see Parking above).
 pub const PARK: Duration = Duration::from_millis(1);
 
-/// When a due link whose lock was taken is looked at again.
+/// When a due link whose lock was taken, or whose poller sleeps, is looked
+/// at again.
 const KICK_RETRY: Duration = Duration::from_millis(1);
 
 /// Arrivals, room and a hang-up: what a moved socket is watched for when
@@ -551,11 +552,12 @@ impl Thread {
             for s in due.drain(..) {
                 if s.service(now) {
                     self.remove(&s);
-                } else if let (true, Some(d)) = (s.kick_pending(), s.deadline()) {
+                } else if let (true, Some(d)) = (s.kick_pending() || s.polled(), s.deadline()) {
                     // The lock's holder serves the kick when it unlocks
-                    // (if it unlocks through `Locked`): looked at again a
+                    // (if it unlocks through `Locked`), and a poller its
+                    // timers when its sleep ends at them: looked at again a
                     // little later, not at once and again and again while
-                    // the lock stays taken.
+                    // the lock is taken or the poller sleeps.
                     let d = d.max(now + KICK_RETRY);
                     timer = Some(timer.map_or(d, |t| t.min(d)));
                 } else if let Some(d) = s.deadline() {

@@ -1478,6 +1478,13 @@ impl<'a> Locked<'a> {
             shared.wake_waiters(g);
         }
         shared.counters.store(g.snapshot());
+        // The deadline as it is now: one the calls since the lock was
+        // taken moved (a grace the program's watch ended) would have the
+        // progress thread find the link due, and a poller keeps it from
+        // serving the link, again and again while the sleep lasts.
+        if shared.publish_deadline(g) {
+            super::progress::wake_for(shared.deadline());
+        }
     }
 
     fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::Inner;
+use super::{Inner, DRAIN_LOOK};
 use crate::stream::{SdpListener, SdpStream};
 
 fn pair() -> (SdpStream, SdpStream) {
@@ -173,4 +173,75 @@ fn a_handed_stream_is_read_by_the_thread_only_after_its_grace() {
         (&s).read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"hello");
     }
+}
+
+/// CPU time (user and system) of this process's progress thread so far.
+fn progress_thread_cpu() -> Duration {
+    let tick = Duration::from_secs(1) / 100;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != "sdp-progress" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // Fields 14 and 15 (utime, stime), counted after the name's ')'.
+        let fields: Vec<u64> = stat[stat.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse().unwrap())
+            .collect();
+        return tick * (fields[0] + fields[1]) as u32;
+    }
+    panic!("no progress thread");
+}
+
+/// A handed stream whose program blocks in a read: the read's watch ends
+/// the grace, and the deadline the progress thread knows of goes with it
+/// before the reader sleeps. Kept, it came due while the poller slept,
+/// and the thread, which leaves a polled link alone, found it due again
+/// at once: a spin for as long as the read waited.
+#[test]
+fn a_grace_a_blocking_read_ended_leaves_the_thread_asleep() {
+    use crate::stream::{accept, Driver};
+    use rustix::event::{poll, PollFd, PollFlags};
+
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let client = std::thread::spawn(move || SdpStream::connect(addr).unwrap());
+    let (tcp, _) = l.accept().unwrap();
+    let (mut ep, config) =
+        accept::responder(tcp, &crate::conn::Config::default(), Instant::now()).unwrap();
+    let s = loop {
+        ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Handed) {
+            accept::Answer::Answered(s) => break s,
+            accept::Answer::Failed(e) => panic!("setup failed: {e}"),
+            accept::Answer::Pending(ep) => ep,
+        };
+        let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
+        poll(&mut fds, None).unwrap();
+    };
+    assert!(s.shared().deadline().is_some(), "the grace is a deadline");
+    let r = s.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 5];
+        (&r).read_exact(&mut buf).unwrap();
+        buf
+    });
+    let c = client.join().unwrap();
+    until(&s, |g| g.poller_active && g.grace_until.is_none());
+    let published = s.shared().deadline();
+    let own = s.shared().lock_inner().next_deadline(None);
+    assert_eq!(published, own, "the sleeping reader left a stale deadline");
+    // Past the grace's grid point: the thread sleeps through it.
+    let before = progress_thread_cpu();
+    std::thread::sleep(DRAIN_LOOK * 4);
+    let spent = progress_thread_cpu() - before;
+    assert!(
+        spent < DRAIN_LOOK,
+        "the progress thread spent {spent:?} while the reader slept"
+    );
+    (&c).write_all(b"hello").unwrap();
+    assert_eq!(&reader.join().unwrap(), b"hello");
 }
