@@ -263,3 +263,63 @@ fn an_accepted_connection_has_its_listeners_buffer_sizes() {
     let preloaded = run_buffers(&env, Mode::Sdp);
     assert_eq!(preloaded, plain);
 }
+
+/// A threaded server whose threads block in `recv` on connections that
+/// stay quiet: the process spends no CPU while they wait, as over TCP.
+/// (The accepted connections' first grace ran out while their readers
+/// slept, and the progress thread spun on it until the first byte came.)
+const QUIET: &str = r#"
+import os, socket, sys, threading, time
+N = 8
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(N)
+got, accepted = [], []
+def serve(s):
+    got.append(s.recv(100))
+    s.sendall(b"back")
+def accept_all():
+    # Blocked in accept before each connect comes, as a server is.
+    for _ in range(N):
+        s, _ = srv.accept()
+        accepted.append(s)
+        threading.Thread(target=serve, args=(s,)).start()
+acceptor = threading.Thread(target=accept_all)
+acceptor.start()
+clients = [socket.create_connection(srv.getsockname()) for _ in range(N)]
+acceptor.join()
+time.sleep(0.1)
+cpu = time.process_time()
+time.sleep(1.0)
+spent = time.process_time() - cpu
+for c in clients:
+    c.sendall(b"hello")
+replies = [c.recv(100) for c in clients]
+print("quiet", "busy" if spent > 0.1 else "idle", len(got), got.count(b"hello"), replies.count(b"back"))
+print("hold", os.getpid(), clients[0].fileno(), accepted[0].fileno())
+sys.stdin.readline()
+"#;
+
+fn run_quiet(env: &Env, mode: Mode) -> String {
+    let mut p = Proc::spawn("python quiet", env.python(QUIET, mode), true);
+    let quiet = p.wait_line(|l| l.starts_with("quiet "));
+    let (pid, client, accepted) = held(&p.wait_line(|l| l.starts_with("hold ")));
+    if mode == Mode::Sdp {
+        let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
+        let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
+        expect_sdp("python client socket", &c[0]);
+        expect_sdp("python accepted socket (blocking reader)", &a[0]);
+    }
+    p.send("\n");
+    p.finish_ok();
+    quiet
+}
+
+#[test]
+fn quiet_connections_with_blocked_readers_cost_no_cpu() {
+    let env = Env::new("python-quiet");
+    let plain = run_quiet(&env, Mode::Plain);
+    assert_eq!(plain, "quiet idle 8 8 8", "over TCP");
+    let preloaded = run_quiet(&env, Mode::Sdp);
+    assert_eq!(preloaded, plain);
+}
