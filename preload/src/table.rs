@@ -587,6 +587,15 @@ fn same_side(a: &SdpSide, b: &SdpSide) -> bool {
     }
 }
 
+/// Whether `a` and `b` name the same SDP stream or listener (one a
+/// duplicate of the other).
+pub fn same_endpoint(a: i32, b: i32) -> bool {
+    match (get(a), get(b)) {
+        (Some(x), Some(y)) => !matches!(x.sdp, SdpSide::None) && same_side(&x.sdp, &y.sdp),
+        _ => false,
+    }
+}
+
 /// A copy of the entry of `fd`.
 pub fn get(fd: i32) -> Option<Entry> {
     if !is_managed(fd) {

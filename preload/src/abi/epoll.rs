@@ -1641,4 +1641,31 @@ mod tests {
         assert_eq!(keys(), vec![]);
         assert!(with_registry(|r| r.in_set.is_empty() && r.sets.is_empty()));
     }
+    #[test]
+    fn a_dup2_onto_a_registered_number_ends_its_registrations() {
+        let (a, _pa) = socketpair();
+        let (b, _pb) = socketpair();
+        let (other, _po) = socketpair();
+        for fd in [a, b] {
+            install(fd, FakeEndpoint::new());
+        }
+        let e = epoll();
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, a, libc::EPOLLIN, 1), 0);
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, b, libc::EPOLLIN, 2), 0);
+        // SAFETY: our own fds, through the hook.
+        let b2 = unsafe { super::super::socket::dup(b) };
+        assert!(b2 >= 0);
+        // Onto a duplicate of its own socket: the kernel keeps the
+        // registration, and so do we.
+        // SAFETY: as above.
+        assert_eq!(unsafe { super::super::socket::dup2(b2, b) }, b);
+        assert!(concerns(b));
+        // Onto another file: `a` now names a plain socket, in no set.
+        // SAFETY: as above.
+        assert_eq!(unsafe { super::super::socket::dup2(other, a) }, a);
+        assert!(!concerns(a) && concerns(b));
+        assert!(with_registry(|r| r.by_key.keys().all(|&(_, fd)| fd != a)));
+        // The program registers the new file under the number: no EEXIST.
+        assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, a, libc::EPOLLIN, 3), 0);
+    }
 }

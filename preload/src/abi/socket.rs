@@ -534,14 +534,34 @@ fn duplicated(old: c_int, new: c_int) {
 /// `dup2`/`dup3` close `new` first: an SDP connection there learns it
 /// before the kernel closes the fd (so it can still flush).
 fn forget_target(old: c_int, new: c_int) {
-    if old != new && table::is_sdp(new) && table::is_managed(new) {
-        if let Some(_g) = Guard::enter_lifecycle() {
-            let _errno = SavedErrno::save();
-            // Only if `old` is open: otherwise dup2 fails and changes nothing.
-            // SAFETY: F_GETFD takes no argument.
-            if unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0 {
-                protect("dup2", || table::remove(new), || ());
-            }
+    if old == new {
+        return;
+    }
+    let sdp = table::is_sdp(new) && table::is_managed(new);
+    // The number's registrations end with its file, as at a close: an
+    // SDP fd's in the program's epoll sets, an epoll set's own. (Onto a
+    // duplicate of the same socket, the kernel's would stay.)
+    let registered = super::epoll::concerns(new) && !table::same_endpoint(old, new);
+    if !sdp && !registered {
+        return;
+    }
+    if let Some(_g) = Guard::enter_lifecycle() {
+        let _errno = SavedErrno::save();
+        // Only if `old` is open: otherwise dup2 fails and changes nothing.
+        // SAFETY: F_GETFD takes no argument.
+        if unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0 {
+            protect(
+                "dup2",
+                || {
+                    if registered {
+                        super::epoll::forget_fd(new);
+                    }
+                    if sdp {
+                        table::remove(new);
+                    }
+                },
+                || (),
+            );
         }
     }
 }
