@@ -680,10 +680,18 @@ pub fn remove(fd: i32) {
     let Some(s) = slot(fd) else { return };
     let old = s.entry.with(|e| store(s, fd, e, None));
     drop(_g);
-    if let Some(SdpSide::Stream(h)) = old.as_ref().map(|e| &e.sdp) {
+    let Some(e) = old else { return };
+    // The last holder's close goes first, its socket still on the number:
+    // a connection left only to drain leaves the progress thread's epoll
+    // set there, and its socket then moves off the number with no
+    // registration to carry along (one `epoll_ctl` where a move first
+    // took three).
+    if e.sdp.release() {
+        e.sdp.close();
+    }
+    if let SdpSide::Stream(h) = &e.sdp {
         h.endpoint.leave_fd(fd);
     }
-    retire(old);
 }
 
 /// `new` now refers to what `old` refers to (`dup2`, `F_DUPFD`...): the
