@@ -1,12 +1,12 @@
 //! The values an SDP connection exchanges with its transport: verbs
 //! operations out ([`Op`]), verbs events in ([`Event`]).
 //!
-//! The connection ([`crate::conn::Conn`]) is sans-IO. It never calls the
+//! The connection (`conn::Conn`) is sans-IO. It never calls the
 //! iWARP engine; a thin adapter drains [`Op`]s from
-//! [`Conn::poll_op`](crate::conn::Conn::poll_op) and maps them onto the
+//! `Conn::poll_op` and maps them onto the
 //! queue pair (post_recv, Send / Send with SE of RFC 5040 §4.3, closing the
 //! LLP), and feeds completions and connection events back through
-//! [`Conn::handle_event`](crate::conn::Conn::handle_event).
+//! `Conn::handle_event`.
 //!
 //! Rules the adapter must keep:
 //!
@@ -16,7 +16,7 @@
 //! * Receives complete in posting order, Sends complete in posting order
 //!   (RDMAP Send semantics, RFC 5040 §5.3): report them in that order.
 //! * A received message lands in the connection's
-//!   [`BufferPool`](crate::conn::BufferPool) buffer named by the PostRecv.
+//!   `BufferPool` buffer named by the PostRecv.
 //!
 //! ```
 //! use sdp_core::verbs::{SendKind, SendHeader};
@@ -176,7 +176,7 @@ pub enum Teardown {
     /// completed; close the LLP connection (FIN, once everything queued
     /// is written) and connect to the same peer address at `port`, where
     /// the connection goes on after
-    /// [`Conn::resume`](crate::conn::Conn::resume).
+    /// `Conn::resume`.
     Resume {
         /// The Destination TCP Port of the SuspComm (§6.5.1.1).
         port: u16,
@@ -187,7 +187,7 @@ pub enum Teardown {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Post private receive buffer `buf` (index into the connection's
-    /// [`BufferPool`](crate::conn::BufferPool)) on the receive queue.
+    /// `BufferPool`) on the receive queue.
     PostRecv {
         /// Returned in [`Event::RecvDone`].
         wr_id: WrId,
@@ -211,11 +211,26 @@ pub enum Op {
         payload: Range<u64>,
         /// A LocalData (the same-host extension): the adapter writes the
         /// payload here first, and the message carries only `header`.
-        local: Option<crate::conn::local::PeerSlot>,
+        local: Option<PeerSlot>,
     },
     /// Close the LLP connection. The connection emits this once, as its
     /// last Op.
     Teardown(Teardown),
+}
+
+/// Where a LocalData's payload goes (the same-host extension): the peer
+/// process, the address of the slot, and the offer's token, read back
+/// after the write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerSlot {
+    /// The peer process.
+    pub pid: u32,
+    /// Address of the slot's first byte in it.
+    pub addr: u64,
+    /// The offer's ring (the token lies in the 8 bytes before it).
+    pub ring: u64,
+    /// The offer's token.
+    pub token: u32,
 }
 
 /// Names one memory registration of the connection; the adapter maps it
@@ -224,12 +239,12 @@ pub enum Op {
 pub struct MemId(pub u32);
 
 /// Names one ULP send buffer handed to
-/// [`Conn::send_zcopy`](crate::conn::Conn::send_zcopy).
+/// `Conn::send_zcopy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SendId(pub u64);
 
 /// Names one ULP receive buffer posted with
-/// [`Conn::post_recv`](crate::conn::Conn::post_recv); the adapter holds
+/// `Conn::post_recv`; the adapter holds
 /// its memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecvId(pub u64);
@@ -318,7 +333,7 @@ pub enum RdmaOp {
 
 /// Everything the connection asks of the adapter, in order: the Bcopy
 /// [`Op`]s and the Zcopy [`RdmaOp`]s
-/// ([`Conn::poll_work`](crate::conn::Conn::poll_work)).
+/// (`Conn::poll_work`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
     /// A receive, Send or teardown.

@@ -12,7 +12,7 @@
 //! RDMAP (RFC 5040 §4.1) owns the RsvdULP bits: its control byte is the
 //! first RsvdULP byte of both formats, and the Invalidate STag of Send with
 //! Invalidate is the 32-bit RsvdULP word of the untagged header. DDP itself
-//! passes them through unmodified (§4.2, §4.3); see [`super::rdmap`].
+//! passes them through unmodified (§4.2, §4.3); see the `rdmap` module.
 //!
 //! This module only checks what makes a header a header: its length and its
 //! version. Whether an STag, QN, MSN or MO is acceptable is decided by the
@@ -47,7 +47,7 @@
 
 use core::fmt;
 
-use super::terminate::TermCode;
+use super::term_code::TermCode;
 
 /// The DDP version this implementation speaks (RFC 5041 §4.1, DV).
 pub const VERSION: u8 = 1;

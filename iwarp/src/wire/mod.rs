@@ -11,4 +11,5 @@ pub mod ddp;
 pub mod fpdu;
 pub mod mpa;
 pub mod rdmap;
+pub mod term_code;
 pub mod terminate;

@@ -5,14 +5,14 @@
 //!   the 32-bit untagged RsvdULP word; Figure 4 fixes, per opcode, the
 //!   Tagged flag and the Queue Number.
 //! * §4.2 which messages carry an RDMAP header of their own: the RDMA Read
-//!   Request (§4.4, 28 bytes, here) and the Terminate (§4.8, in
-//!   [`super::terminate`]).
+//!   Request (§4.4, 28 bytes, here) and the Terminate (§4.8, in the
+//!   `terminate` module).
 //!
 //! [`RdmapRepr`] decodes one DDP Segment's worth of headers: the DDP header
 //! (via [`super::ddp`]), the RDMAP control field and, for an RDMA Read
 //! Request, the Read Request header; [`RdmapRepr::buffer_len`] is where the
 //! payload starts. For a Terminate the payload is the Terminate header,
-//! decoded by [`super::terminate::TerminateRepr`].
+//! decoded by `terminate::TerminateRepr`.
 //!
 //! Unknown opcodes (8 to 15, "Reserved ... Not Specified") parse as values;
 //! the engine rejects them with [`TermCode::RDMAP_UNEXPECTED_OPCODE`]
@@ -50,7 +50,7 @@
 use core::fmt;
 
 use super::ddp::{self, BufferModel, DdpRepr, QueueNumber, Segment, Stag};
-use super::terminate::TermCode;
+use super::term_code::TermCode;
 
 /// The RDMAP version this implementation speaks (RFC 5040 §4.1, RV).
 pub const VERSION: u8 = 1;

@@ -25,6 +25,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use crate::verbs::PeerSlot;
 use crate::wire::{LocalDataRepr, LocalOfferRepr};
 
 /// Bytes a receive half takes in Data Messages before it offers its ring.
@@ -104,20 +105,6 @@ pub fn decode(code: u64) -> (Result<(), LocalOff>, bool) {
         _ => Err(LocalOff::NotOffered),
     };
     (send, code & (1 << 16) != 0)
-}
-
-/// Where a LocalData's payload goes: the peer process, the address of
-/// the slot, and the offer's token, read back after the write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PeerSlot {
-    /// The peer process.
-    pub pid: u32,
-    /// Address of the slot's first byte in it.
-    pub addr: u64,
-    /// The offer's ring (the token lies in the 8 bytes before it).
-    pub ring: u64,
-    /// The offer's token.
-    pub token: u32,
 }
 
 /// Bytes in front of slot 0: the token sits in the last 4 of them, where
