@@ -4,8 +4,8 @@
 //! layer's own readiness descriptor).
 
 use crate::sdp::{
-    Block, Counters, Errno, Messages, Mode, Readiness, RecvFlags, SdpEndpoint, SendFlags, Shutdown,
-    Stats, WakeFd,
+    Block, Counters, Errno, LevelWatch, Messages, Mode, Readiness, RecvFlags, SdpEndpoint,
+    SendFlags, Shutdown, Stats, WakeFd,
 };
 use crate::table::{self, Entry, SdpSide, Transport};
 use libc::c_int;
@@ -38,6 +38,9 @@ pub struct FakeEndpoint {
     state: Mutex<State>,
     levels: Mutex<Levels>,
     wake: OwnedFd,
+    /// Set up ([`FakeEndpoint::set_connected`]): level watches are taken,
+    /// as a connected stream takes them; before, only the wake fd tells.
+    watches: Mutex<Option<Vec<Arc<dyn LevelWatch>>>>,
 }
 
 impl FakeEndpoint {
@@ -51,6 +54,7 @@ impl FakeEndpoint {
             }),
             levels: Mutex::new(levels),
             wake,
+            watches: Mutex::new(None),
         });
         ep.with(|_| ());
         ep
@@ -61,7 +65,17 @@ impl FakeEndpoint {
         let r = f(&mut s);
         let (readable, writable) = (!s.rx.is_empty(), s.send_room > 0 || s.write_shut);
         self.levels.lock().unwrap().set(readable, writable).unwrap();
+        if let Some(watches) = &*self.watches.lock().unwrap() {
+            for w in watches {
+                w.levels(readable, writable);
+            }
+        }
         r
+    }
+
+    /// The setup ended: from now on the endpoint takes level watches.
+    pub fn set_connected(&self) {
+        *self.watches.lock().unwrap() = Some(Vec::new());
     }
 
     /// The calls the endpoint was asked to make, in order.
@@ -192,6 +206,23 @@ impl SdpEndpoint for FakeEndpoint {
     }
     fn wake_fd(&self) -> WakeFd {
         self.wake.as_raw_fd()
+    }
+    fn watch_levels(&self, w: Arc<dyn LevelWatch>) -> bool {
+        let mut watches = self.watches.lock().unwrap();
+        let Some(list) = watches.as_mut() else {
+            return false;
+        };
+        list.push(w.clone());
+        drop(watches);
+        let (readable, writable) =
+            self.with(|s| (!s.rx.is_empty(), s.send_room > 0 || s.write_shut));
+        w.levels(readable, writable);
+        true
+    }
+    fn unwatch_levels(&self, w: &Arc<dyn LevelWatch>) {
+        if let Some(list) = self.watches.lock().unwrap().as_mut() {
+            list.retain(|x| !Arc::ptr_eq(x, w));
+        }
     }
     fn recv(
         &self,

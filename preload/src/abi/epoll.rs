@@ -656,6 +656,78 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
     Ok(())
 }
 
+/// A stream registered while its nonblocking connect was under way has
+/// its wake fd in the kernel set (the readiness descriptor the connect
+/// handed out). Once it is connected, its levels go to the set's ready
+/// list instead, as for a stream registered connected: the program's
+/// `EPOLL_CTL_MOD`s are then ours alone, where each was a kernel
+/// `epoll_ctl` on the wake fd (an event loop that asks for room only
+/// while it has something to write makes two a request). Called when
+/// the wake fd fired and at the program's `EPOLL_CTL_MOD`; does nothing
+/// while the connect is under way.
+fn adopt_levels(id: u64) {
+    let found = with_registry(|r| {
+        let g = r.by_id.get(&id)?;
+        let connecting = g.levels.is_none() && g.wake >= 0 && !g.dormant && g.owner == pid();
+        match (&g.side, connecting) {
+            (Side::Stream(h), true) => Some((g.epfd, h.clone(), g.events, g.wake, g.wake_dup)),
+            _ => None,
+        }
+    });
+    let Some((epfd, h, events, wake, wake_dup)) = found else {
+        return;
+    };
+    let Ok(list) = ready_list(epfd) else { return };
+    let w = Watch::new(id, &list);
+    if !h.endpoint.watch_levels(w.clone()) {
+        return;
+    }
+    let adopted = with_registry(|r| match r.by_id.get_mut(&id) {
+        Some(g) if g.levels.is_none() && g.wake == wake => {
+            g.levels = Some(w.clone());
+            g.wake = -1;
+            g.wake_dup = false;
+            true
+        }
+        _ => false,
+    });
+    if !adopted {
+        let w: Arc<dyn crate::sdp::LevelWatch> = w;
+        h.endpoint.unwatch_levels(&w);
+        return;
+    }
+    let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, wake, 0, 0);
+    if wake_dup {
+        close_quietly(wake);
+    }
+    // The socket joins if it did not at the registration (as at a MOD).
+    let sock = with_registry(|r| r.by_id.get(&id).is_some_and(|g| g.sock.is_none()))
+        .then(|| h.endpoint.kernel_fd())
+        .flatten()
+        .and_then(|k| {
+            kernel_add(epfd, k, true, events_for(SOCKET, events), token(id, SOCKET)).ok()
+        });
+    if let Some((k, dup)) = sock {
+        let kept = with_registry(|r| match r.by_id.get_mut(&id) {
+            Some(g) if g.sock.is_none() => {
+                g.sock = Some(k);
+                g.sock_dup = dup;
+                true
+            }
+            _ => false,
+        });
+        if !kept {
+            // Deleted meanwhile by another thread.
+            let _ = kernel_ctl(epfd, libc::EPOLL_CTL_DEL, k, 0, 0);
+            if dup {
+                close_quietly(k);
+            }
+        }
+    }
+    w.push_if_ready(events);
+    watch(id);
+}
+
 /// Tells the endpoint of registration `id` that this set watches its
 /// socket (with the socket registered), if it was not told yet; the mark
 /// is taken back when the registration ends ([`remove_ids`]). Dormant
@@ -702,6 +774,9 @@ fn modify(epfd: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
 /// otherwise only those whose events change (or that `EPOLLONESHOT`
 /// disarmed).
 fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(), c_int> {
+    if let Some(id) = with_registry(|r| r.by_key.get(&(epfd, fd)).copied()) {
+        adopt_levels(id);
+    }
     let Some((id, fds, side, has_sock, old, stale)) = with_registry(|r| {
         let id = *r.by_key.get(&(epfd, fd))?;
         let reg = r.by_id.get(&id).filter(|g| g.dormant == wake)?;
@@ -1083,6 +1158,11 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
                     token(hit.id, which),
                 );
             }
+        }
+    }
+    for (_, hit) in &hits {
+        if hit.levels.is_none() && hit.woken && matches!(hit.side, Side::Stream(_)) {
+            adopt_levels(hit.id);
         }
     }
     if dropped.is_empty() {
@@ -1667,5 +1747,55 @@ mod tests {
         assert!(with_registry(|r| r.by_key.keys().all(|&(_, fd)| fd != a)));
         // The program registers the new file under the number: no EEXIST.
         assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, a, libc::EPOLLIN, 3), 0);
+    }
+    /// A stream registered while its connect was under way has its wake fd
+    /// in the kernel set; once connected, its levels go to the set's ready
+    /// list (at the program's next `EPOLL_CTL_MOD` or when the wake fd
+    /// fires), and changes of interest no longer touch the kernel set.
+    #[test]
+    fn a_stream_registered_while_connecting_moves_to_the_ready_list_once_connected() {
+        for by_mod in [true, false] {
+            let (fd, _peer) = socketpair();
+            let ep = FakeEndpoint::new();
+            ep.set_send_room(0);
+            install(fd, ep.clone());
+            let e = epoll();
+            assert_eq!(ctl(e, libc::EPOLL_CTL_ADD, fd, libc::EPOLLOUT, 7), 0);
+            let wake = with_registry(|r| r.by_id.values().find(|g| g.fd == fd).unwrap().wake);
+            assert!(wake >= 0, "connecting: the wake fd is in the kernel set");
+            assert_eq!(wait(e, 0), vec![]);
+            ep.set_connected();
+            if by_mod {
+                assert_eq!(ctl(e, libc::EPOLL_CTL_MOD, fd, libc::EPOLLOUT, 7), 0);
+            } else {
+                // The connect's end: room, on the wake fd.
+                ep.set_send_room(1 << 20);
+                assert_eq!(wait(e, 1000), vec![(OUT, 7)]);
+            }
+            let reg = |f: fn(&Registration) -> bool| {
+                with_registry(|r| f(r.by_id.values().find(|g| g.fd == fd).unwrap()))
+            };
+            assert!(
+                reg(|g| g.levels.is_some() && g.wake < 0),
+                "not on the ready list"
+            );
+            // Out of the kernel set: the kernel no longer knows it.
+            let mut ev = epoll_event { events: 0, u64: 0 };
+            // SAFETY: a local event.
+            let r = unsafe { real::epoll_ctl(e, libc::EPOLL_CTL_DEL, wake, &mut ev) };
+            assert_eq!((r, real::errno()), (-1, libc::ENOENT));
+            // Reports come from the list now, interest changes are ours.
+            ep.set_send_room(1 << 20);
+            assert_eq!(ctl(e, libc::EPOLL_CTL_MOD, fd, libc::EPOLLIN, 7), 0);
+            assert_eq!(wait(e, 0), vec![]);
+            ep.deliver(b"x");
+            assert_eq!(wait(e, 1000), vec![(IN, 7)]);
+            assert_eq!(ctl(e, libc::EPOLL_CTL_MOD, fd, (IN | OUT) as i32, 7), 0);
+            assert_eq!(wait(e, 0), vec![(IN | OUT, 7)]);
+            for own in [fd, e] {
+                // SAFETY: our own fds, through the hook.
+                unsafe { super::super::socket::close(own) };
+            }
+        }
     }
 }
