@@ -392,6 +392,12 @@ pub trait SdpEndpoint: Send + Sync {
     fn await_readiness(&self, _on: bool) -> bool {
         false
     }
+    /// A kernel wait starts (`on`) or stops reporting the endpoint's wake
+    /// fd beside its socket: an epoll set's registration of it, a `poll`
+    /// asleep on it. A connected stream keeps the wake fd's levels only
+    /// while one does ([`SdpEndpoint::await_readiness`] counts too).
+    /// Calls balance.
+    fn hold_wake(&self, _on: bool) {}
     /// The hooks recorded the endpoint of [`ConnectOutcome::Started`] in
     /// the fd table: the setup goes on, to its end on this thread for a
     /// blocking connect.

@@ -580,6 +580,9 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
             token(id, WAKE),
         )?,
     };
+    if let (true, Side::Stream(h)) = (wake >= 0, &side) {
+        h.endpoint.hold_wake(true);
+    }
     if kernel {
         if let Err(e) = kernel_ctl(
             epfd,
@@ -700,6 +703,7 @@ fn adopt_levels(id: u64) {
     if wake_dup {
         close_quietly(wake);
     }
+    h.endpoint.hold_wake(false);
     // The socket joins if it did not at the registration (as at a MOD).
     let sock = with_registry(|r| r.by_id.get(&id).is_some_and(|g| g.sock.is_none()))
         .then(|| h.endpoint.kernel_fd())
@@ -881,6 +885,9 @@ fn remove_ids(select: impl FnOnce(&Registry) -> Vec<u64>) -> usize {
         if let (Some(w), Side::Stream(h)) = (&reg.levels, &reg.side) {
             let w: Arc<dyn crate::sdp::LevelWatch> = w.clone();
             h.endpoint.unwatch_levels(&w);
+        }
+        if let (true, Side::Stream(h)) = (reg.wake >= 0, &reg.side) {
+            h.endpoint.hold_wake(false);
         }
         for (k, _) in reg.kernel_fds().filter(|_| reg.owner == pid()) {
             // Before closing our duplicates: a registration lives on while

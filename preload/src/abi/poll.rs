@@ -153,6 +153,11 @@ struct Marks<'a> {
     socks: Few<(&'a StreamHandle, c_int)>,
     /// Streams with [`crate::sdp::SdpEndpoint::await_readiness`] taken.
     awaiting: Few<&'a StreamHandle>,
+    /// Streams whose socket the call polls beside the wake fd, with
+    /// [`crate::sdp::SdpEndpoint::hold_wake`] taken: the wake fd tells
+    /// what the socket does not (room made by the progress thread's
+    /// writes, another thread's calls).
+    holding: Few<&'a StreamHandle>,
     /// Whether the call is going to sleep (the await marks are taken).
     sleeps: bool,
 }
@@ -172,6 +177,7 @@ impl<'a> Marks<'a> {
         Marks {
             socks,
             awaiting: Few::new(),
+            holding: Few::new(),
             sleeps: false,
         }
     }
@@ -184,6 +190,9 @@ impl<'a> Marks<'a> {
         for h in streams {
             if !self.polls_socket(h) {
                 self.awaits(h);
+            } else {
+                h.endpoint.hold_wake(true);
+                self.holding.push(h);
             }
         }
     }
@@ -214,6 +223,9 @@ impl Drop for Marks<'_> {
     fn drop(&mut self) {
         for h in &self.awaiting {
             h.endpoint.await_readiness(false);
+        }
+        for h in &self.holding {
+            h.endpoint.hold_wake(false);
         }
     }
 }

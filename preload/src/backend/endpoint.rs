@@ -113,6 +113,9 @@ pub struct Ep {
     nonblocking: AtomicBool,
     /// The program's TCP_NODELAY, for a stream connected later.
     nodelay: AtomicBool,
+    /// Kernel waits that report the wake fd ([`SdpEndpoint::hold_wake`]),
+    /// for a stream connected later.
+    wake_holders: AtomicUsize,
 }
 
 /// A data call under way on an [`Ep`]: a close meanwhile waits for the
@@ -230,6 +233,13 @@ impl Ep {
 
     /// The connect succeeded: `stream` is the connection from now on.
     pub fn connect(&self, st: &mut State, stream: SdpStream) {
+        // The wake fd's levels are kept while a kernel wait reports it
+        // (an epoll set that registered the fd while it connected, say):
+        // the program's calls see the stream's state itself.
+        for _ in 0..self.wake_holders.load(Ordering::SeqCst) {
+            stream.hold_readiness(true);
+        }
+        stream.readiness_on_demand(true);
         self.sock.store(stream.socket_fd(), Ordering::Relaxed);
         let _ = self.live.set(stream);
         *st = State::Connected;
@@ -257,6 +267,7 @@ impl Ep {
             user_timeout: AtomicBool::new(false),
             nonblocking: AtomicBool::new(false),
             nodelay: AtomicBool::new(false),
+            wake_holders: AtomicUsize::new(0),
         }
     }
 
@@ -1151,6 +1162,25 @@ impl SdpEndpoint for Ep {
 
     fn await_readiness(&self, on: bool) -> bool {
         self.mark(|s| s.await_readiness(on))
+    }
+
+    fn hold_wake(&self, on: bool) {
+        let _g = table::enter_gate();
+        // Under the state's lock: a connect that ends meanwhile counts
+        // this hold once, before or after (`Ep::connect`).
+        let _st = self.lock();
+        if on {
+            self.wake_holders.fetch_add(1, Ordering::SeqCst);
+        } else if self
+            .wake_holders
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
+        {
+            return;
+        }
+        if let Some(s) = self.live.get() {
+            s.hold_readiness(on);
+        }
     }
 
     fn pump_quietly(&self) -> Pumped {

@@ -711,6 +711,20 @@ impl SdpStream {
         self.shared().await_readiness(on);
     }
 
+    /// The readiness descriptor is polled only by those who say so from
+    /// now on (`on`): [`SdpStream::await_readiness`] and
+    /// [`SdpStream::hold_readiness`]; while none does, its levels are not
+    /// kept (see [`shared::Shared::readiness_on_demand`]).
+    pub fn readiness_on_demand(&self, on: bool) {
+        self.shared().readiness_on_demand(on);
+    }
+
+    /// An epoll set's kernel registration starts (`on`) or stops
+    /// reporting the readiness descriptor; calls balance.
+    pub fn hold_readiness(&self, on: bool) {
+        self.shared().hold_readiness(on);
+    }
+
     /// Lets go of the stream without touching the connection: no DisConn,
     /// no shutdown, no reset; the descriptors this process holds for it are
     /// closed. For a process that shares the socket with another one (a

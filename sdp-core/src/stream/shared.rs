@@ -140,6 +140,11 @@ pub struct Inner {
     /// discarded) waiting for the peer's FIN.
     drain_until: Option<Instant>,
     readiness: Option<Readiness>,
+    /// Only those who say so poll the readiness descriptor
+    /// ([`Shared::readiness_on_demand`]) ...
+    readiness_on_demand: bool,
+    /// ... and none does now: its levels are not kept.
+    readiness_idle: bool,
     /// Told of the levels too ([`Shared::watch_levels`]), with the levels
     /// they were last told.
     watches: Watches,
@@ -688,7 +693,8 @@ impl Inner {
             return;
         }
         let readable = self.readable();
-        if let Some(r) = &mut self.readiness {
+        let idle = self.readiness_idle;
+        if let Some(r) = self.readiness.as_mut().filter(|_| !idle) {
             // Data that arrived since the last update is a new edge for an
             // edge-triggered poller even if the stream was readable, as
             // for a TCP socket.
@@ -814,6 +820,9 @@ pub struct Shared {
     /// Application threads sleeping on the readiness descriptor
     /// ([`Shared::await_readiness`]).
     readiness_waiters: AtomicUsize,
+    /// Epoll sets whose kernel registration reports the readiness
+    /// descriptor ([`Shared::hold_readiness`]).
+    readiness_holders: AtomicUsize,
     /// Whether the progress thread's registration asks for reads.
     reads: AtomicBool,
     /// Whether the progress thread's registration asks for room in the
@@ -854,6 +863,8 @@ impl Shared {
             reset: false,
             drain_until: None,
             readiness: None,
+            readiness_on_demand: false,
+            readiness_idle: false,
             watches: Watches::default(),
             told: (false, false),
             told_rx: 0,
@@ -902,6 +913,7 @@ impl Shared {
             socket_polled: AtomicBool::new(false),
             read_blocking: AtomicBool::new(false),
             readiness_waiters: AtomicUsize::new(0),
+            readiness_holders: AtomicUsize::new(0),
             reads: AtomicBool::new(true),
             // Nothing was written yet: the first unlock asks for room if
             // the socket does not take what it writes.
@@ -1139,9 +1151,46 @@ impl Shared {
     /// progress thread reads it meanwhile (see [`Shared::watch_socket`]).
     pub fn await_readiness(&self, on: bool) {
         count(&self.readiness_waiters, on);
+        let mut g = self.lock_inner();
         if self.watched() {
-            let mut g = self.lock_inner();
             self.sync_interest(&mut g);
+        }
+        self.refollow(&mut g);
+    }
+
+    /// From now on (`on`) the readiness descriptor is polled only by those
+    /// who say so: a thread asleep on it ([`Shared::await_readiness`]) and
+    /// an epoll set whose kernel registration reports it
+    /// ([`Shared::hold_readiness`]). While there are none its levels are
+    /// not kept — each change cost two system calls on the socket pair, a
+    /// request that a read leaves partly unread two more — and they are
+    /// set as they are when one comes.
+    pub fn readiness_on_demand(&self, on: bool) {
+        let mut g = self.lock_inner();
+        g.readiness_on_demand = on;
+        self.refollow(&mut g);
+    }
+
+    /// An epoll set's kernel registration starts (`on`) or stops
+    /// reporting the readiness descriptor; calls balance.
+    pub fn hold_readiness(&self, on: bool) {
+        count(&self.readiness_holders, on);
+        let mut g = self.lock_inner();
+        self.refollow(&mut g);
+    }
+
+    /// Keeps the readiness descriptor's levels while someone polls it
+    /// ([`Shared::readiness_on_demand`]), setting them as they are when
+    /// the first comes.
+    fn refollow(&self, g: &mut Inner) {
+        let idle = g.readiness_on_demand
+            && self.readiness_waiters.load(Ordering::SeqCst) == 0
+            && self.readiness_holders.load(Ordering::SeqCst) == 0;
+        if idle != g.readiness_idle {
+            g.readiness_idle = idle;
+            if !idle {
+                g.update_readiness();
+            }
         }
     }
 
@@ -1223,8 +1272,14 @@ impl Shared {
         self.socket_polled.store(false, Ordering::SeqCst);
         self.read_blocking.store(false, Ordering::SeqCst);
         self.readiness_waiters.store(0, Ordering::SeqCst);
+        self.readiness_holders.store(0, Ordering::SeqCst);
         self.reads.store(true, Ordering::SeqCst);
         self.room.store(true, Ordering::SeqCst);
+        // Who polls the descriptor in this process is not known: its
+        // levels are kept.
+        let mut g = self.lock_inner();
+        g.readiness_on_demand = false;
+        self.refollow(&mut g);
     }
 
     /// The nearest deadline of the link, as last published.

@@ -244,3 +244,44 @@ fn a_grace_a_blocking_read_ended_leaves_the_thread_asleep() {
     (&c).write_all(b"hello").unwrap();
     assert_eq!(&reader.join().unwrap(), b"hello");
 }
+
+/// Whether `fd` polls readable now.
+fn polls_readable(fd: &std::os::fd::OwnedFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    poll(&mut fds, Some(&zero)).unwrap();
+    fds[0].revents().contains(PollFlags::IN)
+}
+
+/// A readiness descriptor on demand keeps its levels only while someone
+/// says it polls it, and has them set as they are when one comes.
+#[test]
+fn a_readiness_descriptor_on_demand_follows_only_while_held() {
+    let (c, s) = pair();
+    let fd = c.readiness_shared().unwrap();
+    c.readiness_on_demand(true);
+    (&s).write_all(b"first").unwrap();
+    until(&c, |g| g.readable());
+    assert!(!polls_readable(&fd), "nobody holds it: the level stays");
+    c.hold_readiness(true);
+    assert!(polls_readable(&fd), "held: set as it is");
+    let mut buf = [0; 5];
+    (&c).read_exact(&mut buf).unwrap();
+    assert!(!polls_readable(&fd), "held: followed");
+    c.hold_readiness(false);
+    (&s).write_all(b"again").unwrap();
+    until(&c, |g| g.readable());
+    assert!(!polls_readable(&fd));
+    c.await_readiness(true);
+    assert!(polls_readable(&fd), "a thread asleep on it counts too");
+    c.await_readiness(false);
+    // Off again: always followed, as the descriptor of a stream whose
+    // pollers are not known.
+    c.readiness_on_demand(false);
+    (&c).read_exact(&mut buf).unwrap();
+    assert!(!polls_readable(&fd));
+}
