@@ -181,19 +181,26 @@ print("hold", os.getpid(), c.fileno(), s.fileno())
 sys.stdin.readline()
 "#;
 
-fn run_connect_done(env: &Env, mode: Mode) -> String {
-    let mut p = Proc::spawn("python connect", env.python(CONNECT_DONE, mode), true);
-    let complete = p.wait_line(|l| l.starts_with("complete "));
+/// Runs `script` (in `mode`), which prints a line starting with `result`
+/// and then `hold PID CLIENT ACCEPTED` and waits: under the preload both
+/// ends of its connection must be SDP. Returns the result line.
+fn run_pair(env: &Env, name: &str, script: &str, mode: Mode, result: &str) -> String {
+    let mut p = Proc::spawn(name, env.python(script, mode), true);
+    let line = p.wait_line(|l| l.starts_with(result));
     let (pid, client, accepted) = held(&p.wait_line(|l| l.starts_with("hold ")));
     if mode == Mode::Sdp {
         let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
         let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
-        expect_sdp("python client socket (nonblocking connect)", &c[0]);
-        expect_sdp("python accepted socket (blocking accept)", &a[0]);
+        expect_sdp(&format!("{name}: client socket"), &c[0]);
+        expect_sdp(&format!("{name}: accepted socket"), &a[0]);
     }
     p.send("\n");
     p.finish_ok();
-    complete
+    line
+}
+
+fn run_connect_done(env: &Env, mode: Mode) -> String {
+    run_pair(env, "python connect", CONNECT_DONE, mode, "complete ")
 }
 
 #[test]
@@ -301,18 +308,7 @@ sys.stdin.readline()
 "#;
 
 fn run_quiet(env: &Env, mode: Mode) -> String {
-    let mut p = Proc::spawn("python quiet", env.python(QUIET, mode), true);
-    let quiet = p.wait_line(|l| l.starts_with("quiet "));
-    let (pid, client, accepted) = held(&p.wait_line(|l| l.starts_with("hold ")));
-    if mode == Mode::Sdp {
-        let c = env.wait_records("client socket", pid, 1, |r| r.fd == client);
-        let a = env.wait_records("accepted socket", pid, 1, |r| r.fd == accepted);
-        expect_sdp("python client socket", &c[0]);
-        expect_sdp("python accepted socket (blocking reader)", &a[0]);
-    }
-    p.send("\n");
-    p.finish_ok();
-    quiet
+    run_pair(env, "python quiet", QUIET, mode, "quiet ")
 }
 
 #[test]

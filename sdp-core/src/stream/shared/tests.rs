@@ -125,6 +125,31 @@ fn a_link_left_only_to_drain_is_looked_at_on_the_grid() {
     assert_eq!(left, 0, "a released link did not finish");
 }
 
+/// An accepted stream answered and handed to the program
+/// (`Driver::Handed`), and its peer's connect, under way until the RTR is
+/// answered.
+fn handed() -> (SdpStream, std::thread::JoinHandle<SdpStream>) {
+    use crate::stream::{accept, Driver};
+    use rustix::event::{poll, PollFd, PollFlags};
+
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let client = std::thread::spawn(move || SdpStream::connect(addr).unwrap());
+    let (tcp, _) = l.accept().unwrap();
+    let (mut ep, config) =
+        accept::responder(tcp, &crate::conn::Config::default(), Instant::now()).unwrap();
+    let s = loop {
+        ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Handed) {
+            accept::Answer::Answered(s) => break s,
+            accept::Answer::Failed(e) => panic!("setup failed: {e}"),
+            accept::Answer::Pending(ep) => ep,
+        };
+        let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
+        poll(&mut fds, None).unwrap();
+    };
+    (s, client)
+}
+
 /// An accepted stream handed to the program (`Driver::Handed`): until the
 /// next point of the `DRAIN_LOOK` grid the progress thread leaves its
 /// arrivals to the program, which an event loop watches at once (and the
@@ -132,25 +157,10 @@ fn a_link_left_only_to_drain_is_looked_at_on_the_grid() {
 /// grid, and the peer's connect completes.
 #[test]
 fn a_handed_stream_is_read_by_the_thread_only_after_its_grace() {
-    use crate::stream::{accept, Driver};
     use rustix::event::{poll, PollFd, PollFlags};
 
     for watched in [false, true] {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let client = std::thread::spawn(move || SdpStream::connect(addr).unwrap());
-        let (tcp, _) = l.accept().unwrap();
-        let (mut ep, config) =
-            accept::responder(tcp, &crate::conn::Config::default(), Instant::now()).unwrap();
-        let s = loop {
-            ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Handed) {
-                accept::Answer::Answered(s) => break s,
-                accept::Answer::Failed(e) => panic!("setup failed: {e}"),
-                accept::Answer::Pending(ep) => ep,
-            };
-            let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
-            poll(&mut fds, None).unwrap();
-        };
+        let (s, client) = handed();
         assert!(
             !s.shared().reads(),
             "the grace leaves arrivals to the program"
@@ -204,24 +214,7 @@ fn progress_thread_cpu() -> Duration {
 /// at once: a spin for as long as the read waited.
 #[test]
 fn a_grace_a_blocking_read_ended_leaves_the_thread_asleep() {
-    use crate::stream::{accept, Driver};
-    use rustix::event::{poll, PollFd, PollFlags};
-
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let client = std::thread::spawn(move || SdpStream::connect(addr).unwrap());
-    let (tcp, _) = l.accept().unwrap();
-    let (mut ep, config) =
-        accept::responder(tcp, &crate::conn::Config::default(), Instant::now()).unwrap();
-    let s = loop {
-        ep = match accept::answer_request(ep, &config, Instant::now(), Driver::Handed) {
-            accept::Answer::Answered(s) => break s,
-            accept::Answer::Failed(e) => panic!("setup failed: {e}"),
-            accept::Answer::Pending(ep) => ep,
-        };
-        let mut fds = [PollFd::new(ep.stream(), PollFlags::IN)];
-        poll(&mut fds, None).unwrap();
-    };
+    let (s, client) = handed();
     let r = s.clone();
     let reader = std::thread::spawn(move || {
         let mut buf = [0; 5];
