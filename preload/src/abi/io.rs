@@ -20,6 +20,7 @@ use libc::{
     c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
     timespec,
 };
+use std::cell::RefCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -552,7 +553,21 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flag
     unsafe { real::sendmmsg(fd, msgs, n, flags) }
 }
 
-/// `sendfile` to an SDP fd: read from the file, send on SDP.
+/// The most `sendfile` to an SDP fd reads from the file at a time.
+const SENDFILE_CHUNK: usize = 128 * 1024;
+
+thread_local! {
+    /// The buffer `sendfile` to an SDP fd reads the file into: the
+    /// thread's, kept from call to call (a fresh zeroed one a call cost a
+    /// web server a page-sized `memset` per response, and `mmap` and
+    /// `munmap` beyond glibc's threshold).
+    static SENDFILE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `sendfile` to an SDP fd: read from the file, send on SDP. With no
+/// `offset` the file's own position moves by what was sent, and only
+/// that: bytes read that the socket did not take (a nonblocking socket
+/// that is full, an error) are given back to the file.
 unsafe fn sdp_sendfile(
     out: c_int,
     h: &StreamHandle,
@@ -560,7 +575,33 @@ unsafe fn sdp_sendfile(
     offset: *mut off_t,
     n: size_t,
 ) -> ssize_t {
-    let mut chunk = vec![0u8; n.min(256 * 1024)];
+    let want = n.min(SENDFILE_CHUNK);
+    let run = |chunk: &mut Vec<u8>| {
+        if chunk.len() < want {
+            chunk.resize(want, 0);
+        }
+        // SAFETY: the program's arguments.
+        unsafe { sendfile_through(out, h, input, offset, n, &mut chunk[..want]) }
+    };
+    // The guard this call holds keeps a signal handler's `sendfile` to an
+    // SDP fd out (EINTR), so the buffer is never in use here already; a
+    // thread that is exiting has none.
+    SENDFILE_BUF
+        .try_with(|b| b.try_borrow_mut().ok().map(|mut b| run(&mut b)))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| run(&mut Vec::new()))
+}
+
+/// [`sdp_sendfile`] through `chunk`.
+unsafe fn sendfile_through(
+    out: c_int,
+    h: &StreamHandle,
+    input: c_int,
+    offset: *mut off_t,
+    n: size_t,
+    chunk: &mut [u8],
+) -> ssize_t {
     let mut done: usize = 0;
     while done < n {
         let want = (n - done).min(chunk.len());
@@ -578,21 +619,26 @@ unsafe fn sdp_sendfile(
         if got == 0 {
             break;
         }
-        let sent = sdp_send(out, h, &mut [IoSlice::new(&chunk[..got as usize])], 0);
+        let got = got as usize;
+        let sent = sdp_send(out, h, &mut [IoSlice::new(&chunk[..got])], 0);
+        let taken = sent.max(0) as usize;
+        if offset.is_null() {
+            if taken < got {
+                // Give back what the socket did not take (the send's
+                // errno stays the call's).
+                let _errno = SavedErrno::save();
+                // SAFETY: seeking the program's input file back.
+                unsafe { libc::lseek(input, taken as off_t - got as off_t, libc::SEEK_CUR) };
+            }
+        } else {
+            // SAFETY: the program's offset.
+            unsafe { *offset += taken as off_t };
+        }
         if sent < 0 {
             return if done > 0 { done as ssize_t } else { -1 };
         }
-        let sent = sent as usize;
-        done += sent;
-        if !offset.is_null() {
-            // SAFETY: the program's offset.
-            unsafe { *offset += sent as off_t };
-        } else if sent < got as usize {
-            // Give back what the socket did not take.
-            // SAFETY: seeking the program's input file back.
-            unsafe { libc::lseek(input, sent as off_t - got as off_t, libc::SEEK_CUR) };
-        }
-        if sent < got as usize {
+        done += taken;
+        if taken < got {
             break;
         }
     }
@@ -923,5 +969,57 @@ mod tests {
         unsafe { super::super::socket::close(copy) };
         assert_eq!(ep.closes(), 1);
         assert!(!table::is_managed(copy));
+    }
+
+    /// `sendfile` to an SDP fd with no offset moves the file's position by
+    /// the bytes the socket took and no further: a nonblocking socket that
+    /// takes part of a chunk, then nothing (`EAGAIN`), leaves the rest of
+    /// the file to the next call, and the stream is the file.
+    #[test]
+    fn sendfile_gives_back_to_the_file_what_the_socket_did_not_take() {
+        use crate::table::{Entry, SdpSide, Transport};
+        let (app, _peer) = socketpair();
+        let ep = FakeEndpoint::new();
+        let mut e = Entry::new(false, false);
+        e.transport = Transport::Sdp;
+        e.sdp = SdpSide::stream(ep.clone(), true);
+        table::insert(app, e);
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 8) as u8)
+            .collect();
+        // SAFETY: a name and no flags; the data is ours.
+        let file = unsafe { libc::memfd_create(c"sendfile".as_ptr(), 0) };
+        assert!(file >= 0);
+        // SAFETY: our buffer, our file.
+        let written = unsafe { libc::write(file, data.as_ptr().cast(), data.len()) };
+        assert_eq!(written, 300_000);
+        // SAFETY: our file.
+        let position = || unsafe { libc::lseek(file, 0, libc::SEEK_CUR) };
+        // SAFETY: our file.
+        unsafe { libc::lseek(file, 0, libc::SEEK_SET) };
+
+        ep.set_send_room(1000);
+        // SAFETY: our descriptors, no offset.
+        let n = unsafe { sendfile(app, file, std::ptr::null_mut(), data.len()) };
+        assert_eq!((n, position()), (1000, 1000), "a part taken");
+
+        ep.set_send_room(0);
+        // SAFETY: as above.
+        let n = unsafe { sendfile(app, file, std::ptr::null_mut(), data.len()) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(
+            (n, errno, position()),
+            (-1, Some(libc::EAGAIN), 1000),
+            "nothing taken"
+        );
+
+        ep.set_send_room(usize::MAX);
+        // SAFETY: as above.
+        let n = unsafe { sendfile(app, file, std::ptr::null_mut(), data.len()) };
+        assert_eq!((n, position()), (299_000, 300_000), "the rest, in chunks");
+        assert!(ep.sent() == data, "the stream is not the file");
+        uninstall(app);
+        // SAFETY: our file.
+        unsafe { libc::close(file) };
     }
 }
