@@ -108,6 +108,11 @@ pub struct Ep {
     warned: AtomicBool,
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
+    /// SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT as last
+    /// set or read ([`UNKNOWN`] before), and the TCP_USER_TIMEOUT they
+    /// gave ([`Ep::keepalive_deadline`]).
+    keepalive: [AtomicI32; 4],
+    keepalive_ms: AtomicI32,
     /// The program's O_NONBLOCK ([`SdpEndpoint::set_nonblocking`]), for a
     /// stream connected later.
     nonblocking: AtomicBool,
@@ -174,18 +179,43 @@ impl Ep {
     /// `TCP_USER_TIMEOUT` bounds both at the keepalive's time (tcp(7):
     /// with keepalive on, it decides when the connection is dropped). Off
     /// again when the program turns keepalive off.
-    fn keepalive_deadline(&self) {
+    ///
+    /// The option just set is `which` of [`KEEPALIVE`], at `value` (the
+    /// kernel took it); the times and the count are read from the socket
+    /// once and remembered, and the timeout is set when it changes: the
+    /// four calls a server makes per connection (redis) cost seven system
+    /// calls more, not twenty. (A forked child that changes
+    /// them on the shared socket leaves this process's copy behind; its
+    /// own setting of the timeout stands until this process sets one.)
+    fn keepalive_deadline(&self, which: usize, value: Option<c_int>) {
         let fd = self.fd;
-        let on = kernel_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE).unwrap_or(0) != 0;
-        let ms = if on {
-            let idle = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE).unwrap_or(7200);
-            let intvl = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL).unwrap_or(75);
-            let cnt = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT).unwrap_or(9);
-            let secs = i64::from(idle) + i64::from(intvl) * i64::from(cnt);
+        if let Some(v) = value {
+            self.keepalive[which].store(v, Ordering::Relaxed);
+        }
+        let option = |i: usize, default: c_int| {
+            let v = self.keepalive[i].load(Ordering::Relaxed);
+            if v != UNKNOWN {
+                return v;
+            }
+            let (level, name) = KEEPALIVE[i];
+            let v = kernel_int(fd, level, name).unwrap_or(default);
+            // SO_KEEPALIVE is read each time until the program sets it:
+            // the stream turns it on itself (draft §14.3).
+            if i != 0 {
+                self.keepalive[i].store(v, Ordering::Relaxed);
+            }
+            v
+        };
+        let ms = if option(0, 0) != 0 {
+            let secs =
+                i64::from(option(1, 7200)) + i64::from(option(2, 75)) * i64::from(option(3, 9));
             (secs * 1000).clamp(0, i64::from(c_int::MAX)) as c_int
         } else {
             0
         };
+        if self.keepalive_ms.swap(ms, Ordering::Relaxed) == ms {
+            return;
+        }
         // SAFETY: an int option on the program's socket.
         unsafe {
             real::setsockopt(
@@ -265,6 +295,8 @@ impl Ep {
             sock: AtomicI32::new(-1),
             warned: AtomicBool::new(false),
             user_timeout: AtomicBool::new(false),
+            keepalive: [const { AtomicI32::new(UNKNOWN) }; 4],
+            keepalive_ms: AtomicI32::new(UNKNOWN),
             nonblocking: AtomicBool::new(false),
             nodelay: AtomicBool::new(false),
             wake_holders: AtomicUsize::new(0),
@@ -608,6 +640,17 @@ fn kernel_send(
 }
 
 /// An int socket option of the kernel socket `fd`.
+/// The options keepalive is made of ([`Ep::keepalive_deadline`]).
+const KEEPALIVE: [(c_int, c_int); 4] = [
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+];
+
+/// Not yet known (an [`Ep`]'s keepalive options).
+const UNKNOWN: c_int = -1;
+
 fn kernel_int(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
@@ -909,16 +952,19 @@ impl SdpEndpoint for Ep {
         if (level, name) == (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) {
             self.user_timeout.store(true, Ordering::Relaxed);
         }
-        let keepalive = matches!(
-            (level, name),
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
-                | (
-                    libc::IPPROTO_TCP,
-                    libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT
-                )
-        );
-        if keepalive && !self.user_timeout.load(Ordering::Relaxed) {
-            self.keepalive_deadline();
+        let keepalive = KEEPALIVE.iter().position(|&o| o == (level, name));
+        if let Some(which) = keepalive.filter(|_| !self.user_timeout.load(Ordering::Relaxed)) {
+            let v = value
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(c_int::from_ne_bytes);
+            // SO_KEEPALIVE is on for any non-zero value.
+            let v = if which == 0 {
+                v.map(|v| c_int::from(v != 0))
+            } else {
+                v
+            };
+            self.keepalive_deadline(which, v);
         }
         Ok(())
     }
@@ -1274,6 +1320,54 @@ mod tests {
             let _ = tx.send(f());
         });
         rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// Keepalive set option by option, as a server sets it on each
+    /// connection, bounds the connection at its time through
+    /// TCP_USER_TIMEOUT, follows each change, and lets go of it when
+    /// keepalive is turned off.
+    #[test]
+    fn keepalive_set_option_by_option_bounds_the_connection_at_its_time() {
+        let (client, _server) = pair();
+        let fd = client.socket_fd();
+        let ep = Ep::connected(client, fd).unwrap();
+        let set = |level, name, v: c_int| {
+            // The hook: the kernel takes the option, then the endpoint.
+            // SAFETY: an int option on our socket.
+            let r = unsafe {
+                real::setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&v as *const c_int).cast(),
+                    std::mem::size_of::<c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(r, 0);
+            ep.setsockopt(level, name, &v.to_ne_bytes()).unwrap();
+            kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT).unwrap()
+        };
+        let defaults = |o| kernel_int(fd, libc::IPPROTO_TCP, o).unwrap();
+        let (intvl, cnt) = (defaults(libc::TCP_KEEPINTVL), defaults(libc::TCP_KEEPCNT));
+        assert_eq!(
+            set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 7),
+            defaults(libc::TCP_KEEPIDLE) * 1000 + intvl * cnt * 1000
+        );
+        assert_eq!(
+            set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30),
+            (30 + intvl * cnt) * 1000
+        );
+        assert_eq!(
+            set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5),
+            (30 + 5 * cnt) * 1000
+        );
+        assert_eq!(set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3), 45_000);
+        assert_eq!(set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4), 50_000);
+        assert_eq!(set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 0), 0);
+        assert_eq!(set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1), 50_000);
+        // The program's own timeout is left alone from then on.
+        assert_eq!(set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1234), 1234);
+        assert_eq!(set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 60), 1234);
     }
 
     /// A close while another thread's data call is under way leaves the
