@@ -607,11 +607,15 @@ class Bench:
 
     def nginx(self):
         """wrk against nginx, keep-alive: 10 connections fetching a 64 KiB and
-        a 1 MiB file (one worker process, no sendfile)."""
+        a 1 MiB file (one worker process, no sendfile), and the 64 KiB file
+        again from an nginx with `sendfile on` (Debian's own configuration
+        has it: the kernel sends a TCP response from the page cache without
+        a copy, where SDP reads the file and frames it)."""
         if not shutil.which("nginx") or not shutil.which("wrk"):
             raise BenchError("nginx: nginx or wrk missing (Debian: apt-get install nginx-light wrk)")
         sec = self.cfg["seconds"]
-        ports = {False: free_port(), True: free_port()}
+        # (SDP, sendfile) -> port
+        ports = {(sdp, sf): free_port() for sdp in (False, True) for sf in (False, True)}
         root = os.path.join(self.work, "nginx")
         os.makedirs(os.path.join(root, "www"), exist_ok=True)
         sizes = (64 * KIB, MIB)
@@ -619,8 +623,9 @@ class Bench:
             with open(os.path.join(root, "www", size_name(size).replace(" ", "")), "wb") as f:
                 f.write(os.urandom(size))
         servers = {}
-        for sdp in (False, True):
-            d = os.path.join(root, "tcp" if not sdp else "sdp")
+        for (sdp, sf), port in ports.items():
+            what = ("SDP" if sdp else "TCP") + (", sendfile" if sf else "")
+            d = os.path.join(root, ("sdp" if sdp else "tcp") + ("-sendfile" if sf else ""))
             os.makedirs(d, exist_ok=True)
             temps = " ".join(f"{t}_temp_path {d};" for t in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
             conf = os.path.join(d, "nginx.conf")
@@ -628,17 +633,17 @@ class Bench:
                 f.write(f"daemon off; master_process off; worker_processes 1;\n"
                         f"error_log {d}/error.log; pid {d}/nginx.pid;\n"
                         f"events {{ worker_connections 1024; }}\n"
-                        f"http {{ access_log off; {temps}\n"
-                        f"  server {{ listen 127.0.0.1:{ports[sdp]}; root {root}/www; }} }}\n")
-            servers[sdp] = self.server(f"nginx ({'SDP' if sdp else 'TCP'})",
-                                       ["nginx", "-c", conf, "-p", d], ports[sdp], sdp)
-        def wrk(sdp, name, args, path, errors):
+                        f"http {{ access_log off; sendfile {'on' if sf else 'off'}; {temps}\n"
+                        f"  server {{ listen 127.0.0.1:{port}; root {root}/www; }} }}\n")
+            servers[(sdp, sf)] = self.server(f"nginx ({what})", ["nginx", "-c", conf, "-p", d], port, sdp)
+
+        def wrk(sdp, name, args, path, errors, sf=False):
             """One wrk run against the TCP or SDP nginx: requests/s, and
             what sdp-stat saw. Output matching `errors` fails the run."""
             p, seen = self.run_client(
                 f"wrk {name} {'SDP' if sdp else 'TCP'}",
-                ["wrk"] + args + ["-d", f"{sec}s", f"http://127.0.0.1:{ports[sdp]}/{path}"],
-                sdp, sec + 30, watch_ports=(ports[sdp],), servers=(servers[sdp],),
+                ["wrk"] + args + ["-d", f"{sec}s", f"http://127.0.0.1:{ports[(sdp, sf)]}/{path}"],
+                sdp, sec + 30, watch_ports=(ports[(sdp, sf)],), servers=(servers[(sdp, sf)],),
             )
             out = p.output()
             if re.search(errors, out):
@@ -654,6 +659,12 @@ class Bench:
                 return wrk(sdp, name, ["-t", "1", "-c", "10"], name.replace(" ", ""), r"Socket errors|Non-2xx")
 
             self.row("servers", "nginx keep-alive", size, "requests/s", "higher", "nginx", run)
+
+        def sendfile_run(sdp, rep):
+            return wrk(sdp, "64 KiB, sendfile", ["-t", "1", "-c", "10"], "64KiB", r"Socket errors|Non-2xx", sf=True)
+
+        self.row("servers", "nginx keep-alive, sendfile on", 64 * KIB, "requests/s", "higher", "nginx",
+                 sendfile_run)
 
         # Churn: 100 clients, a new connection for every request.
         def close_run(sdp, rep):

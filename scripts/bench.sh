@@ -23,7 +23,8 @@
 #     preloaded; qperf tcp_lat (plain) against sdp_lat (preloaded);
 #   * real servers: redis-benchmark SET and GET requests per second against
 #     redis-server, 50 clients, one request at a time and 16 pipelined;
-#     wrk against nginx, 10 keep-alive connections, 64 KiB and 1 MiB files;
+#     wrk against nginx, 10 keep-alive connections, 64 KiB and 1 MiB files,
+#     and 64 KiB with sendfile on;
 #   * connection setup rate (sdp-connbench): kernel TCP, SDP with a warm
 #     port mapper cache, SDP with every connection asking the port mapper;
 #   * churn: 100 clients at once, each connecting, one request, closing
