@@ -262,10 +262,11 @@ impl Proc {
         match self.line_before(deadline) {
             Ok(line) => line,
             Err(Waited::TimedOut) => panic!(
-                "{}: nothing after {:?}\n{}",
+                "{}: nothing after {:?}\n{}\n{}",
                 self.name,
                 STEP,
-                self.transcript()
+                self.transcript(),
+                threads(self.pid())
             ),
             Err(Waited::Ended) => None,
         }
@@ -367,8 +368,9 @@ impl Proc {
                 break s;
             }
             if Instant::now() > deadline {
+                let stuck = threads(self.pid());
                 let _ = self.child.kill();
-                panic!("{} did not end\n{}", self.name, self.transcript());
+                panic!("{} did not end\n{}\n{stuck}", self.name, self.transcript());
             }
             // The streams are closed; only the exit itself is left.
             std::thread::sleep(Duration::from_millis(2));
@@ -625,6 +627,39 @@ impl Drop for Env {
             }
         }
     }
+}
+
+/// Where each thread of process `pid` is, for a program that is stuck:
+/// its name, state, system call (`/proc/PID/task/TID/syscall`: the number
+/// and its arguments, or `running`) and the kernel function it sleeps in.
+pub fn threads(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("threads of {pid}: gone");
+    };
+    let mut out = format!("threads of {pid}:");
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .map(|t| t.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .map_or("", |(_, r)| r.trim())
+            .split(' ')
+            .next()
+            .unwrap_or("");
+        out += &format!(
+            "\n  {} {} {state} syscall [{}] wchan {}",
+            task.file_name().to_string_lossy(),
+            read("comm"),
+            read("syscall"),
+            read("wchan")
+        );
+    }
+    out
 }
 
 /// Whether process `pid` exists and has not ended (a zombie has ended).

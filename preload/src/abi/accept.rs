@@ -10,6 +10,7 @@ use crate::sys::addr::{int_sockopt, read_sockaddr, socket_name, write_sockaddr};
 use crate::sys::errno::{fail, SavedErrno};
 use crate::sys::guard::Guard;
 use crate::sys::real;
+use crate::sys::signals::SignalsHeld;
 use crate::table::{self, DecidedBy, Entry, SdpSide, SocketRole, TcpReason, Transport};
 use libc::{c_int, sockaddr, socklen_t};
 use std::sync::atomic::Ordering;
@@ -165,6 +166,9 @@ unsafe fn sdp_accept_inner(
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
     let dontwait = h.nonblock.load(Ordering::Relaxed);
+    // A blocking call sleeps with the program's signal mask and holds its
+    // signals until then: one that comes on the way ends the sleep.
+    let held = (!dontwait).then(SignalsHeld::hold);
     // How long a nonblocking call waits for a connection already in setup.
     let setup_deadline = Instant::now() + SETUP_WAIT;
     loop {
@@ -250,8 +254,14 @@ unsafe fn sdp_accept_inner(
         } else {
             0
         };
-        // SAFETY: three local pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), 3, t) };
+        let r = match &held {
+            // SAFETY: three local pollfds, no timeout, the program's mask.
+            Some(held) => unsafe {
+                real::ppoll(p.as_mut_ptr(), 3, std::ptr::null(), held.program_mask())
+            },
+            // SAFETY: three local pollfds.
+            None => unsafe { real::poll(p.as_mut_ptr(), 3, t) },
+        };
         if r < 0 {
             return -1;
         }
@@ -274,5 +284,78 @@ unsafe fn sdp_accept_inner(
         if r == 0 {
             return fail(libc::EAGAIN);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sdp::{Accepted, Errno, Readiness, SdpListener, WakeFd};
+    use crate::test_support::socketpair;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{mpsc, Arc};
+
+    static HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn count(_: c_int) {
+        HANDLED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A hidden listener with no connection, whose `accept` meets a signal
+    /// for its own thread: the signal comes while the program's call is on
+    /// its way to its sleep.
+    struct SignalOnTheWay {
+        wake: c_int,
+    }
+
+    impl SdpListener for SignalOnTheWay {
+        fn readiness(&self) -> Readiness {
+            Readiness::default()
+        }
+        fn wake_fd(&self) -> WakeFd {
+            self.wake
+        }
+        fn accept(&self, _nonblocking: bool, _cloexec: bool) -> Result<Accepted, Errno> {
+            // SAFETY: a signal for this very thread.
+            unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGWINCH) };
+            Err(libc::EAGAIN)
+        }
+        fn close(&self) {}
+        fn fork_child(&self) {}
+    }
+
+    /// A signal whose handler (without SA_RESTART) runs once a blocking
+    /// `accept` began ends the call with `EINTR`, as it ends the kernel's:
+    /// a program whose handler sets the flag its loop checks before each
+    /// `accept` (sockperf's server on SIGINT) must not sleep for good.
+    #[test]
+    fn a_signal_on_the_way_to_the_sleep_ends_a_blocking_accept() {
+        // SAFETY: a handler without SA_RESTART for SIGWINCH, which no other
+        // test uses; an all-zero sigaction is valid before filling it.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = count as extern "C" fn(c_int) as usize;
+            assert_eq!(
+                libc::sigaction(libc::SIGWINCH, &sa, std::ptr::null_mut()),
+                0
+            );
+        }
+        // Stand-ins for the kernel listener and the wake fd: never readable.
+        let (kernel, _peer) = socketpair();
+        let (wake, _wake_peer) = socketpair();
+        let mut e = Entry::new(false, false);
+        e.sdp = SdpSide::listener(Arc::new(SignalOnTheWay { wake }), false);
+        table::insert(kernel, e);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: no address wanted.
+            let r = unsafe { accept(kernel, std::ptr::null_mut(), std::ptr::null_mut()) };
+            let _ = tx.send((r, std::io::Error::last_os_error().raw_os_error()));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the accept slept on after the signal its call met");
+        assert_eq!(got, (-1, Some(libc::EINTR)));
+        assert_eq!(HANDLED.load(Ordering::SeqCst), 1, "the handler ran once");
     }
 }

@@ -8,8 +8,10 @@
 //!   `getsockopt`.
 //! * [`guard`] — "inside the preload" per thread, the library's own
 //!   threads (every signal blocked), the process id.
+//! * [`signals`] — signals held back while a blocking call goes to sleep.
 
 pub mod addr;
 pub mod errno;
 pub mod guard;
 pub mod real;
+pub mod signals;
