@@ -644,17 +644,11 @@ pub fn threads(pid: u32) -> String {
                 .map(|t| t.trim().to_owned())
                 .unwrap_or_default()
         };
-        let stat = read("stat");
-        let state = stat
-            .rsplit_once(')')
-            .map_or("", |(_, r)| r.trim())
-            .split(' ')
-            .next()
-            .unwrap_or("");
         out += &format!(
-            "\n  {} {} {state} syscall [{}] wchan {}",
+            "\n  {} {} {} syscall [{}] wchan {}",
             task.file_name().to_string_lossy(),
             read("comm"),
+            state(&read("stat")).unwrap_or(""),
             read("syscall"),
             read("wchan")
         );
@@ -662,15 +656,17 @@ pub fn threads(pid: u32) -> String {
     out
 }
 
+/// The state letter of a `/proc/.../stat` line (after the command name,
+/// which may hold spaces and parentheses).
+fn state(stat: &str) -> Option<&str> {
+    stat.rsplit_once(')')?.1.split_whitespace().next()
+}
+
 /// Whether process `pid` exists and has not ended (a zombie has ended).
 pub fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|t| {
-            let state = t.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
-            Some(state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
+        .is_some_and(|t| state(&t).is_some_and(|s| s != "Z" && s != "X"))
 }
 
 /// Equal addresses, an IPv4-mapped IPv6 address counting as its IPv4 one

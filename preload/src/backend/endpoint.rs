@@ -109,9 +109,9 @@ pub struct Ep {
     /// The program set TCP_USER_TIMEOUT itself: keepalive leaves it alone.
     user_timeout: AtomicBool,
     /// SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT as last
-    /// set or read ([`UNKNOWN`] before), and the TCP_USER_TIMEOUT they
-    /// gave ([`Ep::keepalive_deadline`]).
+    /// set or read ([`UNKNOWN`] before; [`Ep::keepalive_deadline`]).
     keepalive: [AtomicI32; 4],
+    /// The TCP_USER_TIMEOUT they gave, as last set ([`UNKNOWN`] before).
     keepalive_ms: AtomicI32,
     /// The program's O_NONBLOCK ([`SdpEndpoint::set_nonblocking`]), for a
     /// stream connected later.
@@ -184,9 +184,9 @@ impl Ep {
     /// kernel took it); the times and the count are read from the socket
     /// once and remembered, and the timeout is set when it changes: the
     /// four calls a server makes per connection (redis) cost seven system
-    /// calls more, not twenty. (A forked child that changes
-    /// them on the shared socket leaves this process's copy behind; its
-    /// own setting of the timeout stands until this process sets one.)
+    /// calls more, not twenty. (A forked child that changes them on the
+    /// shared socket leaves this process's copy behind; its own setting
+    /// of the timeout stands until this process sets one.)
     fn keepalive_deadline(&self, which: usize, value: Option<c_int>) {
         let fd = self.fd;
         if let Some(v) = value {
@@ -639,7 +639,6 @@ fn kernel_send(
     }
 }
 
-/// An int socket option of the kernel socket `fd`.
 /// The options keepalive is made of ([`Ep::keepalive_deadline`]).
 const KEEPALIVE: [(c_int, c_int); 4] = [
     (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
@@ -651,6 +650,7 @@ const KEEPALIVE: [(c_int, c_int); 4] = [
 /// Not yet known (an [`Ep`]'s keepalive options).
 const UNKNOWN: c_int = -1;
 
+/// An int socket option of the kernel socket `fd`.
 fn kernel_int(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;

@@ -76,13 +76,7 @@ impl Guard {
 /// interrupts (`EINTR`) as it would without the library.
 pub fn library_thread() {
     let _ = INSIDE.try_with(|inside| inside.set(true));
-    // SAFETY: a local set filled by sigfillset; only this thread's mask
-    // changes.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+    super::signals::block_all();
 }
 
 /// This process's id, as the library last saw it (start, fork child).

@@ -10,17 +10,22 @@
 /// and the sleep with the program's mask ends at once with `EINTR`.
 pub struct SignalsHeld(libc::sigset_t);
 
+/// Blocks every signal on the calling thread; returns the mask before.
+pub fn block_all() -> libc::sigset_t {
+    // SAFETY: local sets filled before use; only this thread's mask
+    // changes.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before);
+        before
+    }
+}
+
 impl SignalsHeld {
     pub fn hold() -> SignalsHeld {
-        // SAFETY: local sets filled before use; only this thread's mask
-        // changes.
-        unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut program: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut program);
-            SignalsHeld(program)
-        }
+        SignalsHeld(block_all())
     }
 
     /// The program's mask, for the sleep.
