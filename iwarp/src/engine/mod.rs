@@ -52,6 +52,7 @@
 
 mod connection;
 pub mod overlay;
+mod placement;
 mod qp;
 pub mod rebase;
 mod rx;

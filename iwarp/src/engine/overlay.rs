@@ -50,32 +50,10 @@
 
 use crate::mem::RegionId;
 
+pub use super::placement::RecvOverlay;
+use super::placement::Target;
 use super::qp::{DataPath, State};
-use super::sink::Target;
 use super::wr::Sge;
-
-/// Part of a receive buffer placed elsewhere (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecvOverlay {
-    /// The receive the buffer belongs to.
-    pub wr_id: u64,
-    /// The part of the receive buffer: region, offset, length.
-    pub from: Sge,
-    /// Where its octets land instead.
-    pub to: RegionId,
-    /// Offset in `to` of the first octet of `from`.
-    pub to_offset: usize,
-    /// Octets of the receive buffer before `from`.
-    pub skip: usize,
-    /// Octets of `to` from `to_offset` up to the furthest one placed.
-    pub placed: usize,
-    /// Whether placement is translated now; a parked overlay
-    /// ([`DataPath::park_overlay`]) lets octets land in the receive buffer.
-    pub active: bool,
-    /// While parked: the end (an offset of `from.region`) of the octets of
-    /// `from` placed in the receive buffer.
-    pub parked_end: usize,
-}
 
 /// Where one run of placement lands.
 pub(crate) struct Landing {

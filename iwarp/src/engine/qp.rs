@@ -5,7 +5,7 @@
 //! This file holds the Data Source side (posting, message scheduling, the
 //! ordering and completion rules of RFC 5040 §5.5, IRD/ORD of §6.1) and the
 //! error machinery (Terminate, QP to Error). The Data Sink side (validation
-//! and placement of incoming segments) is in [`super::sink`].
+//! and placement of incoming segments) is in the `sink` module.
 //!
 //! # States
 //!
@@ -25,9 +25,9 @@ use crate::wire::fpdu;
 use crate::wire::rdmap::{Opcode, ReadRequestRepr};
 use crate::wire::terminate::TermCode;
 
+use super::placement::Placement;
 use super::rebase::{self, Rebase};
 use super::rx::Deframer;
-use super::sink::Placement;
 use super::terminate::{self, Echo};
 use super::tx::{Framer, MsgKind, OutMsg, Source};
 use super::txq::{Mark, MissingRegion, TxChunk, TxQueue};
@@ -222,7 +222,7 @@ pub struct DataPath {
     pub(super) ird_inflight: usize,
     prefer_responses: bool,
 
-    /// The receive side: deframing and placement ([`super::sink`]).
+    /// The receive side: deframing and placement (the `sink` module).
     pub(super) rx: Placement,
 
     pub(super) cq: VecDeque<Completion>,
