@@ -167,7 +167,7 @@ impl Handle {
         if finished {
             progress::deregister(shared.id);
         } else if lazy {
-            progress::drain_lazily(shared);
+            progress::drain_lazily(&**shared);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! Buffers, closes finish after the application dropped the stream.
 //!
 //! It keeps off a link whose application thread is polling the socket
-//! itself (see [`super::shared`]), and drops a link once the application
+//! itself (see the `shared` module), and drops a link once the application
 //! released it and its teardown was carried out.
 //!
 //! **Parking.** Every message arriving on a socket would wake this thread
@@ -43,15 +43,70 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use rustix::buffer::spare_capacity;
 use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
 use rustix::event::{eventfd, EventfdFlags, Timespec};
 
-use super::shared::Shared;
 use crate::link::GIVE_BACK_AFTER;
+
+/// A link as the thread services it (the stream's shared state is one).
+/// The thread knows its links through this alone, so that a link can
+/// tell the thread of its interest and deadline without the two modules
+/// importing each other.
+pub trait Serviced: Send + Sync {
+    /// The link's key in the thread's table and epoll set.
+    fn id(&self) -> u64;
+    /// The socket, for epoll.
+    fn sock(&self) -> RwLockReadGuard<'_, Arc<TcpStream>>;
+    /// Released, and only waiting for its peer's end: looked at on the
+    /// drain grid, not watched in the epoll set (`drain_lazily`).
+    fn is_lazy(&self) -> bool;
+    /// When the thread must look at the link next.
+    fn deadline(&self) -> Option<Instant>;
+    /// An application thread polls the socket itself.
+    fn polled(&self) -> bool;
+    /// The application let go of the link.
+    fn is_released(&self) -> bool;
+    /// Nothing waits to be written.
+    fn written_out(&self) -> bool;
+    /// FPDUs wait for room in the socket.
+    fn waits_for_room(&self) -> bool;
+    /// The thread reads the socket's arrivals (the application does not).
+    fn reads(&self) -> bool;
+    /// Moves what can move; whether the link is finished.
+    fn service(&self, now: Instant) -> bool;
+    /// The socket reported a hang-up.
+    fn note_hangup(&self);
+    /// The thread found the link's lock taken and left its visit to the
+    /// holder.
+    fn kick_pending(&self) -> bool;
+}
+
+/// A deadline kept in an atomic: nanoseconds since the process's first
+/// use of it, [`NO_DEADLINE`] for none.
+pub(super) fn encode(t: Option<Instant>) -> u64 {
+    t.map_or(NO_DEADLINE, |t| {
+        t.saturating_duration_since(base())
+            .as_nanos()
+            .min(u128::from(NO_DEADLINE - 1)) as u64
+    })
+}
+
+/// The deadline [`encode`] kept.
+pub(super) fn decode(v: u64) -> Option<Instant> {
+    (v != NO_DEADLINE).then(|| base() + Duration::from_nanos(v))
+}
+
+/// The origin of the deadlines kept in atomics.
+pub(super) fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+pub(super) const NO_DEADLINE: u64 = u64::MAX;
 
 /// How long a link whose application thread polls its socket is left out
 /// of the epoll set (see Parking above).
@@ -69,11 +124,11 @@ const EVERYTHING: EventFlags = EventFlags::IN
     .union(EventFlags::ET);
 
 /// What the thread waits for on a link's socket: arrivals unless the
-/// application reads them itself ([`Shared::watch_socket`]), room only
-/// while FPDUs wait for it ([`Shared::waits_for_room`]: TCP reports room
+/// application reads them itself (the stream's `watch_socket`), room only
+/// while FPDUs wait for it ([`Serviced::waits_for_room`]: TCP reports room
 /// again and again while a bulk sender keeps its socket nearly full, and
 /// each report would wake the thread for nothing), a hang-up always.
-fn interest(s: &Shared) -> EventFlags {
+fn interest(s: &dyn Serviced) -> EventFlags {
     let mut flags = EventFlags::RDHUP | EventFlags::ET;
     if s.reads() {
         flags |= EventFlags::IN;
@@ -101,7 +156,7 @@ const WAKE_KEY: u64 = u64::MAX;
 struct Thread {
     epoll: OwnedFd,
     wake: OwnedFd,
-    links: Mutex<HashMap<u64, Arc<Shared>>>,
+    links: Mutex<HashMap<u64, Arc<dyn Serviced>>>,
     /// Until when the thread sleeps (encoded as a link's deadline),
     /// [`AWAKE`] while it works: a deadline later than that needs no
     /// wake-up, one sooner does ([`wake_for`]).
@@ -159,7 +214,7 @@ fn thread() -> io::Result<&'static Thread> {
             links: Mutex::new(HashMap::new()),
             asleep_until: AtomicU64::new(AWAKE),
             changes: AtomicU64::new(0),
-            soonest: AtomicU64::new(super::shared::encode(None)),
+            soonest: AtomicU64::new(encode(None)),
         }));
         std::thread::Builder::new()
             .name("sdp-progress".into())
@@ -187,7 +242,7 @@ fn running() -> Option<&'static Thread> {
         .copied()
 }
 
-/// A fresh key for [`Shared::id`].
+/// A fresh key for [`Serviced::id`].
 pub fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
@@ -251,7 +306,7 @@ pub fn wait_written(deadline: Instant, delivered: impl Fn(BorrowedFd<'_>) -> boo
     };
     loop {
         // Not under the table's lock: each check takes the link's lock.
-        let released: Vec<Arc<Shared>> = lock(&t.links)
+        let released: Vec<Arc<dyn Serviced>> = lock(&t.links)
             .values()
             .filter(|s| s.is_released())
             .cloned()
@@ -268,21 +323,21 @@ pub fn wait_written(deadline: Instant, delivered: impl Fn(BorrowedFd<'_>) -> boo
 }
 
 /// Hands a link to the progress thread.
-pub fn register(shared: Arc<Shared>) -> io::Result<()> {
+pub fn register(shared: Arc<dyn Serviced>) -> io::Result<()> {
     let t = thread()?;
     // In the table first: the first (edge) event may come at once.
-    if lock(&t.links).insert(shared.id, shared.clone()).is_some() {
+    if lock(&t.links).insert(shared.id(), shared.clone()).is_some() {
         // Registered already.
         return Ok(());
     }
     let r = epoll::add(
         &t.epoll,
         &*shared.sock(),
-        EventData::new_u64(shared.id),
-        interest(&shared),
+        EventData::new_u64(shared.id()),
+        interest(&*shared),
     );
     if let Err(e) = r {
-        lock(&t.links).remove(&shared.id);
+        lock(&t.links).remove(&shared.id());
         return Err(e.into());
     }
     // The socket is in the epoll set: what it brings wakes the thread.
@@ -300,7 +355,7 @@ pub(super) fn set_interest(id: u64) {
     };
     let links = lock(&t.links);
     if let Some(s) = links.get(&id).filter(|s| !s.is_lazy()) {
-        let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), interest(s));
+        let _ = epoll::modify(&t.epoll, &*s.sock(), EventData::new_u64(id), interest(&**s));
     }
 }
 
@@ -317,16 +372,16 @@ pub fn deregister(id: u64) {
 }
 
 /// Takes a released link that only waits for its peer's end out of the
-/// epoll set: the thread looks at it on the [`super::shared::DRAIN_LOOK`]
+/// epoll set: the thread looks at it on the `DRAIN_LOOK`
 /// grid (its deadline) with every other such link, instead of waking for
 /// each arrival on it. (`EPOLLHUP` cannot be masked: the peer's FIN
 /// after ours would wake the thread however little it asked for.)
-pub(super) fn drain_lazily(shared: &Shared) {
+pub(super) fn drain_lazily(shared: &dyn Serviced) {
     let Some(t) = running() else {
         return;
     };
     let links = lock(&t.links);
-    if links.contains_key(&shared.id) {
+    if links.contains_key(&shared.id()) {
         let _ = epoll::delete(&t.epoll, &*shared.sock());
     }
 }
@@ -400,7 +455,7 @@ fn rekey<R>(
         let flags = links
             .as_ref()
             .and_then(|l| l.get(&id))
-            .map_or(EVERYTHING, |s| interest(s));
+            .map_or(EVERYTHING, |s| interest(&**s));
         added = epoll::add(&t.epoll, &**cur, EventData::new_u64(id), flags).map_err(Into::into);
     }
     drop(cur);
@@ -418,7 +473,7 @@ pub fn wake_for(deadline: Option<Instant>) {
     let Some(t) = running() else {
         return;
     };
-    let d = super::shared::encode(deadline);
+    let d = encode(deadline);
     t.soonest.fetch_min(d, Ordering::SeqCst);
     t.changes.fetch_add(1, Ordering::SeqCst);
     let until = t.asleep_until.load(Ordering::SeqCst);
@@ -458,8 +513,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Thread {
     fn run(&self) {
         let mut events = Vec::with_capacity(256);
-        let mut due: Vec<Arc<Shared>> = Vec::new();
-        let mut parked: Vec<(Instant, Arc<Shared>)> = Vec::new();
+        let mut due: Vec<Arc<dyn Serviced>> = Vec::new();
+        let mut parked: Vec<(Instant, Arc<dyn Serviced>)> = Vec::new();
         // The links' nearest deadline as far as known: never later than
         // the true one (a deadline that comes sooner is told, one that
         // moves later is found when this one passes), so the thread looks
@@ -469,18 +524,14 @@ impl Thread {
         let mut release = Release::default();
         loop {
             let seen = self.changes.load(Ordering::SeqCst);
-            let told = super::shared::decode(
-                self.soonest
-                    .swap(super::shared::encode(None), Ordering::SeqCst),
-            );
+            let told = decode(self.soonest.swap(encode(None), Ordering::SeqCst));
             timer = timer.into_iter().chain(told).min();
             let next = timer
                 .into_iter()
                 .chain(parked.first().map(|p| p.0))
                 .chain(release.due())
                 .min();
-            self.asleep_until
-                .store(super::shared::encode(next), Ordering::SeqCst);
+            self.asleep_until.store(encode(next), Ordering::SeqCst);
             if self.changes.load(Ordering::SeqCst) != seen {
                 // A deadline came while we looked: look again.
                 self.asleep_until.store(AWAKE, Ordering::SeqCst);
@@ -519,7 +570,7 @@ impl Thread {
                         }
                         if s.polled() {
                             // Its application thread reads the socket.
-                            let data = EventData::new_u64(s.id);
+                            let data = EventData::new_u64(s.id());
                             let _ = epoll::modify(&self.epoll, &*s.sock(), data, EventFlags::ET);
                             parked.push((now + PARK, s.clone()));
                         } else {
@@ -543,15 +594,15 @@ impl Thread {
                 // socket is ready.
                 let back = parked.iter().take_while(|p| p.0 <= now).count();
                 for (_, s) in parked.drain(..back) {
-                    if links.contains_key(&s.id) {
-                        let data = EventData::new_u64(s.id);
-                        let _ = epoll::modify(&self.epoll, &*s.sock(), data, interest(&s));
+                    if links.contains_key(&s.id()) {
+                        let data = EventData::new_u64(s.id());
+                        let _ = epoll::modify(&self.epoll, &*s.sock(), data, interest(&*s));
                     }
                 }
             }
             for s in due.drain(..) {
                 if s.service(now) {
-                    self.remove(&s);
+                    self.remove(&*s);
                 } else if let (true, Some(d)) = (s.kick_pending() || s.polled(), s.deadline()) {
                     // The lock's holder serves the kick when it unlocks
                     // (if it unlocks through `Locked`), and a poller its
@@ -570,8 +621,8 @@ impl Thread {
         }
     }
 
-    fn remove(&self, s: &Shared) {
-        if lock(&self.links).remove(&s.id).is_some() && !s.is_lazy() {
+    fn remove(&self, s: &dyn Serviced) {
+        if lock(&self.links).remove(&s.id()).is_some() && !s.is_lazy() {
             let _ = epoll::delete(&self.epoll, &*s.sock());
         }
     }

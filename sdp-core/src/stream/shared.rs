@@ -53,6 +53,7 @@ use rustix::io::Errno;
 
 use self::bell::Bell;
 use super::counters::{Counters, Snapshot};
+use super::progress::{base, decode, encode, Serviced, NO_DEADLINE};
 use super::readiness::{LevelWatch, Readiness};
 use crate::conn::FlowControlMode;
 use crate::link::{Lent, Link};
@@ -82,28 +83,48 @@ fn drain_look(now: Instant) -> Instant {
     base() + Duration::from_nanos((n * step).min(u64::MAX as u128) as u64)
 }
 
-/// The origin of the deadlines kept in atomics.
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
-const NO_DEADLINE: u64 = u64::MAX;
-
 /// Most pumps [`Inner::settle_input`] makes for one report: more than the
 /// credit-only messages that can come in a row before data.
 const SETTLE_ROUNDS: usize = 64;
 
-pub(super) fn encode(t: Option<Instant>) -> u64 {
-    t.map_or(NO_DEADLINE, |t| {
-        t.saturating_duration_since(base())
-            .as_nanos()
-            .min(u128::from(NO_DEADLINE - 1)) as u64
-    })
-}
-
-pub(super) fn decode(v: u64) -> Option<Instant> {
-    (v != NO_DEADLINE).then(|| base() + Duration::from_nanos(v))
+/// The progress thread services a link through its shared state.
+impl Serviced for Shared {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn sock(&self) -> RwLockReadGuard<'_, Arc<TcpStream>> {
+        Shared::sock(self)
+    }
+    fn is_lazy(&self) -> bool {
+        Shared::is_lazy(self)
+    }
+    fn deadline(&self) -> Option<Instant> {
+        Shared::deadline(self)
+    }
+    fn polled(&self) -> bool {
+        Shared::polled(self)
+    }
+    fn is_released(&self) -> bool {
+        Shared::is_released(self)
+    }
+    fn written_out(&self) -> bool {
+        Shared::written_out(self)
+    }
+    fn waits_for_room(&self) -> bool {
+        Shared::waits_for_room(self)
+    }
+    fn reads(&self) -> bool {
+        Shared::reads(self)
+    }
+    fn service(&self, now: Instant) -> bool {
+        Shared::service(self, now)
+    }
+    fn note_hangup(&self) {
+        Shared::note_hangup(self)
+    }
+    fn kick_pending(&self) -> bool {
+        Shared::kick_pending(self)
+    }
 }
 
 fn error_kind(e: &io::Error) -> ErrorKind {
