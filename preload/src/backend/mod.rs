@@ -88,6 +88,12 @@ const COALESCE_US: u64 = 5000;
 /// idle connection holds none of it (docs/design.md §7).
 const MAX_BUFS: u16 = 64;
 
+/// How long a blocking reader polls its socket before it sleeps, while
+/// answers come quickly (`Config::busy_poll_us`): a 64-byte round trip
+/// between two such readers takes a quarter of TCP's here, where a
+/// sleeping one costs a wake-up on each end (docs/design.md §9).
+const BUSY_POLL_US: u32 = 50;
+
 /// The SDP connection parameters: the defaults, with the Zcopy policy
 /// from `SDP_ZCOPY` (off, read, write, both; default off) and
 /// `SDP_ZCOPY_THRESHOLD` (the Bcopy Threshold, default 256K): blocking
@@ -96,7 +102,10 @@ const MAX_BUFS: u16 = 64;
 /// with Write Zcopy on); `SDP_LEND_ABOVE` (blocking sends larger than it
 /// go straight from the program's buffer; default 128K); `SDP_COALESCE_US`
 /// (how long a large write's short tail may wait for the next write,
-/// default 5000); `SDP_LOCAL` (off: no same-host path, default on)
+/// default 5000); `SDP_BUSY_POLL_US` (how long a blocking reader polls
+/// before it sleeps; default 50 where the process may run on more than one
+/// core, else 0: polling on the only core would hold off the peer it waits
+/// for); `SDP_LOCAL` (off: no same-host path, default on)
 /// (docs/preload.md).
 pub(crate) fn sdp_config() -> sdp_core::conn::Config {
     use sdp_core::stream::zcopy::{parse_size, ZcopyMode};
@@ -137,6 +146,18 @@ pub(crate) fn sdp_config() -> sdp_core::conn::Config {
                     Err(_) => crate::log!(
                         crate::log::Level::Warn,
                         "SDP_COALESCE_US: {v:?} is not a number of microseconds; {COALESCE_US}"
+                    ),
+                }
+            }
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            config.busy_poll_us = if cores > 1 { BUSY_POLL_US } else { 0 };
+            if let Some(v) = env("SDP_BUSY_POLL_US") {
+                match v.parse::<u32>() {
+                    Ok(us) => config.busy_poll_us = us,
+                    Err(_) => crate::log!(
+                        crate::log::Level::Warn,
+                        "SDP_BUSY_POLL_US: {v:?} is not a number of microseconds; {}",
+                        config.busy_poll_us
                     ),
                 }
             }

@@ -121,6 +121,11 @@ pub struct Config {
     /// peer's (DESIGN §9, [`super::local`]). Off by default; the preload
     /// turns it on unless `SDP_LOCAL=off`.
     pub local: bool,
+    /// Microseconds a blocking reader polls its socket before it sleeps
+    /// when answers come quickly ([`crate::stream::busy_poll`], DESIGN §7
+    /// "Latency"). Zero (the default): it sleeps at once; the preload
+    /// sets 50 on a machine with more than one core (`SDP_BUSY_POLL_US`).
+    pub busy_poll_us: u32,
 }
 
 /// When the Data Source (Mode Master) moves its send half-connection
@@ -160,6 +165,7 @@ impl Default for Config {
             lend_above: 128 * 1024,
             coalesce: Duration::ZERO,
             local: false,
+            busy_poll_us: 0,
         }
     }
 }
@@ -193,6 +199,7 @@ impl Config {
             lend_above: self.lend_above,
             coalesce: self.coalesce,
             local: self.local,
+            busy_poll_us: self.busy_poll_us,
         }
     }
 }

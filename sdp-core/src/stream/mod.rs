@@ -73,6 +73,7 @@
 //! ```
 
 pub mod accept;
+pub(crate) mod busy_poll;
 mod call;
 pub mod counters;
 pub mod progress;

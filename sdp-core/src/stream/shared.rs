@@ -52,6 +52,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
 use self::bell::Bell;
+use super::busy_poll::BusyPoll;
 use super::counters::{Counters, Snapshot};
 use super::progress::{base, decode, encode, Serviced, NO_DEADLINE};
 use super::readiness::{LevelWatch, Readiness};
@@ -225,6 +226,8 @@ pub struct Inner {
     pub(super) socket_moved: bool,
     /// The buffer length of the program's last read ([`Inner::read_len`]).
     last_read: u32,
+    /// How long this stream's reader polls before it sleeps.
+    busy_poll: BusyPoll,
 }
 
 /// Caller memory lent to one pump, and where its reading may stop. Both
@@ -876,6 +879,7 @@ impl Shared {
     ) -> io::Result<Shared> {
         let sock = Arc::new(RwLock::new(ep.shared_stream()));
         let user = readiness.as_ref().map(Readiness::user_shared);
+        let busy_poll = BusyPoll::new(link.conn().config().busy_poll_us);
         let mut inner = Inner {
             link,
             ep,
@@ -912,6 +916,7 @@ impl Shared {
             quiet_unlock: false,
             socket_moved: false,
             last_read: 0,
+            busy_poll,
         };
         let user_fd = OnceLock::new();
         if let (Some(r), Some(user)) = (readiness, user) {
@@ -1488,14 +1493,14 @@ impl<'a> Locked<'a> {
     /// changed, `deadline` passed, or a timer of the link is due; see the
     /// module documentation. The caller pumps afterwards.
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<()> {
-        self.wait_as(deadline, false)
+        self.wait_as(deadline, false, false)
     }
 
     /// [`Locked::wait`], but a signal that interrupts the sleep in
     /// `poll(2)` ends it with [`io::ErrorKind::Interrupted`] (as a blocking
     /// socket call's `EINTR`), for a caller that reports it.
     pub fn wait_interruptible(&mut self, deadline: Option<Instant>) -> io::Result<()> {
-        self.wait_as(deadline, true)
+        self.wait_as(deadline, true, false)
     }
 
     /// [`Locked::wait_for`] for a read with nothing to take: the reader
@@ -1515,7 +1520,7 @@ impl<'a> Locked<'a> {
                 shared.sync_interest(g);
             }
         }
-        self.wait_as(deadline, signals)
+        self.wait_as(deadline, signals, true)
     }
 
     /// Another thread is the poller, or owns the socket for Zcopy: a wait
@@ -1534,7 +1539,7 @@ impl<'a> Locked<'a> {
     /// instead lost wake-ups under the soak's load: two threads each
     /// reading and writing one stream, signals every few milliseconds.)
     pub fn wait_for(&mut self, deadline: Option<Instant>, signals: bool) -> io::Result<()> {
-        self.wait_as(deadline, signals)
+        self.wait_as(deadline, signals, false)
     }
 
     /// Before the lock goes for a sleep: what the others and the peer
@@ -1563,7 +1568,14 @@ impl<'a> Locked<'a> {
         }
     }
 
-    fn wait_as(&mut self, deadline: Option<Instant>, interruptible: bool) -> io::Result<()> {
+    /// The sleep of [`Locked::wait`] and its kin; a `reader`'s polls its
+    /// socket first for the stream's [`BusyPoll`] budget.
+    fn wait_as(
+        &mut self,
+        deadline: Option<Instant>,
+        interruptible: bool,
+        reader: bool,
+    ) -> io::Result<()> {
         let shared = self.shared;
         let Some(mut g) = self.guard.take() else {
             return Ok(());
@@ -1619,6 +1631,12 @@ impl<'a> Locked<'a> {
             flags |= PollFlags::OUT;
         }
         g.polling_out = flags.contains(PollFlags::OUT);
+        let max_poll = if reader {
+            g.link.conn().config().busy_poll_us
+        } else {
+            0
+        };
+        let spin = g.busy_poll.budget();
         drop(g);
         // Without an eventfd (the process is out of descriptors) the
         // poller looks again every few milliseconds instead.
@@ -1626,10 +1644,7 @@ impl<'a> Locked<'a> {
             Some(_) => timeout,
             None => Some(timeout.map_or(NO_WAKE_POLL, |t| t.min(NO_WAKE_POLL))),
         };
-        let ts = timeout.map(|t| Timespec {
-            tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: i64::from(t.subsec_nanos()),
-        });
+        let started = Instant::now();
         // The socket's read lock goes before the link's lock is taken.
         let r = {
             let sock = shared.sock();
@@ -1641,13 +1656,17 @@ impl<'a> Locked<'a> {
                 },
             ];
             let n = if wake.is_some() { 2 } else { 1 };
-            match poll(&mut fds[..n], ts.as_ref()) {
+            let spin = if max_poll > 0 { spin } else { Duration::ZERO };
+            match poll_after_polling(&mut fds[..n], started, spin, timeout) {
                 Ok(_) => Ok(()),
                 Err(Errno::INTR) if !interruptible => Ok(()),
                 Err(e) => Err(e.into()),
             }
         };
         let mut g = shared.lock_inner();
+        if max_poll > 0 {
+            g.busy_poll.after(started.elapsed(), max_poll);
+        }
         g.poller_active = false;
         g.poller_wake = None;
         shared.poller.store(false, Ordering::SeqCst);
@@ -1665,6 +1684,38 @@ impl<'a> Locked<'a> {
         self.guard = Some(g);
         r
     }
+}
+
+/// `poll(2)` on `fds` for up to `timeout` from `started`, looking
+/// without sleeping for the first `spin` of it ([`BusyPoll`]).
+fn poll_after_polling(
+    fds: &mut [PollFd<'_>],
+    started: Instant,
+    spin: Duration,
+    timeout: Option<Duration>,
+) -> rustix::io::Result<usize> {
+    let spin = timeout.map_or(spin, |t| spin.min(t));
+    if !spin.is_zero() {
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        loop {
+            match poll(fds, Some(&now)) {
+                Ok(0) if started.elapsed() < spin => std::hint::spin_loop(),
+                Ok(0) => break,
+                r => return r,
+            }
+        }
+    }
+    let ts = timeout.map(|t| {
+        let t = t.saturating_sub(started.elapsed());
+        Timespec {
+            tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        }
+    });
+    poll(fds, ts.as_ref())
 }
 
 /// How long a poller without a wake-up eventfd sleeps at most.

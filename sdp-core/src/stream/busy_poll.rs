@@ -1,0 +1,91 @@
+//! How long a reader that would sleep polls its socket first (DESIGN §7
+//! "Latency").
+//!
+//! A thread woken from `poll(2)` costs both ends a context switch and, on
+//! another core, an inter-processor interrupt: on a virtual machine that
+//! is most of a small message's round trip. A reader whose answers come
+//! quickly looks at its socket without sleeping for a while first, as
+//! Linux's `busy_read`, rsocket's `polling_time` and libvma's receive
+//! polling do. The budget adapts per stream: a wait that ended within the
+//! configured time (`Config::busy_poll_us`) earns the whole of it for the
+//! next one; a longer wait (an idle peer, a slow answer that polling would
+//! not have caught) halves it, so a reader that waits long polls for
+//! about twice the budget in all and then sleeps at once, until answers
+//! come quickly again.
+
+use std::time::Duration;
+
+/// The adapted polling time of one stream's reader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BusyPoll {
+    /// Microseconds to poll before the next sleep.
+    us: u32,
+}
+
+impl BusyPoll {
+    /// A stream's first wait polls for the whole of `max_us`.
+    pub fn new(max_us: u32) -> BusyPoll {
+        BusyPoll { us: max_us }
+    }
+
+    /// How long the next wait polls before it sleeps.
+    pub fn budget(self) -> Duration {
+        Duration::from_micros(u64::from(self.us))
+    }
+
+    /// A wait ended after `waited` (polling and sleep together).
+    pub fn after(&mut self, waited: Duration, max_us: u32) {
+        self.us = if waited <= Duration::from_micros(u64::from(max_us)) {
+            max_us
+        } else {
+            self.us / 2
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: fn(u64) -> Duration = Duration::from_micros;
+
+    #[test]
+    fn quick_answers_keep_the_whole_budget() {
+        let mut b = BusyPoll::new(50);
+        assert_eq!(b.budget(), US(50));
+        b.after(US(7), 50);
+        assert_eq!(b.budget(), US(50));
+        b.after(US(50), 50);
+        assert_eq!(b.budget(), US(50));
+    }
+
+    #[test]
+    fn long_waits_halve_it_to_nothing_and_a_quick_one_restores_it() {
+        let mut b = BusyPoll::new(50);
+        let mut polled = Duration::ZERO;
+        let mut waits = 0;
+        while !b.budget().is_zero() {
+            polled += b.budget();
+            b.after(Duration::from_secs(1), 50);
+            waits += 1;
+        }
+        // 50 + 25 + 12 + 6 + 3 + 1 µs over six long waits, then none.
+        assert_eq!((waits, polled), (6, US(97)));
+        b.after(Duration::from_secs(1), 50);
+        assert_eq!(b.budget(), Duration::ZERO);
+        // A wait that slept and still ended within the budget: polling
+        // would have caught it.
+        b.after(US(30), 50);
+        assert_eq!(b.budget(), US(50));
+    }
+
+    #[test]
+    fn nothing_configured_never_polls() {
+        let mut b = BusyPoll::new(0);
+        assert_eq!(b.budget(), Duration::ZERO);
+        b.after(Duration::ZERO, 0);
+        assert_eq!(b.budget(), Duration::ZERO);
+        b.after(US(5), 0);
+        assert_eq!(b.budget(), Duration::ZERO);
+    }
+}
