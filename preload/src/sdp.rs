@@ -217,6 +217,10 @@ pub struct Counters {
     /// (DESIGN §9), and bytes the peer wrote into ours.
     pub same_host_tx: u64,
     pub same_host_rx: u64,
+    /// Waits of a blocking read that ended while it polled the socket
+    /// (`SDP_BUSY_POLL_US`), and waits that slept.
+    pub waits_polled: u64,
+    pub waits_slept: u64,
 }
 
 /// Zcopy and ModeChange Messages this end sent.

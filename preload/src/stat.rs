@@ -1,6 +1,6 @@
 //! State export for `sdp-stat`: each preloaded process that manages a
 //! socket publishes one file, `<dir>/<pid>.stat`, a header and one fixed
-//! 192-byte record per fd number, mapped shared into the process and
+//! 224-byte record per fd number, mapped shared into the process and
 //! updated in place (a sequence counter per record, no syscall per update).
 //! The format is documented in `docs/preload.md`; [`parse`] reads it.
 //!
@@ -554,6 +554,7 @@ fn stats_bytes(stats: &Stats) -> StatsPart {
     );
     put(field::COPIED, &[c.rx_copied, c.rx_copied_back]);
     put(field::SAME_HOST_BYTES, &[c.same_host_tx, c.same_host_rx]);
+    put(field::WAITS, &[c.waits_polled, c.waits_slept]);
     part[in_part(field::SAME_HOST)].copy_from_slice(&stats.same_host.to_le_bytes());
     part[in_part(field::LOCAL_CREDITS)].copy_from_slice(&stats.local_credits.to_le_bytes());
     part[in_part(field::REMOTE_CREDITS)].copy_from_slice(&stats.remote_credits.to_le_bytes());
@@ -579,9 +580,9 @@ pub fn publish_stats(fd: i32, stats: &Stats) {
 }
 
 /// Bytes of a record from [`field::COUNTERS`] to the end of
-/// [`field::COPIED`]: the byte counters, the credits, the direct counters,
-/// the messages and the copy counters.
-const STATS_LEN: usize = field::SAME_HOST_BYTES.end - field::COUNTERS.start;
+/// [`field::WAITS`]: the byte counters, the credits, the direct counters,
+/// the messages, the copy counters, the same-host path and the waits.
+const STATS_LEN: usize = field::WAITS.end - field::COUNTERS.start;
 
 /// The SDP part of a record: the modes, and the counters with credits.
 type StatsPart = ([u8; 2], [u8; STATS_LEN]);
@@ -800,6 +801,7 @@ mod tests {
         assert_eq!(r.messages, [11, 12, 13, 14, 15]);
         assert_eq!(r.copied, [16, 17]);
         assert_eq!((r.local_credits, r.remote_credits), (7, 8));
+        assert_eq!((r.same_host_bytes, r.waits), ([18, 19], [20, 21]));
         let rec = &file[HEADER_LEN + 2 * RECORD_LEN..];
         assert!(rec[field::RESERVED].iter().all(|&b| b == 0));
         // Sequence: two writes, each leaving it even.
@@ -845,6 +847,8 @@ mod tests {
                 rx_copied_back: 17,
                 same_host_tx: 18,
                 same_host_rx: 19,
+                waits_polled: 20,
+                waits_slept: 21,
             },
             messages: Messages {
                 src_avails: 11,

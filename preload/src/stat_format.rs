@@ -9,18 +9,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub const MAGIC: [u8; 8] = *b"SDPSTAT1";
 /// Format version (header offset 8). Version 4 added the fallback counters
 /// and the port mapper cache to the header; a version 3 file reads as one
-/// with neither.
-pub const VERSION: u32 = 4;
+/// with neither. Version 5 added [`field::WAITS`] to the record; an older
+/// file's records read as ones with no waits.
+pub const VERSION: u32 = 5;
 /// The oldest version [`parse`] reads.
 pub const MIN_VERSION: u32 = 3;
 /// Bytes before record 0 (one page).
 pub const HEADER_LEN: usize = 4096;
 /// Bytes per record; record `n` (fd `n`) is at `HEADER_LEN + n * RECORD_LEN`.
-pub const RECORD_LEN: usize = 208;
+pub const RECORD_LEN: usize = 224;
+/// Bytes per record of the oldest version [`parse`] reads.
+const MIN_RECORD_LEN: usize = 208;
 
 // Every field lies inside a record (the writer reads and writes them in
 // place).
-const _: () = assert!(field::SAME_HOST_BYTES.end <= RECORD_LEN);
+const _: () = assert!(field::WAITS.end <= RECORD_LEN);
 
 /// Byte ranges of the header and of a record.
 pub mod field {
@@ -87,6 +90,9 @@ pub mod field {
     pub const RESERVED: std::ops::Range<usize> = 188..192;
     /// Bytes written into the peer's ring, and into ours by the peer.
     pub const SAME_HOST_BYTES: std::ops::Range<usize> = 192..208;
+    /// Waits of a blocking read that ended while it polled the socket,
+    /// and waits that slept.
+    pub const WAITS: std::ops::Range<usize> = 208..224;
     /// What `publish` owns: everything but the sequence word and the
     /// engine's statistics.
     pub const ENTRY_PART: std::ops::Range<usize> = 4..56;
@@ -182,6 +188,9 @@ pub struct Record {
     pub same_host: u32,
     /// Bytes written into the peer's ring, and into ours by the peer.
     pub same_host_bytes: [u64; 2],
+    /// Waits of a blocking read that ended while it polled the socket,
+    /// and waits that slept.
+    pub waits: [u64; 2],
 }
 
 /// Why an export file could not be read.
@@ -258,7 +267,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
     }
     let header_len = le_u32(&h[field::H_HEADER_LEN]) as usize;
     let record_len = le_u32(&h[field::H_RECORD_LEN]) as usize;
-    if record_len < RECORD_LEN || header_len < HEADER_LEN {
+    if record_len < MIN_RECORD_LEN || header_len < HEADER_LEN {
         return Err(ParseError::Truncated);
     }
     let program = &h[field::H_PROGRAM];
@@ -323,6 +332,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             remote_credits: le_u32(&r[field::REMOTE_CREDITS]),
             same_host: le_u32(&r[field::SAME_HOST]),
             same_host_bytes: le_u64s(&r[field::SAME_HOST_BYTES]),
+            waits: r.get(field::WAITS).map_or([0; 2], le_u64s),
         });
     }
     Ok(state)

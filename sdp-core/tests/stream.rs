@@ -515,6 +515,54 @@ fn pingpong_counts_its_copies() {
     }
 }
 
+/// A blocking reader polls its socket before it sleeps for as long as
+/// `busy_poll_us` says: with a budget far above a round trip every wait
+/// of a ping-pong ends while polling, with none it sleeps each time; the
+/// bytes are the same either way.
+#[test]
+fn a_reader_polls_before_it_sleeps_as_configured() {
+    const ROUNDS: u64 = 500;
+    let run = |busy_poll_us| {
+        let (c, s) = pair_with(&sdp_core::conn::Config {
+            busy_poll_us,
+            ..Default::default()
+        });
+        let echo = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while (&s).read_exact(&mut buf).is_ok() {
+                (&s).write_all(&buf).unwrap();
+            }
+            s.counters()
+        });
+        let mut buf = [0u8; 64];
+        for i in 0..ROUNDS {
+            let msg = [(i % 251) as u8; 64];
+            (&c).write_all(&msg).unwrap();
+            (&c).read_exact(&mut buf).unwrap();
+            assert_eq!(buf, msg);
+        }
+        c.shutdown(Shutdown::Write).unwrap();
+        let server = echo.join().unwrap();
+        let client = c.counters();
+        [
+            (client.waits_polled, client.waits_slept),
+            (server.waits_polled, server.waits_slept),
+        ]
+    };
+    let [(polled, slept), _] = run(0);
+    assert_eq!(polled, 0);
+    assert!(slept > 0, "the client's reads never waited");
+    let [client, server] = run(1_000_000);
+    for (who, (polled, slept)) in [("client", client), ("server", server)] {
+        // The server's first read waits for the client's first message and
+        // its last for the end of the stream: both may sleep past a timer.
+        assert!(
+            polled >= ROUNDS / 2 && slept <= 2,
+            "{who}: {polled} polled, {slept} slept"
+        );
+    }
+}
+
 /// Bulk in both copy paths: writes larger than the socket takes at once
 /// (the rest staged) and reads of odd sizes; the bytes arrive intact and
 /// the counters add up.

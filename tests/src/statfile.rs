@@ -40,6 +40,8 @@ pub struct Record {
     pub same_host: u32,
     /// Same-host bytes written into the peer's ring, and into ours.
     pub same_host_bytes: [u64; 2],
+    /// Waits of blocking reads: ended while polling, slept.
+    pub waits: [u64; 2],
 }
 
 /// A decoded file.
@@ -110,7 +112,7 @@ pub fn read(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 fn torn(bytes: &[u8]) -> bool {
     bytes.len() > 4096
         && bytes[4096..]
-            .chunks(208)
+            .chunks(224)
             .any(|r| r.len() >= 4 && u32_at(r, 0) % 2 == 1)
 }
 
@@ -118,10 +120,10 @@ fn torn(bytes: &[u8]) -> bool {
 pub fn parse(bytes: &[u8]) -> StatFile {
     assert!(bytes.len() >= 4096, "header is one page");
     assert_eq!(&bytes[0..8], b"SDPSTAT1");
-    assert_eq!(u32_at(bytes, 8), 4, "version");
+    assert_eq!(u32_at(bytes, 8), 5, "version");
     let header_len = u32_at(bytes, 12) as usize;
     let record_len = u32_at(bytes, 16) as usize;
-    assert_eq!((header_len, record_len), (4096, 208));
+    assert_eq!((header_len, record_len), (4096, 224));
     let name = &bytes[32..96];
     let end = name.iter().position(|&c| c == 0).unwrap_or(64);
     let mut file = StatFile {
@@ -167,6 +169,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
             remote_credits: u32_at(r, 108),
             same_host: u32_at(r, 184),
             same_host_bytes: [u64_at(r, 192), u64_at(r, 200)],
+            waits: [u64_at(r, 208), u64_at(r, 216)],
         });
     }
     file
@@ -181,7 +184,7 @@ pub fn snapshot(dir: &Path, pid: u32) -> std::io::Result<StatFile> {
 }
 
 fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
-    const RECORD: usize = 208;
+    const RECORD: usize = 224;
     const HEADER: usize = 4096;
     let mut prev = std::fs::read(path)?;
     let mut taken: Vec<Option<Vec<u8>>> = Vec::new();
@@ -194,14 +197,14 @@ fn snapshot_path(path: &Path) -> std::io::Result<StatFile> {
             continue;
         }
         if &prev[0..8] != b"SDPSTAT1"
-            || u32_at(&prev, 8) != 4
+            || u32_at(&prev, 8) != 5
             || u32_at(&prev, 12) as usize != HEADER
             || u32_at(&prev, 16) as usize != RECORD
             || !(prev.len() - HEADER).is_multiple_of(RECORD)
         {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{}: not a version 4 state export file", path.display()),
+                format!("{}: not a version 5 state export file", path.display()),
             ));
         }
         let records = (prev.len() - HEADER) / RECORD;

@@ -1044,6 +1044,8 @@ impl SdpEndpoint for Ep {
                 rx_copied_back: i.copies.bytes_copied_back,
                 same_host_tx: i.copies.bytes_sent_local,
                 same_host_rx: i.copies.bytes_received_local,
+                waits_polled: i.waits_polled,
+                waits_slept: i.waits_slept,
             },
             messages: Messages {
                 src_avails: i.zcopy.src_avails,

@@ -15,17 +15,25 @@
 
 use std::time::Duration;
 
-/// The adapted polling time of one stream's reader.
+/// The adapted polling time of one stream's reader, and how its waits
+/// ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct BusyPoll {
     /// Microseconds to poll before the next sleep.
     us: u32,
+    /// Waits that ended while polling.
+    pub polled: u64,
+    /// Waits that went to sleep.
+    pub slept: u64,
 }
 
 impl BusyPoll {
     /// A stream's first wait polls for the whole of `max_us`.
     pub fn new(max_us: u32) -> BusyPoll {
-        BusyPoll { us: max_us }
+        BusyPoll {
+            us: max_us,
+            ..BusyPoll::default()
+        }
     }
 
     /// How long the next wait polls before it sleeps.
@@ -33,8 +41,14 @@ impl BusyPoll {
         Duration::from_micros(u64::from(self.us))
     }
 
-    /// A wait ended after `waited` (polling and sleep together).
-    pub fn after(&mut self, waited: Duration, max_us: u32) {
+    /// A wait ended after `waited` (polling and sleep together), while
+    /// `polling` or after a sleep.
+    pub fn ended(&mut self, waited: Duration, polling: bool, max_us: u32) {
+        if polling {
+            self.polled += 1;
+        } else {
+            self.slept += 1;
+        }
         self.us = if waited <= Duration::from_micros(u64::from(max_us)) {
             max_us
         } else {
@@ -53,10 +67,11 @@ mod tests {
     fn quick_answers_keep_the_whole_budget() {
         let mut b = BusyPoll::new(50);
         assert_eq!(b.budget(), US(50));
-        b.after(US(7), 50);
+        b.ended(US(7), true, 50);
         assert_eq!(b.budget(), US(50));
-        b.after(US(50), 50);
+        b.ended(US(50), false, 50);
         assert_eq!(b.budget(), US(50));
+        assert_eq!((b.polled, b.slept), (1, 1));
     }
 
     #[test]
@@ -66,16 +81,16 @@ mod tests {
         let mut waits = 0;
         while !b.budget().is_zero() {
             polled += b.budget();
-            b.after(Duration::from_secs(1), 50);
+            b.ended(Duration::from_secs(1), false, 50);
             waits += 1;
         }
         // 50 + 25 + 12 + 6 + 3 + 1 µs over six long waits, then none.
         assert_eq!((waits, polled), (6, US(97)));
-        b.after(Duration::from_secs(1), 50);
+        b.ended(Duration::from_secs(1), false, 50);
         assert_eq!(b.budget(), Duration::ZERO);
         // A wait that slept and still ended within the budget: polling
         // would have caught it.
-        b.after(US(30), 50);
+        b.ended(US(30), false, 50);
         assert_eq!(b.budget(), US(50));
     }
 
@@ -83,9 +98,9 @@ mod tests {
     fn nothing_configured_never_polls() {
         let mut b = BusyPoll::new(0);
         assert_eq!(b.budget(), Duration::ZERO);
-        b.after(Duration::ZERO, 0);
+        b.ended(Duration::ZERO, false, 0);
         assert_eq!(b.budget(), Duration::ZERO);
-        b.after(US(5), 0);
+        b.ended(US(5), false, 0);
         assert_eq!(b.budget(), Duration::ZERO);
     }
 }

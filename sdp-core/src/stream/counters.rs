@@ -29,9 +29,13 @@ pub struct Snapshot {
     pub remote_credit: i64,
     /// The same-host path ([`crate::conn::local`]): [`crate::conn::local::code`].
     pub local: u64,
+    /// Waits of a blocking read that ended while it polled the socket
+    /// ([`super::busy_poll`]), and waits that slept.
+    pub waits_polled: u64,
+    pub waits_slept: u64,
 }
 
-const FIELDS: usize = 21;
+const FIELDS: usize = 23;
 
 /// How often [`Counters::load`] looks again while a store runs.
 const TRIES: usize = 10_000;
@@ -89,6 +93,8 @@ impl Snapshot {
             self.send_credit as u64,
             self.remote_credit as u64,
             c.bytes_received_local,
+            self.waits_polled,
+            self.waits_slept,
         ]
     }
 
@@ -121,6 +127,8 @@ impl Snapshot {
             send_credit: f[18] as i64,
             remote_credit: f[19] as i64,
             local: f[0] >> 16 & 0xff_ffff,
+            waits_polled: f[21],
+            waits_slept: f[22],
         }
     }
 }
@@ -194,6 +202,8 @@ mod tests {
             send_credit: -1,
             remote_credit: 17,
             local: 20,
+            waits_polled: 21,
+            waits_slept: 22,
         };
         c.store(s);
         assert_eq!(c.load(), s);

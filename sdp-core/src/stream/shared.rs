@@ -780,6 +780,8 @@ impl Inner {
             send_credit,
             remote_credit,
             local: crate::conn::local::code(conn.local_state()),
+            waits_polled: self.busy_poll.polled,
+            waits_slept: self.busy_poll.slept,
         }
     }
 
@@ -1646,7 +1648,7 @@ impl<'a> Locked<'a> {
         };
         let started = Instant::now();
         // The socket's read lock goes before the link's lock is taken.
-        let r = {
+        let (r, ended_polling) = {
             let sock = shared.sock();
             let mut fds = [
                 PollFd::new(&*sock, flags),
@@ -1657,15 +1659,18 @@ impl<'a> Locked<'a> {
             ];
             let n = if wake.is_some() { 2 } else { 1 };
             let spin = if max_poll > 0 { spin } else { Duration::ZERO };
-            match poll_after_polling(&mut fds[..n], started, spin, timeout) {
+            let (r, polling) = poll_after_polling(&mut fds[..n], started, spin, timeout);
+            let r = match r {
                 Ok(_) => Ok(()),
                 Err(Errno::INTR) if !interruptible => Ok(()),
                 Err(e) => Err(e.into()),
-            }
+            };
+            (r, polling)
         };
         let mut g = shared.lock_inner();
-        if max_poll > 0 {
-            g.busy_poll.after(started.elapsed(), max_poll);
+        if reader {
+            g.busy_poll
+                .ended(started.elapsed(), ended_polling, max_poll);
         }
         g.poller_active = false;
         g.poller_wake = None;
@@ -1687,13 +1692,14 @@ impl<'a> Locked<'a> {
 }
 
 /// `poll(2)` on `fds` for up to `timeout` from `started`, looking
-/// without sleeping for the first `spin` of it ([`BusyPoll`]).
+/// without sleeping for the first `spin` of it ([`BusyPoll`]); and
+/// whether it ended while looking.
 fn poll_after_polling(
     fds: &mut [PollFd<'_>],
     started: Instant,
     spin: Duration,
     timeout: Option<Duration>,
-) -> rustix::io::Result<usize> {
+) -> (rustix::io::Result<usize>, bool) {
     let spin = timeout.map_or(spin, |t| spin.min(t));
     if !spin.is_zero() {
         let now = Timespec {
@@ -1704,7 +1710,7 @@ fn poll_after_polling(
             match poll(fds, Some(&now)) {
                 Ok(0) if started.elapsed() < spin => std::hint::spin_loop(),
                 Ok(0) => break,
-                r => return r,
+                r => return (r, true),
             }
         }
     }
@@ -1715,7 +1721,7 @@ fn poll_after_polling(
             tv_nsec: i64::from(t.subsec_nanos()),
         }
     });
-    poll(fds, ts.as_ref())
+    (poll(fds, ts.as_ref()), false)
 }
 
 /// How long a poller without a wake-up eventfd sleeps at most.

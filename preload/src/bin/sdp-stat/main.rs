@@ -53,7 +53,9 @@ received bytes copied from Private Buffers and copied back (COPIED), and
 the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
 and received without the wire, written by the peer into ours or read from
 its SrcAvail buffers, or why a direction stays on the wire: wire,
-off, other-host, peer-gone, bad-offer, refused:ERRNO). After the table,
+off, other-host, peer-gone, bad-offer, refused:ERRNO), and how blocking
+reads waited (WAITS POLLED/SLEPT: ended while polling the socket, or
+slept; SDP_BUSY_POLL_US). After the table,
 each process's sockets that went over TCP, counted by reason.
 
   --dir DIR          the state export directory (default: SDP_STAT_DIR, else
@@ -337,7 +339,7 @@ fn table(states: &[ProcessState]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23}",
+        "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23} {:>21}",
         "PID",
         "PROGRAM",
         "FD",
@@ -354,7 +356,8 @@ fn table(states: &[ProcessState]) -> String {
         "CREDITS L/R",
         "ZC MSGS SRC/SINK/SM/CAN/MC",
         "COPIED RX/BACK",
-        "SAME HOST TX/RX"
+        "SAME HOST TX/RX",
+        "WAITS POLLED/SLEPT"
     );
     for s in states {
         for r in &s.records {
@@ -371,7 +374,7 @@ fn table(states: &[ProcessState]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23}",
+                "{:>7} {:<14} {:>4} {:<8} {:<3} {:<22} {:<22} {:<22} {:<19} {:>23} {:>23} {:>13} {:>13} {:>11} {:>26} {:>23} {:>23} {:>21}",
                 s.pid,
                 s.program.chars().take(14).collect::<String>(),
                 r.fd,
@@ -388,7 +391,8 @@ fn table(states: &[ProcessState]) -> String {
                 credits,
                 r.messages.map(|m| m.to_string()).join("/"),
                 format!("{}/{}", r.copied[0], r.copied[1]),
-                same_host(r).map_or("-".into(), |(tx, rx)| format!("{tx}/{rx}"))
+                same_host(r).map_or("-".into(), |(tx, rx)| format!("{tx}/{rx}")),
+                waits(r)
             );
         }
     }
@@ -407,6 +411,15 @@ fn table(states: &[ProcessState]) -> String {
         let _ = writeln!(out, "{:>7} {:<14} {}", st.pid, program, list.join(" "));
     }
     out
+}
+
+/// How the blocking reads of an SDP connection waited: ended while
+/// polling the socket, or slept (`SDP_BUSY_POLL_US`).
+fn waits(r: &Record) -> String {
+    if r.transport != 2 || r.role == 2 {
+        return "-".into();
+    }
+    format!("{}/{}", r.waits[0], r.waits[1])
 }
 
 /// The same-host path of an SDP connection, each direction as its bytes
@@ -483,7 +496,7 @@ fn json(states: &[ProcessState]) -> String {
                  \"write_zcopy_rx\": {}}}, \"local_credits\": {}, \"remote_credits\": {}, \
                  \"src_avails\": {}, \"sink_avails\": {}, \"send_sms\": {}, \"cancels\": {}, \
                  \"mode_changes\": {}, \"bytes_copied_rx\": {}, \"bytes_copied_back\": {}, \
-                 \"same_host\": {}}}",
+                 \"same_host\": {}, \"read_waits\": {{\"polled\": {}, \"slept\": {}}}}}",
                 r.fd,
                 json_str(role(r.role)),
                 json_str(transport(r.transport)),
@@ -521,7 +534,9 @@ fn json(states: &[ProcessState]) -> String {
                     json_str(&rx),
                     r.same_host_bytes[0],
                     r.same_host_bytes[1]
-                ))
+                )),
+                r.waits[0],
+                r.waits[1]
             );
         }
         out.push_str(if s.records.is_empty() { "]" } else { "\n  ]" });
@@ -663,6 +678,7 @@ mod tests {
             remote_credits: 0,
             same_host: 0,
             same_host_bytes: [0, 0],
+            waits: [0, 0],
         }
     }
 
@@ -730,7 +746,7 @@ mod tests {
             j.contains(
                 "\"src_avails\": 9, \"sink_avails\": 10, \"send_sms\": 11, \"cancels\": 12, \
                  \"mode_changes\": 13, \"bytes_copied_rx\": 14, \"bytes_copied_back\": 15, \
-                 \"same_host\": null}"
+                 \"same_host\": null, \"read_waits\": {\"polled\": 0, \"slept\": 0}}"
             ),
             "{j}"
         );
@@ -748,7 +764,8 @@ mod tests {
         let t = table(&[s]);
         assert!(t.contains(" 9/10/11/12/13 "), "{t}");
         assert!(
-            t.trim_end().ends_with(" 14/15                       -"),
+            t.trim_end()
+                .ends_with(" 14/15                       -                     -"),
             "{t}"
         );
     }
@@ -785,9 +802,33 @@ mod tests {
         }]);
         assert!(
             j.contains(
-                r#""same_host": {"tx": "100", "rx": "200", "bytes_tx": 100, "bytes_rx": 200}}"#
+                r#""same_host": {"tx": "100", "rx": "200", "bytes_tx": 100, "bytes_rx": 200}, "read_waits""#
             ),
             "{j}"
         );
+    }
+
+    #[test]
+    fn waits_show_for_an_sdp_connection_only() {
+        let mut r = record();
+        r.waits = [30, 4];
+        assert_eq!(waits(&r), "-", "a TCP connection");
+        r.transport = 2;
+        assert_eq!(waits(&r), "30/4");
+        r.role = 2;
+        assert_eq!(waits(&r), "-", "a listener");
+        r.role = 1;
+        let s = ProcessState {
+            pid: 1,
+            start_time: 1,
+            program: "p".into(),
+            records: vec![r],
+            fallbacks: [0; stat_format::REASONS],
+            pm_cache: Vec::new(),
+        };
+        assert!(table(std::slice::from_ref(&s))
+            .trim_end()
+            .ends_with(" 30/4"));
+        assert!(json(&[s]).contains(r#""read_waits": {"polled": 30, "slept": 4}}"#));
     }
 }
