@@ -217,7 +217,8 @@ pub struct Counters {
     /// (DESIGN §9), and bytes the peer wrote into ours.
     pub same_host_tx: u64,
     pub same_host_rx: u64,
-    /// Waits of a blocking read that ended while it polled the socket
+    /// Waits for the peer (a blocking read, a blocking connect's setup)
+    /// that ended while polling the socket
     /// (`SDP_BUSY_POLL_US`), and waits that slept.
     pub waits_polled: u64,
     pub waits_slept: u64,

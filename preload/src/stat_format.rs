@@ -90,8 +90,8 @@ pub mod field {
     pub const RESERVED: std::ops::Range<usize> = 188..192;
     /// Bytes written into the peer's ring, and into ours by the peer.
     pub const SAME_HOST_BYTES: std::ops::Range<usize> = 192..208;
-    /// Waits of a blocking read that ended while it polled the socket,
-    /// and waits that slept.
+    /// Waits for the peer (a blocking read, a blocking connect's setup)
+    /// that ended while polling the socket, and waits that slept.
     pub const WAITS: std::ops::Range<usize> = 208..224;
     /// What `publish` owns: everything but the sequence word and the
     /// engine's statistics.
@@ -188,8 +188,8 @@ pub struct Record {
     pub same_host: u32,
     /// Bytes written into the peer's ring, and into ours by the peer.
     pub same_host_bytes: [u64; 2],
-    /// Waits of a blocking read that ended while it polled the socket,
-    /// and waits that slept.
+    /// Waits for the peer (a blocking read, a blocking connect's setup)
+    /// that ended while polling the socket, and waits that slept.
     pub waits: [u64; 2],
 }
 

@@ -40,7 +40,8 @@ pub struct Record {
     pub same_host: u32,
     /// Same-host bytes written into the peer's ring, and into ours.
     pub same_host_bytes: [u64; 2],
-    /// Waits of blocking reads: ended while polling, slept.
+    /// Waits for the peer (blocking reads, a blocking connect): ended
+    /// while polling, slept.
     pub waits: [u64; 2],
 }
 

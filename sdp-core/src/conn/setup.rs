@@ -121,8 +121,9 @@ pub struct Config {
     /// peer's (DESIGN §9, [`super::local`]). Off by default; the preload
     /// turns it on unless `SDP_LOCAL=off`.
     pub local: bool,
-    /// Microseconds a blocking reader polls its socket before it sleeps
-    /// when answers come quickly ([`crate::stream::busy_poll`], DESIGN §7
+    /// Microseconds a blocking reader (or a blocking connect waiting for
+    /// the setup's answers) polls its socket before it sleeps when answers
+    /// come quickly ([`crate::stream::busy_poll`], DESIGN §7
     /// "Latency"). Zero (the default): it sleeps at once; the preload
     /// sets 50 on a machine with more than one core (`SDP_BUSY_POLL_US`).
     pub busy_poll_us: u32,

@@ -1,5 +1,7 @@
 //! How long a reader that would sleep polls its socket first (DESIGN §7
-//! "Latency").
+//! "Latency"): a blocking read, a blocking connect waiting for the
+//! setup's answers, and (in the preload) an `epoll_wait` on a set with SDP
+//! connections.
 //!
 //! A thread woken from `poll(2)` costs both ends a context switch and, on
 //! another core, an inter-processor interrupt: on a virtual machine that
@@ -18,7 +20,7 @@ use std::time::Duration;
 /// The adapted polling time of one stream's reader, and how its waits
 /// ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct BusyPoll {
+pub struct BusyPoll {
     /// Microseconds to poll before the next sleep.
     us: u32,
     /// Waits that ended while polling.

@@ -29,8 +29,9 @@ pub struct Snapshot {
     pub remote_credit: i64,
     /// The same-host path ([`crate::conn::local`]): [`crate::conn::local::code`].
     pub local: u64,
-    /// Waits of a blocking read that ended while it polled the socket
-    /// ([`super::busy_poll`]), and waits that slept.
+    /// Waits for the peer (a blocking read, a blocking connect's setup)
+    /// that ended while polling the socket ([`super::busy_poll`]), and
+    /// waits that slept.
     pub waits_polled: u64,
     pub waits_slept: u64,
 }

@@ -73,7 +73,7 @@
 //! ```
 
 pub mod accept;
-pub(crate) mod busy_poll;
+pub mod busy_poll;
 mod call;
 pub mod counters;
 pub mod progress;
@@ -143,7 +143,7 @@ impl Handle {
         let abort = g.linger == Some(Duration::ZERO);
         if !abort && !g.nonblocking {
             let deadline = Instant::now() + DROP_FLUSH;
-            let _ = wait_until(&mut g, Some(deadline), |g| {
+            let _ = wait_until(&mut g, Some(deadline), false, |g| {
                 let tx = g.link.conn().tx();
                 tx.released() == tx.accepted() || !g.link.is_connected()
             });
@@ -158,7 +158,9 @@ impl Handle {
         if let (Some(linger), false) = (g.linger.filter(|l| !l.is_zero()), g.nonblocking) {
             // SO_LINGER: wait for the close exchange to finish.
             let deadline = now + linger;
-            let _ = wait_until(&mut g, Some(deadline), |g| g.finished(Instant::now()));
+            let _ = wait_until(&mut g, Some(deadline), false, |g| {
+                g.finished(Instant::now())
+            });
         }
         let now = Instant::now();
         g.pump(now);
@@ -184,10 +186,12 @@ impl Drop for Handle {
 }
 
 /// Pumps and waits until `done` holds; `Err(EAGAIN)` when `deadline`
-/// passes first.
+/// passes first. A wait for the peer's `answer` (the setup's Reply and
+/// HelloAck) polls before it sleeps, as a blocking read does.
 fn wait_until(
     g: &mut Locked<'_>,
     deadline: Option<Instant>,
+    answer: bool,
     mut done: impl FnMut(&mut Locked<'_>) -> bool,
 ) -> io::Result<()> {
     loop {
@@ -198,7 +202,11 @@ fn wait_until(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(would_block());
         }
-        g.wait(deadline)?;
+        if answer {
+            g.wait_for_answer(deadline)?;
+        } else {
+            g.wait(deadline)?;
+        }
     }
 }
 
@@ -815,7 +823,7 @@ impl SdpStream {
     pub fn wait_connected(&self, deadline: Option<Instant>) -> io::Result<()> {
         let shared = self.shared();
         let mut g = shared.lock();
-        let r = wait_until(&mut g, deadline, |g| {
+        let r = wait_until(&mut g, deadline, true, |g| {
             g.link.is_connected() || g.link.conn().state() == State::Closed
         });
         if r.is_err() {
@@ -1214,7 +1222,7 @@ impl SdpStream {
             return Ok(());
         }
         let deadline = g.write_timeout.map(|t| Instant::now() + t);
-        wait_until(&mut g, deadline, |g| {
+        wait_until(&mut g, deadline, false, |g| {
             let tx = g.link.conn().tx();
             tx.released() == tx.accepted() || !g.link.is_connected()
         })

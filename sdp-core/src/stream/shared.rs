@@ -1498,6 +1498,12 @@ impl<'a> Locked<'a> {
         self.wait_as(deadline, false, false)
     }
 
+    /// [`Locked::wait`] for the peer's answer during the setup: polls
+    /// the socket before it sleeps, as [`Locked::wait_to_read`] does.
+    pub fn wait_for_answer(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+        self.wait_as(deadline, false, true)
+    }
+
     /// [`Locked::wait`], but a signal that interrupts the sleep in
     /// `poll(2)` ends it with [`io::ErrorKind::Interrupted`] (as a blocking
     /// socket call's `EINTR`), for a caller that reports it.

@@ -53,9 +53,10 @@ received bytes copied from Private Buffers and copied back (COPIED), and
 the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
 and received without the wire, written by the peer into ours or read from
 its SrcAvail buffers, or why a direction stays on the wire: wire,
-off, other-host, peer-gone, bad-offer, refused:ERRNO), and how blocking
-reads waited (WAITS POLLED/SLEPT: ended while polling the socket, or
-slept; SDP_BUSY_POLL_US). After the table,
+off, other-host, peer-gone, bad-offer, refused:ERRNO), and how waits for
+the peer ended (WAITS POLLED/SLEPT, of blocking reads and a blocking
+connect's setup: while polling the socket, or after a sleep;
+SDP_BUSY_POLL_US). After the table,
 each process's sockets that went over TCP, counted by reason.
 
   --dir DIR          the state export directory (default: SDP_STAT_DIR, else
