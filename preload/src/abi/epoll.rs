@@ -1469,7 +1469,7 @@ impl Spin {
                     self.polled = true;
                     return n;
                 }
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
         self.polled = false;

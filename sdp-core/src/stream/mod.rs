@@ -318,6 +318,9 @@ fn recv_in(g: &mut Locked<'_>, buf: &mut [u8], flags: RecvFlags, rule: Rule) -> 
     // A message that was landing in `buf[got..]` and is not whole goes
     // back to the Private Buffers.
     g.reader_leaves(now, &buf[got..]);
+    if let Ok(n) = r {
+        g.read_got(n);
+    }
     r
 }
 

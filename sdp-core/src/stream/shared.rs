@@ -226,6 +226,8 @@ pub struct Inner {
     pub(super) socket_moved: bool,
     /// The buffer length of the program's last read ([`Inner::read_len`]).
     last_read: u32,
+    /// The bytes the program's last read took ([`Inner::read_got`]).
+    last_got: u32,
     /// How long this stream's reader polls before it sleeps.
     busy_poll: BusyPoll,
 }
@@ -296,6 +298,12 @@ impl Inner {
     /// of an arrival leaves in the socket follows its size ([`Lend`]).
     pub fn read_len(&mut self, len: usize) {
         self.last_read = u32::try_from(len).unwrap_or(u32::MAX);
+    }
+
+    /// A read took `n` bytes: a small one (a request, an answer) polls
+    /// before its next sleep, a bulk one does not ([`BusyPoll`]).
+    pub fn read_got(&mut self, n: usize) {
+        self.last_got = u32::try_from(n).unwrap_or(u32::MAX);
     }
 
     /// The payload one of our Private Buffers takes: a full message.
@@ -918,6 +926,7 @@ impl Shared {
             quiet_unlock: false,
             socket_moved: false,
             last_read: 0,
+            last_got: 0,
             busy_poll,
         };
         let user_fd = OnceLock::new();
@@ -1639,7 +1648,10 @@ impl<'a> Locked<'a> {
             flags |= PollFlags::OUT;
         }
         g.polling_out = flags.contains(PollFlags::OUT);
-        let max_poll = if reader {
+        // A reader whose last read took a Private Buffer's worth or more
+        // (a bulk transfer) sleeps at once: its bytes come in a stream,
+        // and a poller on two cores takes the time the writer's side needs.
+        let max_poll = if reader && (g.last_got as usize) < g.message_len() {
             g.link.conn().config().busy_poll_us
         } else {
             0
@@ -1674,9 +1686,11 @@ impl<'a> Locked<'a> {
             (r, polling)
         };
         let mut g = shared.lock_inner();
-        if reader {
+        if max_poll > 0 {
             g.busy_poll
                 .ended(started.elapsed(), ended_polling, max_poll);
+        } else if reader {
+            g.busy_poll.slept += 1;
         }
         g.poller_active = false;
         g.poller_wake = None;
@@ -1714,7 +1728,7 @@ fn poll_after_polling(
         };
         loop {
             match poll(fds, Some(&now)) {
-                Ok(0) if started.elapsed() < spin => std::hint::spin_loop(),
+                Ok(0) if started.elapsed() < spin => std::thread::yield_now(),
                 Ok(0) => break,
                 r => return (r, true),
             }
