@@ -18,15 +18,19 @@
 use std::time::Duration;
 
 /// The adapted polling time of one stream's reader, and how its waits
-/// ended.
+/// ended (counts that stop at `u32::MAX`: 16 bytes a stream, which an
+/// idle connection's memory has room for).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BusyPoll {
     /// Microseconds to poll before the next sleep.
     us: u32,
+    /// The last read took a Private Buffer's worth or more (a bulk
+    /// transfer): the next wait sleeps at once.
+    pub bulk: bool,
     /// Waits that ended while polling.
-    pub polled: u64,
+    pub polled: u32,
     /// Waits that went to sleep.
-    pub slept: u64,
+    pub slept: u32,
 }
 
 impl BusyPoll {
@@ -38,6 +42,11 @@ impl BusyPoll {
         }
     }
 
+    /// A wait that did not poll went to sleep.
+    pub fn slept(&mut self) {
+        self.slept = self.slept.saturating_add(1);
+    }
+
     /// How long the next wait polls before it sleeps.
     pub fn budget(self) -> Duration {
         Duration::from_micros(u64::from(self.us))
@@ -47,9 +56,9 @@ impl BusyPoll {
     /// `polling` or after a sleep.
     pub fn ended(&mut self, waited: Duration, polling: bool, max_us: u32) {
         if polling {
-            self.polled += 1;
+            self.polled = self.polled.saturating_add(1);
         } else {
-            self.slept += 1;
+            self.slept();
         }
         self.us = if waited <= Duration::from_micros(u64::from(max_us)) {
             max_us

@@ -36,7 +36,7 @@ pub struct Snapshot {
     pub waits_slept: u64,
 }
 
-const FIELDS: usize = 23;
+const FIELDS: usize = 22;
 
 /// How often [`Counters::load`] looks again while a store runs.
 const TRIES: usize = 10_000;
@@ -94,8 +94,9 @@ impl Snapshot {
             self.send_credit as u64,
             self.remote_credit as u64,
             c.bytes_received_local,
-            self.waits_polled,
-            self.waits_slept,
+            // Counts that stop at u32::MAX, a word for both.
+            self.waits_polled.min(u64::from(u32::MAX))
+                | self.waits_slept.min(u64::from(u32::MAX)) << 32,
         ]
     }
 
@@ -128,8 +129,8 @@ impl Snapshot {
             send_credit: f[18] as i64,
             remote_credit: f[19] as i64,
             local: f[0] >> 16 & 0xff_ffff,
-            waits_polled: f[21],
-            waits_slept: f[22],
+            waits_polled: f[21] & 0xffff_ffff,
+            waits_slept: f[21] >> 32,
         }
     }
 }

@@ -226,8 +226,6 @@ pub struct Inner {
     pub(super) socket_moved: bool,
     /// The buffer length of the program's last read ([`Inner::read_len`]).
     last_read: u32,
-    /// The bytes the program's last read took ([`Inner::read_got`]).
-    last_got: u32,
     /// How long this stream's reader polls before it sleeps.
     busy_poll: BusyPoll,
 }
@@ -303,7 +301,7 @@ impl Inner {
     /// A read took `n` bytes: a small one (a request, an answer) polls
     /// before its next sleep, a bulk one does not ([`BusyPoll`]).
     pub fn read_got(&mut self, n: usize) {
-        self.last_got = u32::try_from(n).unwrap_or(u32::MAX);
+        self.busy_poll.bulk = n >= self.message_len();
     }
 
     /// The payload one of our Private Buffers takes: a full message.
@@ -788,8 +786,8 @@ impl Inner {
             send_credit,
             remote_credit,
             local: crate::conn::local::code(conn.local_state()),
-            waits_polled: self.busy_poll.polled,
-            waits_slept: self.busy_poll.slept,
+            waits_polled: u64::from(self.busy_poll.polled),
+            waits_slept: u64::from(self.busy_poll.slept),
         }
     }
 
@@ -926,7 +924,6 @@ impl Shared {
             quiet_unlock: false,
             socket_moved: false,
             last_read: 0,
-            last_got: 0,
             busy_poll,
         };
         let user_fd = OnceLock::new();
@@ -1651,7 +1648,7 @@ impl<'a> Locked<'a> {
         // A reader whose last read took a Private Buffer's worth or more
         // (a bulk transfer) sleeps at once: its bytes come in a stream,
         // and a poller on two cores takes the time the writer's side needs.
-        let max_poll = if reader && (g.last_got as usize) < g.message_len() {
+        let max_poll = if reader && !g.busy_poll.bulk {
             g.link.conn().config().busy_poll_us
         } else {
             0
@@ -1690,7 +1687,7 @@ impl<'a> Locked<'a> {
             g.busy_poll
                 .ended(started.elapsed(), ended_polling, max_poll);
         } else if reader {
-            g.busy_poll.slept += 1;
+            g.busy_poll.slept();
         }
         g.poller_active = false;
         g.poller_wake = None;
