@@ -482,27 +482,38 @@ fn paused_streams_resume_detached_streams_leave_the_connection_alone() {
 /// is staged), and every byte received either landed in the waiting
 /// reader's buffer or was copied from a Private Buffer once — the
 /// counters add up to the bytes moved, and direct placement happened.
-#[test]
-fn pingpong_counts_its_copies() {
-    let (c, s) = pair();
-    const ROUNDS: u64 = 2000;
+/// `rounds` 64-byte messages from `c`, each echoed by `s` and compared;
+/// then what `report` says of the client and of the server.
+fn ping_pong<T: Send + 'static>(
+    c: SdpStream,
+    s: SdpStream,
+    rounds: u64,
+    report: fn(&SdpStream) -> T,
+) -> (T, T) {
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 64];
         while (&s).read_exact(&mut buf).is_ok() {
             (&s).write_all(&buf).unwrap();
         }
-        s.info()
+        report(&s)
     });
     let mut buf = [0u8; 64];
-    for i in 0..ROUNDS {
+    for i in 0..rounds {
         let msg = [(i % 251) as u8; 64];
         (&c).write_all(&msg).unwrap();
         (&c).read_exact(&mut buf).unwrap();
         assert_eq!(buf, msg);
     }
     c.shutdown(Shutdown::Write).unwrap();
-    let server = echo.join().unwrap().copies;
-    let client = c.info().copies;
+    let server = echo.join().unwrap();
+    (report(&c), server)
+}
+
+#[test]
+fn pingpong_counts_its_copies() {
+    let (c, s) = pair();
+    const ROUNDS: u64 = 2000;
+    let (client, server) = ping_pong(c, s, ROUNDS, |s| s.info().copies);
     for (who, k) in [("client", client), ("server", server)] {
         assert_eq!(k.bytes_staged, 0, "{who}: {k:?}");
         assert_eq!(k.bytes_sent_direct, ROUNDS * 64, "{who}: {k:?}");
@@ -527,27 +538,12 @@ fn a_reader_polls_before_it_sleeps_as_configured() {
             busy_poll_us,
             ..Default::default()
         });
-        let echo = std::thread::spawn(move || {
-            let mut buf = [0u8; 64];
-            while (&s).read_exact(&mut buf).is_ok() {
-                (&s).write_all(&buf).unwrap();
-            }
-            s.counters()
-        });
-        let mut buf = [0u8; 64];
-        for i in 0..ROUNDS {
-            let msg = [(i % 251) as u8; 64];
-            (&c).write_all(&msg).unwrap();
-            (&c).read_exact(&mut buf).unwrap();
-            assert_eq!(buf, msg);
-        }
-        c.shutdown(Shutdown::Write).unwrap();
-        let server = echo.join().unwrap();
-        let client = c.counters();
-        [
-            (client.waits_polled, client.waits_slept),
-            (server.waits_polled, server.waits_slept),
-        ]
+        let waits = |s: &SdpStream| {
+            let k = s.counters();
+            (k.waits_polled, k.waits_slept)
+        };
+        let (client, server) = ping_pong(c, s, ROUNDS, waits);
+        [client, server]
     };
     let [(polled, slept), _] = run(0);
     assert_eq!(polled, 0);

@@ -72,7 +72,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use sdp_core::stream::busy_poll::BusyPoll;
+use sdp_core::stream::busy_poll::{poll_until, BusyPoll};
 
 const TOKEN_TAG: u64 = 0x5D50 << 48;
 const TOKEN_MASK: u64 = 0xFFFF << 48;
@@ -1463,13 +1463,11 @@ impl Spin {
                 tv_sec: 0,
                 tv_nsec: 0,
             };
-            while self.started.elapsed() < limit {
-                let n = wait(Some(now));
-                if n != 0 {
-                    self.polled = true;
-                    return n;
-                }
-                std::thread::yield_now();
+            if let Some(n) = poll_until(self.started, limit, || {
+                Some(wait(Some(now))).filter(|&n| n != 0)
+            }) {
+                self.polled = true;
+                return n;
             }
         }
         self.polled = false;

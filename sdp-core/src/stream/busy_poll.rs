@@ -15,7 +15,25 @@
 //! about twice the budget in all and then sleeps at once, until answers
 //! come quickly again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Calls `look` (a wait with a zero timeout) until it finds something or
+/// `limit` from `started` has passed, giving the core away between looks:
+/// the polling of the stream's waits and of the preload's `epoll_wait`.
+/// `None` once the time is up.
+pub fn poll_until<T>(
+    started: Instant,
+    limit: Duration,
+    mut look: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    while started.elapsed() < limit {
+        if let Some(r) = look() {
+            return Some(r);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
 
 /// The adapted polling time of one stream's reader, and how its waits
 /// ended (counts that stop at `u32::MAX`: 16 bytes a stream, which an

@@ -52,7 +52,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
 use self::bell::Bell;
-use super::busy_poll::BusyPoll;
+use super::busy_poll::{poll_until, BusyPoll};
 use super::counters::{Counters, Snapshot};
 use super::progress::{base, decode, encode, Serviced, NO_DEADLINE};
 use super::readiness::{LevelWatch, Readiness};
@@ -1653,7 +1653,11 @@ impl<'a> Locked<'a> {
         } else {
             0
         };
-        let spin = g.busy_poll.budget();
+        let spin = if max_poll > 0 {
+            g.busy_poll.budget()
+        } else {
+            Duration::ZERO
+        };
         drop(g);
         // Without an eventfd (the process is out of descriptors) the
         // poller looks again every few milliseconds instead.
@@ -1673,7 +1677,6 @@ impl<'a> Locked<'a> {
                 },
             ];
             let n = if wake.is_some() { 2 } else { 1 };
-            let spin = if max_poll > 0 { spin } else { Duration::ZERO };
             let (r, polling) = poll_after_polling(&mut fds[..n], started, spin, timeout);
             let r = match r {
                 Ok(_) => Ok(()),
@@ -1718,18 +1721,16 @@ fn poll_after_polling(
     timeout: Option<Duration>,
 ) -> (rustix::io::Result<usize>, bool) {
     let spin = timeout.map_or(spin, |t| spin.min(t));
-    if !spin.is_zero() {
-        let now = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        loop {
-            match poll(fds, Some(&now)) {
-                Ok(0) if started.elapsed() < spin => std::thread::yield_now(),
-                Ok(0) => break,
-                r => return (r, true),
-            }
-        }
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let looked = poll_until(started, spin, || match poll(fds, Some(&now)) {
+        Ok(0) => None,
+        r => Some(r),
+    });
+    if let Some(r) = looked {
+        return (r, true);
     }
     let ts = timeout.map(|t| {
         let t = t.saturating_sub(started.elapsed());
