@@ -162,6 +162,11 @@ impl Handle {
                 g.finished(Instant::now())
             });
         }
+        // Out of the progress thread's set before the pump writes the FIN:
+        // a socket's shutdown wakes every epoll registration on it, asked
+        // for or not, and the thread would wake for nothing at each close.
+        // A link left with more than draining to do comes back in below.
+        progress::drain_lazily(&**shared);
         let now = Instant::now();
         g.pump(now);
         let finished = g.finished(now);
@@ -169,8 +174,8 @@ impl Handle {
         drop(g);
         if finished {
             progress::deregister(shared.id);
-        } else if lazy {
-            progress::drain_lazily(&**shared);
+        } else if !lazy {
+            progress::rejoin(&**shared);
         }
     }
 }

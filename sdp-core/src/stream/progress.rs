@@ -386,6 +386,24 @@ pub(super) fn drain_lazily(shared: &dyn Serviced) {
     }
 }
 
+/// Puts a link [`drain_lazily`] took out of the epoll set back in, if it
+/// is not lazily drained after all; what its socket has is reported at
+/// once.
+pub(super) fn rejoin(shared: &dyn Serviced) {
+    let Some(t) = running() else {
+        return;
+    };
+    let links = lock(&t.links);
+    if links.contains_key(&shared.id()) && !shared.is_lazy() {
+        let _ = epoll::add(
+            &t.epoll,
+            &*shared.sock(),
+            EventData::new_u64(shared.id()),
+            interest(shared),
+        );
+    }
+}
+
 /// Points `sock`, link `id`'s stable socket descriptor, at `new` (the
 /// socket of a socket duplication, draft §13.1.1 step 4). The number
 /// stays the same (`dup3`) when `sock` was the last holder of the old
