@@ -422,6 +422,9 @@ pub struct Accepted {
     pub fd: RawFd,
     /// The peer's address as TCP would report it.
     pub peer: SocketAddr,
+    /// The connection's own address (the hidden listener's port), as the
+    /// stream learnt it in its setup.
+    pub local: Option<SocketAddr>,
     pub endpoint: Arc<dyn SdpEndpoint>,
 }
 

@@ -96,6 +96,14 @@ pub struct StreamHandle {
 }
 
 impl StreamHandle {
+    /// The socket has neither `SO_RCVTIMEO` nor `SO_SNDTIMEO` (known
+    /// without asking the kernel).
+    pub fn timeouts_unset(&self) {
+        for t in &self.timeouts {
+            t.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Counts the calling thread as waiting on the fd until the guard
     /// drops.
     pub fn watch(&self) -> Watch<'_> {
@@ -124,6 +132,15 @@ impl Drop for Watch<'_> {
 
 /// See [`StreamHandle::timeouts`].
 pub const TIMEOUT_UNKNOWN: u64 = u64::MAX;
+
+/// The names `SO_RCVTIMEO` and `SO_SNDTIMEO` go by (the 32-bit time
+/// layout and the 64-bit one).
+pub const TIMEOUT_OPTS: [i32; 4] = [
+    libc::SO_RCVTIMEO,
+    libc::SO_SNDTIMEO,
+    libc::SO_RCVTIMEO_NEW,
+    libc::SO_SNDTIMEO_NEW,
+];
 
 /// A hidden SDP listener shared like [`StreamHandle`].
 pub struct ListenerHandle {
@@ -235,6 +252,12 @@ pub struct Entry {
     pub ipv6: bool,
     /// Created as `socket(AF_INET_SDP, ...)`.
     pub forced: bool,
+    /// Made before this library saw it (inherited across `exec`, a raw
+    /// system call): the options it has and whether it is bound are the
+    /// kernel's to tell, not [`Entry::opts`].
+    pub adopted: bool,
+    /// The program bound it.
+    pub bound: bool,
     pub role: SocketRole,
     /// What the rules asked for (`None` until connect/listen).
     pub want: Option<Family>,
@@ -264,11 +287,25 @@ impl Entry {
         }
     }
 
+    /// Whether the program set one of the options `names` at `level`
+    /// (`None`: the socket was adopted, only the kernel knows). A socket
+    /// the program made here has the kernel's defaults for the others,
+    /// which saves reading them back in each setup.
+    pub fn set_by_program(&self, level: i32, names: &[i32]) -> Option<bool> {
+        (!self.adopted).then(|| {
+            self.opts
+                .iter()
+                .any(|o| o.level == level && names.contains(&o.name))
+        })
+    }
+
     /// A socket just created.
     pub fn new(ipv6: bool, forced: bool) -> Entry {
         Entry {
             ipv6,
             forced,
+            adopted: false,
+            bound: false,
             role: SocketRole::None,
             want: None,
             decided_by: DecidedBy::Nothing,
@@ -288,6 +325,8 @@ impl std::fmt::Debug for Entry {
         f.debug_struct("Entry")
             .field("ipv6", &self.ipv6)
             .field("forced", &self.forced)
+            .field("adopted", &self.adopted)
+            .field("bound", &self.bound)
             .field("role", &self.role)
             .field("want", &self.want)
             .field("decided_by", &self.decided_by)

@@ -185,8 +185,15 @@ unsafe fn sdp_accept_inner(
                 }
                 // The listener's TCP_NODELAY goes on to what it accepts, as
                 // the kernel passes it on (the connection came through the
-                // hidden listener, which does not have it).
-                if int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0) {
+                // hidden listener, which does not have it). A listener the
+                // program never set it on has it off.
+                let l = table::get(fd);
+                let nodelay_set = l
+                    .as_ref()
+                    .and_then(|l| l.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY]));
+                if nodelay_set != Some(false)
+                    && int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0)
+                {
                     let one: c_int = 1;
                     // SAFETY: an int option on our new fd.
                     let set = unsafe {
@@ -206,7 +213,6 @@ unsafe fn sdp_accept_inner(
                         );
                     }
                 }
-                let l = table::get(fd);
                 let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
                 e.role = SocketRole::Accepted;
                 e.want = l.as_ref().and_then(|l| l.want);
@@ -215,7 +221,8 @@ unsafe fn sdp_accept_inner(
                 e.transport = Transport::Sdp;
                 e.reason = TcpReason::None;
                 // Report the listening port P, not the hidden port Q.
-                e.local = match (l.as_ref().and_then(|l| l.local), socket_name(new, false)) {
+                let own = acc.local.or_else(|| socket_name(new, false));
+                e.local = match (l.as_ref().and_then(|l| l.local), own) {
                     (Some(p), Some(mut q)) => {
                         q.set_port(p.port());
                         Some(q)
@@ -224,6 +231,11 @@ unsafe fn sdp_accept_inner(
                 };
                 e.peer = Some(acc.peer);
                 e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
+                // It came through the hidden listener, which has no
+                // timeouts: nothing to read back at the first blocking call.
+                if let SdpSide::Stream(h) = &e.sdp {
+                    h.timeouts_unset();
+                }
                 table::insert(new, e);
                 drop(_errno);
                 // SAFETY: the program's (addr, len) pair.

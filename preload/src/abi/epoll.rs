@@ -362,6 +362,9 @@ struct Watch {
     queued: AtomicBool,
     /// The levels last told: `POLLIN`, `POLLOUT` bits.
     levels: AtomicU32,
+    /// Of those, what the registration asks for (both if neither: it
+    /// waits for a hang-up or an error, which the levels do not name).
+    asked: AtomicU32,
 }
 
 impl crate::sdp::LevelWatch for Watch {
@@ -369,6 +372,12 @@ impl crate::sdp::LevelWatch for Watch {
         let bits = if readable { libc::EPOLLIN as u32 } else { 0 }
             | if writable { libc::EPOLLOUT as u32 } else { 0 };
         self.levels.store(bits, Ordering::Release);
+        // Levels the registration does not ask for would only wake the
+        // wait for nothing to report (a new connection's writability,
+        // told as a server registers it for reads).
+        if bits & self.asked.load(Ordering::Acquire) == 0 {
+            return;
+        }
         // Under the stream's lock: the list's lock is a leaf.
         if let (Some(list), Some(me)) = (self.list.upgrade(), self.me.upgrade()) {
             list.push(&me);
@@ -377,14 +386,23 @@ impl crate::sdp::LevelWatch for Watch {
 }
 
 impl Watch {
-    fn new(id: u64, list: &Arc<ReadyList>) -> Arc<Watch> {
+    fn new(id: u64, list: &Arc<ReadyList>, events: u32) -> Arc<Watch> {
         Arc::new_cyclic(|me| Watch {
             id,
             list: Arc::downgrade(list),
             me: me.clone(),
             queued: AtomicBool::new(false),
             levels: AtomicU32::new(0),
+            asked: AtomicU32::new(Watch::asked(events)),
         })
+    }
+
+    /// The level bits a registration for `events` is told of.
+    fn asked(events: u32) -> u32 {
+        match events & (libc::EPOLLIN | libc::EPOLLOUT) as u32 {
+            0 => (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+            bits => bits,
+        }
     }
 
     /// Queues the registration if its stream is ready for `events` now.
@@ -565,7 +583,7 @@ fn add(epfd: c_int, fd: c_int, side: Side, events: u32, data: u64) -> Result<(),
     let levels = match &side {
         Side::Stream(h) => {
             let list = ready_list(epfd)?;
-            let w = Watch::new(id, &list);
+            let w = Watch::new(id, &list, events);
             h.endpoint.watch_levels(w.clone()).then_some(w)
         }
         Side::Listener(_) => None,
@@ -684,7 +702,7 @@ fn adopt_levels(id: u64) {
         return;
     };
     let Ok(list) = ready_list(epfd) else { return };
-    let w = Watch::new(id, &list);
+    let w = Watch::new(id, &list, events);
     if !h.endpoint.watch_levels(w.clone()) {
         return;
     }
@@ -834,6 +852,7 @@ fn rearm(epfd: c_int, fd: c_int, events: u32, data: u64, wake: bool) -> Result<(
     });
     // What the kernel would report again of a wake fd: the levels of now.
     if let Some(w) = levels {
+        w.asked.store(Watch::asked(events), Ordering::Release);
         w.push_if_ready(events);
     }
     watch(id);

@@ -65,7 +65,9 @@ pub(super) fn adopt(fd: c_int) -> bool {
     let proto = int_sockopt(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, ty, proto) {
         (Some(d), Some(t), Some(p)) if is_tcp(d, t, p) => {
-            table::insert(fd, Entry::new(d == libc::AF_INET6, false));
+            let mut e = Entry::new(d == libc::AF_INET6, false);
+            e.adopted = true;
+            table::insert(fd, e);
             true
         }
         _ => false,
@@ -142,19 +144,27 @@ unsafe fn forced_to_ipv6(fd: c_int, addr: *const sockaddr, len: socklen_t) {
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if table::is_managed(fd) {
-        if let Some(_g) = Guard::enter() {
-            // SAFETY: the program's (addr, len) pair.
-            unsafe { forced_to_ipv6(fd, addr, len) };
-        }
-        // SAFETY: the program's (addr, len) pair.
-        if let Some(raw) = unsafe { kernel_addr(addr, len) } {
-            // SAFETY: raw is a complete address of raw.len() bytes.
-            return unsafe { real::bind(fd, raw.as_ptr(), raw.len()) };
-        }
+    if !table::is_managed(fd) {
+        // SAFETY: the program's arguments, passed on.
+        return unsafe { real::bind(fd, addr, len) };
     }
-    // SAFETY: the program's arguments, passed on.
-    unsafe { real::bind(fd, addr, len) }
+    let guard = Guard::enter();
+    if guard.is_some() {
+        // SAFETY: the program's (addr, len) pair.
+        unsafe { forced_to_ipv6(fd, addr, len) };
+    }
+    // SAFETY: the program's (addr, len) pair.
+    let r = match unsafe { kernel_addr(addr, len) } {
+        // SAFETY: raw is a complete address of raw.len() bytes.
+        Some(raw) => unsafe { real::bind(fd, raw.as_ptr(), raw.len()) },
+        // SAFETY: the program's arguments, passed on.
+        None => unsafe { real::bind(fd, addr, len) },
+    };
+    if r == 0 && guard.is_some() {
+        let _errno = SavedErrno::save();
+        protect("bind", || table::update(fd, |e| e.bound = true), || None);
+    }
+    r
 }
 
 /// Logs "SDP wanted but not available" once at warn, then at debug.
@@ -372,6 +382,11 @@ fn record_connect(
         e.transport = transport;
         e.reason = reason;
         e.peer = Some(dest);
+        if let SdpSide::Stream(h) = &side {
+            if e.set_by_program(libc::SOL_SOCKET, &table::TIMEOUT_OPTS) == Some(false) {
+                h.timeouts_unset();
+            }
+        }
         e.sdp = side;
     });
 }

@@ -33,6 +33,7 @@ use crate::sys::real;
 use crate::table::{self, TcpReason};
 use portmapper::client::{Decision, Fallback};
 use portmapper::net::{PendingQuery, Start};
+use sdp_core::stream::busy_poll::poll_until;
 use sdp_core::stream::readiness::Readiness as Levels;
 use sdp_core::stream::{Driver, SdpStream};
 use std::cell::Cell;
@@ -218,6 +219,29 @@ pub fn poll_one(fd: RawFd, events: i16, deadline: Option<Instant>) {
     unsafe { real::poll(&mut p, 1, ms) };
 }
 
+/// [`poll_one`], looking without sleeping first for the busy-poll time
+/// (`SDP_BUSY_POLL_US`, DESIGN §7 "Polling before a sleep"): a port
+/// mapper answers within tens of microseconds, and a sleep would add a
+/// wake-up to every connect that asks it.
+fn poll_polling(fd: RawFd, events: i16, deadline: Option<Instant>) {
+    let budget = Duration::from_micros(u64::from(super::sdp_config().busy_poll_us));
+    let started = Instant::now();
+    let limit = deadline.map_or(budget, |d| budget.min(d.saturating_duration_since(started)));
+    let look = || {
+        let mut p = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd, no wait.
+        (unsafe { real::poll(&mut p, 1, 0) } != 0).then_some(())
+    };
+    if !limit.is_zero() && poll_until(started, limit, look).is_some() {
+        return;
+    }
+    poll_one(fd, events, deadline);
+}
+
 /// `connect` on SDP: see [`crate::sdp::SdpBackend::connect`].
 pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> ConnectOutcome {
     let fail = |reason: TcpReason| {
@@ -232,7 +256,8 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
             ConnectOutcome::Fallback(reason)
         }
     };
-    let mut c = match Connector::new(fd, dest, sdp_only) {
+    let known = table::get(fd);
+    let mut c = match Connector::new(fd, dest, sdp_only, known.as_ref()) {
         Ok(c) => c,
         Err(reason) => return fail(reason),
     };
@@ -241,7 +266,15 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
     }
     // Blocking: the wake fd is made only if another thread polls the fd
     // meanwhile (see `Ep::connecting`).
-    let ep = match Ep::connecting(fd, nonblocking) {
+    // A TCP_NODELAY the program set before connect (the socket has it
+    // until the engine sets its own); one it never set is off.
+    let nodelay =
+        match known.and_then(|e| e.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY])) {
+            Some(false) => false,
+            _ => crate::sys::addr::int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+                .is_some_and(|v| v != 0),
+        };
+    let ep = match Ep::connecting(fd, nonblocking, nodelay) {
         Ok(ep) => Arc::new(ep),
         Err(_) => return fail(TcpReason::Internal),
     };
@@ -286,12 +319,27 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
 
 impl Connector {
     /// Binds the socket (CpPort) and asks the port mapper (or its cache).
-    fn new(fd: RawFd, dest: SocketAddr, sdp_only: bool) -> Result<Connector, TcpReason> {
+    /// `known`: the socket's entry in the fd table (its family, and
+    /// whether the program bound it, without asking the kernel).
+    fn new(
+        fd: RawFd,
+        dest: SocketAddr,
+        sdp_only: bool,
+        known: Option<&table::Entry>,
+    ) -> Result<Connector, TcpReason> {
         let sock = dup_cloexec(fd).ok_or(TcpReason::Internal)?;
-        let v6 = crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
-            == Some(libc::AF_INET6);
+        let v6 = match known {
+            Some(e) => e.ipv6,
+            None => {
+                crate::sys::addr::int_sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+                    == Some(libc::AF_INET6)
+            }
+        };
         let ap = plain(dest);
-        let app_local = socket_name(fd, false).filter(|a| a.port() != 0);
+        let app_local = match known {
+            Some(e) if !e.adopted && !e.bound => None,
+            _ => socket_name(fd, false).filter(|a| a.port() != 0),
+        };
         let mut c = Connector {
             fd,
             sock: Some(sock),
@@ -596,7 +644,7 @@ impl Connector {
         loop {
             match self.step(Instant::now()) {
                 Step::Done(r) => return r,
-                Step::Wait((fd, events, deadline)) => poll_one(fd, events, deadline),
+                Step::Wait((fd, events, deadline)) => poll_polling(fd, events, deadline),
             }
         }
     }
@@ -715,8 +763,8 @@ impl Connector {
                     }
                     stream.set_credit_bound(ep.nonblocking());
                     let _ = stream.set_nodelay(ep.nodelay());
+                    let local = stream.local_addr().ok();
                     ep.connect(&mut st, stream);
-                    let local = socket_name(fd, false);
                     let dyn_ep: Arc<dyn SdpEndpoint> = ep.clone();
                     table::update(fd, |e| {
                         if matches!(&e.sdp, table::SdpSide::Stream(h)

@@ -240,7 +240,8 @@ impl Ep {
     /// writable until it ends. A blocking connect's is made only when
     /// another thread polls the fd meanwhile ([`SdpEndpoint::wake_fd`]):
     /// a stream that adopts it keeps its levels up to date ever after.
-    pub fn connecting(fd: RawFd, wake_now: bool) -> io::Result<Ep> {
+    /// `nodelay`: the program set TCP_NODELAY before its connect.
+    pub fn connecting(fd: RawFd, wake_now: bool, nodelay: bool) -> io::Result<Ep> {
         let ep = if wake_now {
             let levels = Levels::new()?;
             let wake = levels.user_shared();
@@ -254,9 +255,6 @@ impl Ep {
         } else {
             Ep::with(State::Connecting { levels: None }, None, fd)
         };
-        // A TCP_NODELAY the program set before connect (the socket has it
-        // until the engine sets its own).
-        let nodelay = kernel_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0);
         ep.nodelay.store(nodelay, Ordering::Relaxed);
         Ok(ep)
     }

@@ -794,6 +794,7 @@ impl SdpListener for Lst {
                 Ok(fd) => fd,
                 Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };
+            let local = stream.local_addr();
             match Ep::connected(stream, fd) {
                 Ok(ep) => {
                     crate::log!(
@@ -804,6 +805,7 @@ impl SdpListener for Lst {
                     return Ok(Accepted {
                         fd,
                         peer,
+                        local: local.ok(),
                         endpoint: Arc::new(ep),
                     });
                 }
