@@ -930,6 +930,50 @@ fn a_listeners_nodelay_goes_on_to_what_it_accepts() {
     same_over_sdp("sdp-nodelay", NODELAY_FROM_THE_LISTENER, 2);
 }
 
+/// `SO_RCVTIMEO` as TCP has it: set before connect, a blocking read of an
+/// idle connection ends with EAGAIN; never set, it waits for the peer; a
+/// listener's, set before or after `listen`, goes on to the connections it
+/// accepts (over SDP through the hidden listener).
+const TIMEOUTS_AS_TCP: &str = r#"
+import errno, socket, struct, threading
+TV = struct.pack("ll", 0, 200000)
+def read(s):
+    try:
+        return s.recv(4)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+c = socket.socket()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, TV)
+c.connect(srv.getsockname())
+a, _ = srv.accept()
+print("set before connect:", read(c))
+d = socket.create_connection(srv.getsockname())
+b, _ = srv.accept()
+t = threading.Timer(0.3, lambda: b.sendall(b"late"))
+t.start()
+print("never set:", read(d))
+t.join()
+timed = socket.socket()
+timed.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, TV)
+timed.bind(("127.0.0.1", 0))
+timed.listen(2)
+e = socket.create_connection(timed.getsockname())
+f, _ = timed.accept()
+print("the listener's:", read(f))
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, TV)
+g = socket.create_connection(srv.getsockname())
+h, _ = srv.accept()
+print("set after listen:", read(h))
+"#;
+
+#[test]
+fn receive_timeouts_are_tcps_wherever_they_were_set() {
+    same_over_sdp("sdp-timeouts", TIMEOUTS_AS_TCP, 4);
+}
+
 /// `accept` returns a connection once it answered the MPA Request; the
 /// RTR and the HelloAck follow. A server that closes what it accepted at
 /// once, or shuts its writing half and reads, still lets each client's

@@ -231,9 +231,14 @@ unsafe fn sdp_accept_inner(
                 };
                 e.peer = Some(acc.peer);
                 e.sdp = SdpSide::stream(acc.endpoint, flags & libc::SOCK_NONBLOCK != 0);
-                // It came through the hidden listener, which has no
-                // timeouts: nothing to read back at the first blocking call.
-                if let SdpSide::Stream(h) = &e.sdp {
+                // Timeouts come from the listener, as from the kernel's: a
+                // listener the program never gave any passes none on, and
+                // the first blocking call need not ask.
+                if let (SdpSide::Stream(h), Some(false)) = (
+                    &e.sdp,
+                    l.as_ref()
+                        .and_then(|l| l.set_by_program(libc::SOL_SOCKET, &table::TIMEOUT_OPTS)),
+                ) {
                     h.timeouts_unset();
                 }
                 table::insert(new, e);

@@ -838,12 +838,12 @@ pub unsafe extern "C" fn setsockopt(
                 "setsockopt",
                 || {
                     table::update(fd, |e| e.record_opt(level, name, bytes));
-                    // A buffer size set on a listener after `listen`: its
-                    // hidden SDP listener takes it too, for the connections
-                    // it passes on from now on, as the kernel's does.
-                    let size = level == libc::SOL_SOCKET
-                        && (name == libc::SO_RCVBUF || name == libc::SO_SNDBUF);
-                    if let Some(q) = size
+                    // A buffer size or timeout set on a listener after
+                    // `listen`: its hidden SDP listener takes it too, for
+                    // the connections it passes on from now on, as the
+                    // kernel's does.
+                    let passed_on = crate::backend::listener::passed_on(level, name);
+                    if let Some(q) = passed_on
                         .then(|| table::listener(fd).and_then(|h| h.listener.queue_fd()))
                         .flatten()
                     {

@@ -196,13 +196,13 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    // The buffer sizes the program gave P: a TCP connection accepted
-    // from P would have them (Linux copies them from the listener), and
-    // the SDP connections taken from Q size their buffers by them
-    // (`Config::with_socket_buffers`). Set on P later, they follow
-    // (the `setsockopt` hook).
+    // The buffer sizes and timeouts the program gave P: a TCP connection
+    // accepted from P would have them (Linux copies them from the
+    // listener), and the SDP connections taken from Q size their buffers
+    // by them (`Config::with_socket_buffers`). Set on P later, they
+    // follow (the `setsockopt` hook).
     let opts = table::get(p).map(|e| e.opts).unwrap_or_default();
-    for o in opts.iter().filter(|o| is_buffer_size(o.level, o.name)) {
+    for o in opts.iter().filter(|o| passed_on(o.level, o.name)) {
         // SAFETY: the option value the kernel took on P, on our own socket.
         unsafe {
             crate::sys::real::setsockopt(
@@ -227,8 +227,13 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
 }
 
 /// SO_RCVBUF or SO_SNDBUF: what a listener's accepted connections inherit.
-fn is_buffer_size(level: i32, name: i32) -> bool {
-    level == libc::SOL_SOCKET && (name == libc::SO_RCVBUF || name == libc::SO_SNDBUF)
+/// A listener's option that the connections it accepts start with, which
+/// the hidden listener takes from the program's.
+pub fn passed_on(level: i32, name: i32) -> bool {
+    level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVBUF
+            || name == libc::SO_SNDBUF
+            || table::TIMEOUT_OPTS.contains(&name))
 }
 
 /// Opens the hidden listener for `local` (P) and registers it.
