@@ -977,18 +977,30 @@ pub fn fell_back(fd: c_int) {
 /// (a listener's: the hidden listener's and the kernel socket's `fd`).
 fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
     let asked = (events & 0xffff) as i16;
-    let mut bits = side.readiness().poll_bits(asked);
-    if matches!(side, Side::Listener(_)) {
-        let mut p = libc::pollfd {
-            fd,
-            events: asked,
-            revents: 0,
-        };
-        // SAFETY: one local pollfd, no wait.
-        if unsafe { real::poll(&mut p, 1, 0) } > 0 {
-            bits |= p.revents & asked;
+    let bits = match side {
+        Side::Stream(h) => h.endpoint.readiness().poll_bits(asked),
+        Side::Listener(h) => {
+            // One look at both kernel sockets: the program's, and the
+            // hidden listener's queue (anything on it is a connection to
+            // take).
+            let mut bits = h.listener.readiness_beside_queue().poll_bits(asked);
+            let pollfd = |fd, events| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            };
+            let q = h.listener.queue_fd().unwrap_or(-1);
+            let mut p = [pollfd(fd, asked), pollfd(q, libc::POLLIN)];
+            // SAFETY: two local pollfds, no wait.
+            if unsafe { real::poll(p.as_mut_ptr(), 2, 0) } > 0 {
+                bits |= p[0].revents & asked;
+                if p[1].revents != 0 {
+                    bits |= libc::POLLIN & asked;
+                }
+            }
+            bits
         }
-    }
+    };
     bits as u16 as u32
 }
 
