@@ -774,7 +774,7 @@ fn startup_failure_sends_terminate_then_closes() {
     );
 }
 
-/// The receive scratch buffer starts at 512 bytes, so that an idle
+/// The receive scratch buffer starts at 256 bytes, so that an idle
 /// connection costs little, and doubles while reads fill it: a burst of
 /// small FPDUs waiting in the socket is taken many per read. Every Send
 /// arrives whole and in order either way.
@@ -789,7 +789,7 @@ fn the_scratch_buffer_grows_only_with_a_burst() {
     });
     let mut a = driver::connect_with(addr, cfg(true, false), b"", &Options::default()).unwrap();
     let mut b = server.join().unwrap();
-    assert_eq!(b.scratch_len(), 512, "after the MPA exchange");
+    assert_eq!(b.scratch_len(), 256, "after the MPA exchange");
 
     let mut bmem = VecMemory::new();
     let inbox = bmem.add(vec![0; N * LEN]);
@@ -842,5 +842,5 @@ fn the_scratch_buffer_grows_only_with_a_burst() {
         "{grown} after a burst of {N} small FPDUs"
     );
     // The sender read nothing but the MPA Reply.
-    assert_eq!(a.scratch_len(), 512);
+    assert_eq!(a.scratch_len(), 256);
 }

@@ -130,7 +130,7 @@ const RX_BUDGET: usize = 4 << 20;
 /// Size of the scratch buffer (headers, small FPDUs, discarded payload)
 /// at first: an idle connection, or one of small messages, never needs
 /// more, and its memory is what a connection costs at rest.
-const SCRATCH_MIN: usize = 512;
+const SCRATCH_MIN: usize = 256;
 /// The most the scratch buffer grows to, doubling each time a read fills
 /// it: a read then takes many FPDUs at once.
 const SCRATCH_LEN: usize = 64 * 1024;
@@ -606,7 +606,7 @@ impl Endpoint {
         }
     }
 
-    /// The receive scratch buffer's size now: 512 bytes at first, up to
+    /// The receive scratch buffer's size now: 256 bytes at first, up to
     /// 64 KiB after reads that filled it.
     pub fn scratch_len(&self) -> usize {
         self.scratch.len()
