@@ -142,6 +142,16 @@ pub const TIMEOUT_OPTS: [i32; 4] = [
     libc::SO_SNDTIMEO_NEW,
 ];
 
+/// `TCP_NODELAY` of `fd`, whose entry is `entry`: off if the program never
+/// set it on a socket made under the library, else as the kernel has it.
+pub fn nodelay(fd: i32, entry: Option<&Entry>) -> bool {
+    match entry.and_then(|e| e.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY])) {
+        Some(false) => false,
+        _ => crate::sys::addr::int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            .is_some_and(|v| v != 0),
+    }
+}
+
 /// A hidden SDP listener shared like [`StreamHandle`].
 pub struct ListenerHandle {
     fds: AtomicUsize,

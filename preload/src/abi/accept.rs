@@ -188,12 +188,7 @@ unsafe fn sdp_accept_inner(
                 // hidden listener, which does not have it). A listener the
                 // program never set it on has it off.
                 let l = table::get(fd);
-                let nodelay_set = l
-                    .as_ref()
-                    .and_then(|l| l.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY]));
-                if nodelay_set != Some(false)
-                    && int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0)
-                {
+                if table::nodelay(fd, l.as_ref()) {
                     let one: c_int = 1;
                     // SAFETY: an int option on our new fd.
                     let set = unsafe {

@@ -204,8 +204,9 @@ fn set_nonblock(fd: RawFd, on: bool) {
     }
 }
 
-/// Waits until `fd` polls `events` or `deadline` (signals restart it).
-pub fn poll_one(fd: RawFd, events: i16, deadline: Option<Instant>) {
+/// Waits until `fd` polls `events` or `deadline` (signals restart it);
+/// whether it does.
+pub fn poll_one(fd: RawFd, events: i16, deadline: Option<Instant>) -> bool {
     let mut p = libc::pollfd {
         fd,
         events,
@@ -216,7 +217,7 @@ pub fn poll_one(fd: RawFd, events: i16, deadline: Option<Instant>) {
         left.as_millis().min(60_000) as i32 + i32::from(left.subsec_micros() % 1000 != 0)
     });
     // SAFETY: one local pollfd.
-    unsafe { real::poll(&mut p, 1, ms) };
+    unsafe { real::poll(&mut p, 1, ms) > 0 }
 }
 
 /// [`poll_one`], looking without sleeping first for the busy-poll time
@@ -227,19 +228,10 @@ fn poll_polling(fd: RawFd, events: i16, deadline: Option<Instant>) {
     let budget = Duration::from_micros(u64::from(super::sdp_config().busy_poll_us));
     let started = Instant::now();
     let limit = deadline.map_or(budget, |d| budget.min(d.saturating_duration_since(started)));
-    let look = || {
-        let mut p = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        // SAFETY: one local pollfd, no wait.
-        (unsafe { real::poll(&mut p, 1, 0) } != 0).then_some(())
-    };
-    if !limit.is_zero() && poll_until(started, limit, look).is_some() {
-        return;
+    let look = || poll_one(fd, events, Some(Instant::now())).then_some(());
+    if limit.is_zero() || poll_until(started, limit, look).is_none() {
+        poll_one(fd, events, deadline);
     }
-    poll_one(fd, events, deadline);
 }
 
 /// `connect` on SDP: see [`crate::sdp::SdpBackend::connect`].
@@ -268,13 +260,7 @@ pub fn start(fd: RawFd, dest: SocketAddr, nonblocking: bool, sdp_only: bool) -> 
     // meanwhile (see `Ep::connecting`).
     // A TCP_NODELAY the program set before connect (the socket has it
     // until the engine sets its own); one it never set is off.
-    let nodelay =
-        match known.and_then(|e| e.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY])) {
-            Some(false) => false,
-            _ => crate::sys::addr::int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY)
-                .is_some_and(|v| v != 0),
-        };
-    let ep = match Ep::connecting(fd, nonblocking, nodelay) {
+    let ep = match Ep::connecting(fd, nonblocking, table::nodelay(fd, known.as_ref())) {
         Ok(ep) => Arc::new(ep),
         Err(_) => return fail(TcpReason::Internal),
     };
