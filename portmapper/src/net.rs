@@ -125,7 +125,10 @@ impl PendingQuery {
     /// outcome once decided. Never blocks.
     pub fn drive(&mut self, now: Instant) -> Option<Outcome> {
         let mut buf = [0u8; 128];
-        loop {
+        // Nothing can have come before the first PMReq went out, and once
+        // decided later datagrams are discarded unread (§7.5.1): the socket
+        // is closed with them.
+        while self.txn.transmissions() > 0 && self.txn.outcome().is_none() {
             match self.sock.recv(&mut buf) {
                 Ok(n) => {
                     self.txn.handle_datagram(now, &buf[..n]);
@@ -134,9 +137,7 @@ impl PendingQuery {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.on_io_error(now, &e);
-                    if self.txn.outcome().is_some() {
-                        break;
-                    }
+                    break;
                 }
             }
         }

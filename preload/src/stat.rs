@@ -209,7 +209,15 @@ pub fn publish_pm_cache(snapshot: impl FnOnce() -> Vec<CacheEntry>) {
         out[field::PM_EXPIRES].copy_from_slice(&expires.to_le_bytes());
         n += 1;
     }
-    *PM_CACHE.lock().unwrap_or_else(|p| p.into_inner()) = (n, bytes);
+    {
+        let mut published = PM_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        // A query that changed nothing (PmTime 0, a cache that says the
+        // same) leaves the file as it is.
+        if *published == (n, bytes) {
+            return;
+        }
+        *published = (n, bytes);
+    }
     if let Some(file) = guard.as_ref() {
         write_extras(file);
     }

@@ -326,9 +326,10 @@ impl ReadyList {
         self.lock().watches.is_empty()
     }
 
-    /// Takes what is queued, emptying the eventfd: one queued after that
-    /// makes it readable again.
-    fn take(&self) -> Vec<Arc<Watch>> {
+    /// Moves what is queued onto `out`, last queued first, emptying the
+    /// eventfd: one queued after that makes it readable again. The list
+    /// keeps its room for the next pushes.
+    fn take_into(&self, out: &mut Vec<Arc<Watch>>) {
         let mut q = self.lock();
         if std::mem::take(&mut q.signaled) {
             let mut n = 0u64;
@@ -336,13 +337,12 @@ impl ReadyList {
             // SAFETY: our eventfd, into a local 8-byte counter.
             unsafe { real::read(self.efd, (&mut n as *mut u64).cast(), 8) };
         }
-        let taken = std::mem::take(&mut q.watches);
         // Under the lock: a push meanwhile finds the mark cleared and
         // queues again.
-        for w in &taken {
+        for w in q.watches.drain(..).rev() {
             w.queued.store(false, Ordering::Release);
+            out.push(w);
         }
-        taken
     }
 }
 
@@ -1004,6 +1004,39 @@ fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
     bits as u16 as u32
 }
 
+/// A registration [`translate`] reports on, found in its events.
+struct Hit {
+    id: u64,
+    side: Side,
+    interest: u32,
+    data: u64,
+    oneshot: bool,
+    epfd: c_int,
+    fd: c_int,
+    fds: KernelFds,
+    /// The connection's socket had news: read it first.
+    pump: bool,
+    /// The wake fd (or a listener's socket) fired, or the ready list
+    /// had it, not only the connection's socket.
+    woken: bool,
+    /// Level-triggered from the ready list: queued again while ready.
+    levels: Option<Arc<Watch>>,
+}
+
+/// [`translate`]'s working lists, kept per thread: once grown, a wait
+/// allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    hits: Vec<(usize, Hit)>,
+    from_list: Vec<Arc<Watch>>,
+    dropped: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> =
+        std::cell::RefCell::new(Scratch::default());
+}
+
 /// Rewrites the first `n` kernel events of `events` (room for all of it)
 /// in place: program events pass, token events become the program's,
 /// merged per fd, stale ones dropped, and the set's ready list (`epfd`'s)
@@ -1011,27 +1044,38 @@ fn epoll_bits(side: &Side, fd: c_int, events: u32) -> u32 {
 /// edge-triggered socket event was left for the ready list or the wake
 /// fd to report (so the caller looks once more).
 fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool) {
-    struct Hit {
-        id: u64,
-        side: Side,
-        interest: u32,
-        data: u64,
-        oneshot: bool,
-        epfd: c_int,
-        fd: c_int,
-        fds: KernelFds,
-        /// The connection's socket had news: read it first.
-        pump: bool,
-        /// The wake fd (or a listener's socket) fired, or the ready list
-        /// had it, not only the connection's socket.
-        woken: bool,
-        /// Level-triggered from the ready list: queued again while ready.
-        levels: Option<Arc<Watch>>,
-    }
+    // A wait inside a signal handler that interrupted this one, or one
+    // while the thread ends, works on fresh lists.
+    let mut sc = SCRATCH
+        .try_with(|c| c.try_borrow_mut().map(|mut c| std::mem::take(&mut *c)).ok())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let r = translate_with(epfd, events, n, &mut sc);
+    sc.hits.clear();
+    sc.from_list.clear();
+    sc.dropped.clear();
+    let _ = SCRATCH.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            *c = sc;
+        }
+    });
+    r
+}
+
+fn translate_with(
+    epfd: c_int,
+    events: &mut [epoll_event],
+    n: usize,
+    sc: &mut Scratch,
+) -> (usize, bool) {
     let mut out = 0;
-    let mut hits: Vec<(usize, Hit)> = Vec::new();
+    let Scratch {
+        hits,
+        from_list,
+        dropped,
+    } = sc;
     let mut silence = Vec::new();
-    let mut from_list: Vec<Arc<Watch>> = Vec::new();
     let mut list = None;
     // The kernel's events first, then the ready list's.
     let mut i = 0;
@@ -1052,7 +1096,7 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
                     list = with_registry(|r| r.sets.get(&epfd).cloned());
                 }
                 if let Some(l) = &list {
-                    from_list.extend(l.take().into_iter().rev());
+                    l.take_into(from_list);
                 }
                 continue;
             }
@@ -1122,9 +1166,8 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
             );
         }
     }
-    let mut dropped = Vec::new();
     let mut deferred = false;
-    for (slot, hit) in &hits {
+    for (slot, hit) in hits.iter() {
         if let (true, Side::Stream(h)) = (hit.pump, &hit.side) {
             // Level-triggered: the report below comes from the stream's
             // state, and the program calls on it next; the wake fd's levels
@@ -1201,7 +1244,7 @@ fn translate(epfd: c_int, events: &mut [epoll_event], n: usize) -> (usize, bool)
             }
         }
     }
-    for (_, hit) in &hits {
+    for (_, hit) in hits.iter() {
         if hit.levels.is_none() && hit.woken && matches!(hit.side, Side::Stream(_)) {
             adopt_levels(hit.id);
         }
@@ -1350,10 +1393,17 @@ thread_local! {
 /// behind get their levels (a level-triggered fd the program did not read
 /// empty is reported again, from its wake fd).
 fn settle_levels() {
-    let left = UNSETTLED.with(|u| std::mem::take(&mut *u.borrow_mut()));
-    for h in left {
+    let mut left = UNSETTLED.with(|u| std::mem::take(&mut *u.borrow_mut()));
+    for h in left.drain(..) {
         h.endpoint.sync_readiness();
     }
+    // The emptied list goes back, with its room, unless one came meanwhile.
+    UNSETTLED.with(|u| {
+        let mut u = u.borrow_mut();
+        if u.is_empty() {
+            *u = left;
+        }
+    });
 }
 
 /// Waits with `wait(timeout)` until a translated event remains or the
