@@ -27,7 +27,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -63,15 +63,13 @@ fn is_unreachable(e: &io::Error) -> bool {
     )
 }
 
+/// A nonblocking UDP socket connected to `server`: made nonblocking and
+/// close-on-exec in one call, its port picked by the connect.
 fn connect_udp(server: SocketAddr) -> io::Result<UdpSocket> {
-    let any = match server {
-        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-        SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
-    };
-    let s = UdpSocket::bind(any)?;
-    s.connect(server)?;
-    s.set_nonblocking(true)?;
-    Ok(s)
+    let ty = socket2::Type::DGRAM.nonblocking().cloexec();
+    let s = socket2::Socket::new(socket2::Domain::for_address(server), ty, None)?;
+    s.connect(&server.into())?;
+    Ok(s.into())
 }
 
 /// A transaction in progress on its own nonblocking UDP socket.
