@@ -343,8 +343,10 @@ class Bench:
 
     # ---- sdp-stat -------------------------------------------------------
 
-    def stat_sockets(self, pid=None):
-        """The sockets sdp-stat shows of process `pid`, or of every process."""
+    def stat_sockets(self, pid=None, counts=None):
+        """The sockets sdp-stat shows of process `pid`, or of every process.
+        `counts` (a Transport), if given, takes the processes' own counts
+        of connections that went over SDP and over TCP."""
         which = ["--pid", str(pid)] if pid is not None else []
         out = subprocess.run(
             [os.path.join(self.bin, "sdp-stat"), "--json"] + which,
@@ -356,6 +358,9 @@ class Bench:
             procs = json.loads(out.stdout)
         except json.JSONDecodeError:
             return []
+        if counts is not None:
+            for p in procs["processes"]:
+                counts.count(p.get("sdp_connections", 0), sum(p.get("tcp_by_reason", {}).values()))
         return [s for p in procs["processes"] for s in p["sockets"]]
 
     def run_client(self, name, argv, sdp, timeout, watch_ports=(), servers=(), pm="warm"):
@@ -379,7 +384,7 @@ class Bench:
                     p.stop()
                     raise s.failed(f"server exited with {s.p.returncode} during the run")
             if now >= next_look:
-                socks = self.stat_sockets(p.pid)
+                socks = self.stat_sockets(p.pid, seen if sdp else None)
                 # A server may accept in a child (qperf forks): all of them.
                 server_socks = self.stat_sockets() if servers else []
                 if sdp:
@@ -1152,6 +1157,15 @@ class Transport:
         self.notes = []
         self.pm_queries = []
         self.merged = []
+        # The client process's own counts (sdp-stat's sdp_connections and
+        # tcp_by_reason): they include connections that lived between two
+        # samples, as a churn's do.
+        self.counted_sdp = 0
+        self.counted_tcp = 0
+
+    def count(self, sdp, tcp):
+        self.counted_sdp = max(self.counted_sdp, sdp)
+        self.counted_tcp = max(self.counted_tcp, tcp)
 
     @property
     def sdp(self):
@@ -1185,7 +1199,9 @@ class Transport:
             tcp = [s for s in socks if s["transport"] == "tcp"]
             if tcp:
                 bad.append(f"fell back to TCP ({tcp[0]['why']})")
-            elif not socks:
+            elif not socks and t.counted_tcp:
+                bad.append(f"fell back to TCP ({t.counted_tcp} connections counted by sdp-stat)")
+            elif not socks and not t.counted_sdp:
                 bad.append("fell back to TCP (no SDP connection seen by sdp-stat)")
             bad.extend(t.notes)
         if not bad:

@@ -18,7 +18,7 @@ use crate::rules::Family;
 use crate::sdp::Stats;
 use crate::stat_format;
 use crate::sys::real;
-use crate::table::{self, Entry, TcpReason, Transport, CHUNK};
+use crate::table::{self, Entry, SocketRole, TcpReason, Transport, CHUNK};
 use portmapper::client::{CacheEntry, CacheKey, Decision, Fallback};
 use std::ffi::CString;
 use std::net::SocketAddr;
@@ -58,6 +58,12 @@ static FILE: Mutex<Option<File>> = Mutex::new(None);
 
 /// Sockets that went over TCP, by reason (the header's `H_FALLBACKS`).
 static FALLBACKS: [AtomicU64; REASONS] = [const { AtomicU64::new(0) }; REASONS];
+
+/// Sockets that went over SDP (the header's `H_SDP_CONNECTIONS`), and the
+/// count the file has: a connection's setup writes no header, the
+/// export's periodic pass does ([`publish_counts`]).
+static SDP_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+static SDP_CONNECTIONS_WRITTEN: AtomicU64 = AtomicU64::new(0);
 
 /// The header's port mapper cache part: entries in use and their bytes.
 /// Taken only with [`FILE`] held (the one lock order).
@@ -148,6 +154,9 @@ fn extras(h: &mut [u8; HEADER_LEN]) {
     for (b, n) in h[field::H_FALLBACKS].chunks_exact_mut(8).zip(&FALLBACKS) {
         b.copy_from_slice(&n.load(Ordering::Relaxed).to_le_bytes());
     }
+    let sdp = SDP_CONNECTIONS.load(Ordering::Relaxed);
+    h[field::H_SDP_CONNECTIONS].copy_from_slice(&sdp.to_le_bytes());
+    SDP_CONNECTIONS_WRITTEN.store(sdp, Ordering::Relaxed);
     let cache = PM_CACHE.lock().unwrap_or_else(|p| p.into_inner());
     h[field::H_PM_CACHE_LEN].copy_from_slice(&cache.0.to_le_bytes());
     h[field::H_PM_CACHE].copy_from_slice(&cache.1);
@@ -161,7 +170,7 @@ fn write_extras(file: &File) {
     let s = HEADER_SEQ.load(Ordering::Relaxed);
     let seq = |v: u32| v.to_le_bytes();
     pwrite_all(file.fd, &seq(s | 1), field::H_SEQ.start);
-    let body = field::H_FALLBACKS.start..field::H_PM_CACHE.end;
+    let body = field::H_SDP_CONNECTIONS.start..field::H_PM_CACHE.end;
     pwrite_all(file.fd, &h[body.clone()], body.start);
     let next = (s | 1).wrapping_add(1);
     pwrite_all(file.fd, &seq(next), field::H_SEQ.start);
@@ -172,6 +181,19 @@ fn write_extras(file: &File) {
 fn count_fallback(reason: TcpReason) {
     if let Some(n) = FALLBACKS.get(reason as usize) {
         n.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Ok(guard) = FILE.lock() {
+        if let Some(file) = guard.as_ref() {
+            write_extras(file);
+        }
+    }
+}
+
+/// Writes the header's counters if a connection went over SDP since they
+/// were last written (the export's periodic pass).
+pub fn publish_counts() {
+    if SDP_CONNECTIONS.load(Ordering::Relaxed) == SDP_CONNECTIONS_WRITTEN.load(Ordering::Relaxed) {
+        return;
     }
     if let Ok(guard) = FILE.lock() {
         if let Some(file) = guard.as_ref() {
@@ -518,6 +540,13 @@ pub fn publish(fd: i32, entry: Option<&Entry>) {
                 if e.transport == Transport::Tcp && e.reason != TcpReason::None && was != now {
                     count_fallback(e.reason);
                 }
+                let connection = matches!(e.role, SocketRole::Client | SocketRole::Accepted);
+                if connection
+                    && e.transport == Transport::Sdp
+                    && (was.0, was.1) != (1, Transport::Sdp as u8)
+                {
+                    SDP_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         None => {
@@ -721,12 +750,13 @@ mod tests {
     use super::*;
     use crate::sdp::{Counters, Messages, Mode};
     use crate::stat_format::le_u32;
-    use crate::table::{DecidedBy, SocketRole, TcpReason, Transport};
+    use crate::table::{DecidedBy, TcpReason, Transport};
 
     #[test]
     fn the_header_carries_the_fallbacks_and_the_port_mapper_cache() {
         use std::time::Duration;
         FALLBACKS[TcpReason::PmDeny as usize].fetch_add(2, Ordering::Relaxed);
+        SDP_CONNECTIONS.fetch_add(3, Ordering::Relaxed);
         let service: SocketAddr = "10.0.0.2:5201".parse().unwrap();
         let host: std::net::IpAddr = "10.0.0.3".parse().unwrap();
         let before = monotonic_ms();
@@ -747,6 +777,7 @@ mod tests {
         let mut file = header().to_vec();
         let state = parse(&file).unwrap();
         assert!(state.fallbacks[TcpReason::PmDeny as usize] >= 2);
+        assert!(state.sdp_connections >= 3);
         assert_eq!(state.pm_cache.len(), 2);
         let (a, b) = (state.pm_cache[0], state.pm_cache[1]);
         assert_eq!(
@@ -764,7 +795,10 @@ mod tests {
         // A version 3 file has neither.
         file[field::H_VERSION].copy_from_slice(&3u32.to_le_bytes());
         let old = parse(&file).unwrap();
-        assert_eq!((old.fallbacks, old.pm_cache.len()), ([0; REASONS], 0));
+        assert_eq!(
+            (old.fallbacks, old.sdp_connections, old.pm_cache.len()),
+            ([0; REASONS], 0, 0)
+        );
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub mod field {
     /// Sequence word of the fallback counters and the cache: odd while
     /// the writer changes them.
     pub const H_SEQ: std::ops::Range<usize> = 96..100;
+    /// Sockets of this process that went over SDP (connected or
+    /// accepted), one u64: counted as each goes, written within the
+    /// state export's interval (zero in files of writers before it).
+    pub const H_SDP_CONNECTIONS: std::ops::Range<usize> = 104..112;
     /// Sockets of this process that went over TCP, by reason (index: the
     /// `table::TcpReason` number), one u64 each.
     pub const H_FALLBACKS: std::ops::Range<usize> = 128..256;
@@ -114,6 +118,11 @@ pub const PM_KIND_HOST: u8 = 0x80;
 
 const _: () = assert!(field::H_FALLBACKS.end - field::H_FALLBACKS.start == REASONS * 8);
 const _: () = assert!(field::H_PM_CACHE.end <= HEADER_LEN);
+// The counters the writer rewrites under `H_SEQ` are one range after it.
+const _: () = assert!(
+    field::H_SEQ.end <= field::H_SDP_CONNECTIONS.start
+        && field::H_SDP_CONNECTIONS.end <= field::H_FALLBACKS.start
+);
 
 /// Record flag: created as `socket(AF_INET_SDP, ...)`.
 pub const FLAG_FORCED: u8 = 1;
@@ -132,6 +141,8 @@ pub struct ProcessState {
     pub records: Vec<Record>,
     /// Sockets that went over TCP, by `table::TcpReason` number.
     pub fallbacks: [u64; REASONS],
+    /// Sockets that went over SDP, those closed since included.
+    pub sdp_connections: u64,
     /// The port mapper client's cache when the file was read.
     pub pm_cache: Vec<PmCached>,
 }
@@ -281,6 +292,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
         program: String::from_utf8_lossy(&program[..end]).into_owned(),
         records: Vec::new(),
         fallbacks: [0; REASONS],
+        sdp_connections: 0,
         pm_cache: Vec::new(),
     };
     if version >= 4 {
@@ -288,6 +300,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProcessState, ParseError> {
             return Err(ParseError::TornHeader);
         }
         state.fallbacks = le_u64s(&h[field::H_FALLBACKS]);
+        state.sdp_connections = le_u64(&h[field::H_SDP_CONNECTIONS]);
         let n = (le_u32(&h[field::H_PM_CACHE_LEN]) as usize).min(PM_CACHE_MAX);
         for e in h[field::H_PM_CACHE].chunks_exact(PM_ENTRY_LEN).take(n) {
             let Some(key) = parse_addr(&e[field::PM_KEY]) else {

@@ -55,6 +55,8 @@ pub struct StatFile {
     pub records: Vec<Record>,
     /// Sockets that went over TCP, by reason number (header 128..256).
     pub tcp_by_reason: [u64; 16],
+    /// Sockets that went over SDP, closed ones included (header 104..112).
+    pub sdp_connections: u64,
 }
 
 impl StatFile {
@@ -133,6 +135,7 @@ pub fn parse(bytes: &[u8]) -> StatFile {
         program: String::from_utf8_lossy(&name[..end]).into_owned(),
         records: Vec::new(),
         tcp_by_reason: std::array::from_fn(|i| u64_at(bytes, 128 + 8 * i)),
+        sdp_connections: u64_at(bytes, 104),
     };
     assert_eq!((bytes.len() - header_len) % record_len, 0);
     for (fd, r) in bytes[header_len..].chunks(record_len).enumerate() {

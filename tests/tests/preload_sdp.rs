@@ -147,6 +147,73 @@ result["conn"].close()
 c.close()
 "#;
 
+/// A pre-forking server: the parent listens and forks, the child
+/// accepts and reads what the parent sends, the hash going back. Holds the
+/// child's connection open until stdin closes.
+const FORKED_WORKER: &str = r#"
+import hashlib, os, socket, sys
+TOTAL = 4 * 1024 * 1024
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+pid = os.fork()
+if pid == 0:
+    conn, _ = srv.accept()
+    h = hashlib.sha256()
+    n = 0
+    while n < TOTAL:
+        d = conn.recv(1 << 20)
+        if not d:
+            break
+        h.update(d)
+        n += len(d)
+    conn.sendall(h.hexdigest().encode())
+    print("worker", os.getpid(), conn.fileno(), n, flush=True)
+    sys.stdin.read()
+    os._exit(0)
+c = socket.create_connection(srv.getsockname())
+data = bytes(i % 251 for i in range(TOTAL))
+c.sendall(data)
+reply = b""
+while len(reply) < 64:
+    d = c.recv(64 - len(reply))
+    if not d:
+        break
+    reply += d
+print("reply", reply.decode() == hashlib.sha256(data).hexdigest(), flush=True)
+os.waitpid(pid, 0)
+"#;
+
+/// A worker that only accepts (nginx's, forked from the process that
+/// listened) publishes its connections' statistics and its count of SDP
+/// connections, as the process that listened would: `sdp-stat` shows
+/// what moved on the server's side too.
+#[test]
+fn a_forked_worker_publishes_what_its_connections_moved() {
+    let stat = TempDir::new("sdp-forked");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(FORKED_WORKER, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd).stdin(Stdio::piped());
+    let mut program = Background::start(cmd);
+    let (_, worker) = lines_until(&mut program, "worker ");
+    let n = numbers(&worker);
+    let (pid, fd, got) = (n[0] as u32, n[1] as usize, n[2]);
+    const TOTAL: u64 = 4 << 20;
+    assert_eq!(got, TOTAL);
+    let state = state_when(stat.path(), pid, |s| {
+        s.sdp_connections == 1 && s.record(fd).is_some_and(|r| r.counters[..2] == [64, TOTAL])
+    });
+    let r = state.record(fd).expect("the worker's connection");
+    assert_eq!((r.transport, r.role), (SDP, ACCEPTED), "{r:?}");
+    assert_eq!(r.counters[..2], [64, TOTAL], "{r:?}");
+    assert_eq!(state.sdp_connections, 1, "{state:?}");
+    let (_, reply) = lines_until(&mut program, "reply ");
+    assert_eq!(reply.trim_end(), "reply True");
+    drop(program.child.stdin.take());
+    let (status, _) = program.finish();
+    assert!(status.success());
+}
+
 #[test]
 fn python_stream_over_sdp_is_identical_to_tcp() {
     let stat = TempDir::new("sdp-stream");
@@ -218,6 +285,10 @@ fn python_stream_over_sdp_is_identical_to_tcp() {
     assert!(json.contains("\"tx_mode\": \"combined\""), "{json}");
     assert!(json.contains(&format!("\"bcopy_tx\": {TOTAL}")), "{json}");
     assert!(json.contains("\"bcopy_tx_direct\": 64"), "{json}");
+    // The process's count: its client and its accepted connection (the
+    // listener is not one), written by the pass that published the
+    // counters above.
+    assert!(json.contains("\"sdp_connections\": 2,"), "{json}");
     let out = std::process::Command::new(&artifacts().sdp_stat)
         .arg("--dir")
         .arg(stat.path())

@@ -807,6 +807,10 @@ impl SdpListener for Lst {
                         "fd {fd}: accepted SDP connection from {peer} on {}",
                         self.sh.p
                     );
+                    // The statistics export runs in the service thread,
+                    // which a forked worker that only accepts (nginx's)
+                    // would otherwise never start.
+                    service::ensure();
                     return Ok(Accepted {
                         fd,
                         peer,

@@ -142,6 +142,7 @@ fn publish_all() {
     if table::no_sdp() {
         return;
     }
+    crate::stat::publish_counts();
     table::for_each(|fd, e| {
         if let SdpSide::Stream(h) = &e.sdp {
             if let Some(stats) = h.endpoint.stats() {

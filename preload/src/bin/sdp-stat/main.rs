@@ -567,7 +567,8 @@ fn json(states: &[ProcessState]) -> String {
             .collect();
         let _ = write!(
             out,
-            ", \"tcp_by_reason\": {{{}}}, \"pm_cache\": [{}]}}",
+            ", \"sdp_connections\": {}, \"tcp_by_reason\": {{{}}}, \"pm_cache\": [{}]}}",
+            s.sdp_connections,
             counts.join(", "),
             cache.join(", ")
         );
@@ -710,6 +711,7 @@ mod tests {
                 f[11] = 1;
                 f
             },
+            sdp_connections: 5,
             pm_cache: vec![stat_format::PmCached {
                 key: "10.0.0.2:22".parse().unwrap(),
                 host: false,
@@ -727,7 +729,7 @@ mod tests {
         );
         assert!(
             j.ends_with(
-                "\n  ], \"tcp_by_reason\": {\"pm-deny\": 2, \"peer-tcp\": 1}, \"pm_cache\": [{\"key\": \"10.0.0.2:22\", \
+                "\n  ], \"sdp_connections\": 5, \"tcp_by_reason\": {\"pm-deny\": 2, \"peer-tcp\": 1}, \"pm_cache\": [{\"key\": \"10.0.0.2:22\", \
                  \"host\": false, \"answer\": 2, \"sdp_port\": 0, \"expires_in_ms\": null}]}\n]}\n"
             ),
             "{j}"
@@ -760,6 +762,7 @@ mod tests {
             program: "p".into(),
             records: vec![record()],
             fallbacks: [0; stat_format::REASONS],
+            sdp_connections: 0,
             pm_cache: Vec::new(),
         };
         let t = table(&[s]);
@@ -799,6 +802,7 @@ mod tests {
                 ..r
             }],
             fallbacks: [0; stat_format::REASONS],
+            sdp_connections: 0,
             pm_cache: Vec::new(),
         }]);
         assert!(
@@ -825,6 +829,7 @@ mod tests {
             program: "p".into(),
             records: vec![r],
             fallbacks: [0; stat_format::REASONS],
+            sdp_connections: 0,
             pm_cache: Vec::new(),
         };
         assert!(table(std::slice::from_ref(&s))
