@@ -182,19 +182,19 @@ fn count_fallback(reason: TcpReason) {
     if let Some(n) = FALLBACKS.get(reason as usize) {
         n.fetch_add(1, Ordering::Relaxed);
     }
-    if let Ok(guard) = FILE.lock() {
-        if let Some(file) = guard.as_ref() {
-            write_extras(file);
-        }
-    }
+    rewrite_extras();
 }
 
 /// Writes the header's counters if a connection went over SDP since they
 /// were last written (the export's periodic pass).
 pub fn publish_counts() {
-    if SDP_CONNECTIONS.load(Ordering::Relaxed) == SDP_CONNECTIONS_WRITTEN.load(Ordering::Relaxed) {
-        return;
+    if SDP_CONNECTIONS.load(Ordering::Relaxed) != SDP_CONNECTIONS_WRITTEN.load(Ordering::Relaxed) {
+        rewrite_extras();
     }
+}
+
+/// [`write_extras`] to the file, if there is one.
+fn rewrite_extras() {
     if let Ok(guard) = FILE.lock() {
         if let Some(file) = guard.as_ref() {
             write_extras(file);
@@ -680,7 +680,10 @@ pub fn fork_child() {
     };
     let Some(old) = guard.take() else { return };
     // The child counts its own sockets; the cache it inherited is its own.
-    for n in &FALLBACKS {
+    for n in FALLBACKS
+        .iter()
+        .chain([&SDP_CONNECTIONS, &SDP_CONNECTIONS_WRITTEN])
+    {
         n.store(0, Ordering::Relaxed);
     }
     // What the child holds, read before the windows are replaced.
