@@ -168,7 +168,9 @@ if pid == 0:
         h.update(d)
         n += len(d)
     conn.sendall(h.hexdigest().encode())
-    print("worker", os.getpid(), conn.fileno(), n, flush=True)
+    # One write per line: both processes share the pipe and `-u` would
+    # write print's pieces one by one, interleaving them.
+    os.write(1, f"worker {os.getpid()} {conn.fileno()} {n}\n".encode())
     sys.stdin.read()
     os._exit(0)
 c = socket.create_connection(srv.getsockname())
@@ -180,7 +182,7 @@ while len(reply) < 64:
     if not d:
         break
     reply += d
-print("reply", reply.decode() == hashlib.sha256(data).hexdigest(), flush=True)
+os.write(1, f"reply {reply.decode() == hashlib.sha256(data).hexdigest()}\n".encode())
 os.waitpid(pid, 0)
 "#;
 
