@@ -145,10 +145,16 @@ pub const TIMEOUT_OPTS: [i32; 4] = [
 /// `TCP_NODELAY` of `fd`, whose entry is `entry`: off if the program never
 /// set it on a socket made under the library, else as the kernel has it.
 pub fn nodelay(fd: i32, entry: Option<&Entry>) -> bool {
-    match entry.and_then(|e| e.set_by_program(libc::IPPROTO_TCP, &[libc::TCP_NODELAY])) {
+    flag(fd, entry, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+}
+
+/// The on/off option `(level, name)` of `fd`, whose entry is `entry`, for
+/// options that start off: off if the program never set it on a socket
+/// made under the library, else as the kernel has it.
+pub fn flag(fd: i32, entry: Option<&Entry>, level: i32, name: i32) -> bool {
+    match entry.and_then(|e| e.set_by_program(level, &[name])) {
         Some(false) => false,
-        _ => crate::sys::addr::int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY)
-            .is_some_and(|v| v != 0),
+        _ => crate::sys::addr::int_sockopt(fd, level, name).is_some_and(|v| v != 0),
     }
 }
 

@@ -1047,6 +1047,65 @@ fn receive_timeouts_are_tcps_wherever_they_were_set() {
     same_over_sdp("sdp-timeouts", TIMEOUTS_AS_TCP, 4);
 }
 
+/// What a listener passes on as TCP's does: its `SO_RCVTIMEO` ends a
+/// blocking `accept` with EAGAIN when nobody connects; its `SO_LINGER`
+/// (0: an abortive close, the peer reads ECONNRESET) and `SO_OOBINLINE`
+/// (the urgent byte read in the stream) hold on the connections it
+/// accepts, which come through the hidden listener.
+const WHAT_A_LISTENER_PASSES_ON: &str = r#"
+import errno, socket, struct, time
+def outcome(f):
+    try:
+        return f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200000))
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+t0 = time.monotonic()
+print("accept, nobody connecting:", outcome(lambda: srv.accept()[1]))
+print("waited the timeout:", time.monotonic() - t0 >= 0.19)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+c.sendall(b"x")
+print("accepted once one came:", a.recv(1))
+lst = socket.socket()
+lst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+lst.bind(("127.0.0.1", 0))
+lst.listen(4)
+d = socket.create_connection(lst.getsockname())
+b, _ = lst.accept()
+print("linger of the accepted:", struct.unpack("ii", b.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, 8)))
+d.sendall(b"ping")
+print(b.recv(4))
+b.close()
+print("after the abortive close:", outcome(lambda: d.recv(4)))
+inl = socket.socket()
+inl.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+inl.bind(("127.0.0.1", 0))
+inl.listen(4)
+e = socket.create_connection(inl.getsockname())
+f, _ = inl.accept()
+print("oobinline of the accepted:", f.getsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE))
+e.sendall(b"ab")
+e.send(b"!", socket.MSG_OOB)
+e.sendall(b"cd")
+e.close()
+got = b""
+while True:
+    d = f.recv(16)
+    if not d:
+        break
+    got += d
+print("read inline:", got)
+"#;
+
+#[test]
+fn a_listeners_accept_timeout_linger_and_oobinline_are_tcps() {
+    same_over_sdp("sdp-listener-options", WHAT_A_LISTENER_PASSES_ON, 3);
+}
+
 /// `accept` returns a connection once it answered the MPA Request; the
 /// RTR and the HelloAck follow. A server that closes what it accepted at
 /// once, or shuts its writing half and reads, still lets each client's

@@ -140,6 +140,26 @@ pub unsafe extern "C" fn accept4(
 /// its setup from stalling the program.
 const SETUP_WAIT: Duration = Duration::from_millis(500);
 
+/// On/off options a connection takes from its listener that the hidden
+/// listener cannot pass on (the SDP stream keeps its own copy).
+const INHERITED_FLAGS: [(c_int, c_int); 2] = [
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+];
+
+/// When a blocking `accept` on `fd` gives up with `EAGAIN`: the
+/// listener's `SO_RCVTIMEO`, as the kernel's `accept` has it. Asked of the
+/// kernel only if the program may have set it (a listener it made and
+/// never gave a timeout has none).
+fn accept_deadline(fd: c_int) -> Option<Instant> {
+    const NAMES: [c_int; 2] = [libc::SO_RCVTIMEO, libc::SO_RCVTIMEO_NEW];
+    let l = table::get(fd);
+    if l.and_then(|l| l.set_by_program(libc::SOL_SOCKET, &NAMES)) == Some(false) {
+        return None;
+    }
+    super::io::kernel_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
+}
+
 /// `accept` on a listening fd with a hidden SDP listener beside it: the
 /// first connection from either, SDP or TCP.
 unsafe fn sdp_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
@@ -169,6 +189,7 @@ unsafe fn sdp_accept_inner(
     // A blocking call sleeps with the program's signal mask and holds its
     // signals until then: one that comes on the way ends the sleep.
     let held = (!dontwait).then(SignalsHeld::hold);
+    let deadline = if dontwait { None } else { accept_deadline(fd) };
     // How long a nonblocking call waits for a connection already in setup.
     let setup_deadline = Instant::now() + SETUP_WAIT;
     loop {
@@ -183,29 +204,29 @@ unsafe fn sdp_accept_inner(
                         real::fcntl(new, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
                     }
                 }
-                // The listener's TCP_NODELAY goes on to what it accepts, as
-                // the kernel passes it on (the connection came through the
-                // hidden listener, which does not have it). A listener the
-                // program never set it on has it off.
+                // The listener's TCP_NODELAY and SO_OOBINLINE go on to
+                // what it accepts, as the kernel copies them (the
+                // connection came through the hidden listener, which does
+                // not have them); the SDP stream keeps its own copy. A
+                // listener the program never set them on has them off.
                 let l = table::get(fd);
-                if table::nodelay(fd, l.as_ref()) {
+                for (level, name) in INHERITED_FLAGS {
+                    if !table::flag(fd, l.as_ref(), level, name) {
+                        continue;
+                    }
                     let one: c_int = 1;
                     // SAFETY: an int option on our new fd.
                     let set = unsafe {
                         real::setsockopt(
                             new,
-                            libc::IPPROTO_TCP,
-                            libc::TCP_NODELAY,
+                            level,
+                            name,
                             (&one as *const c_int).cast(),
                             std::mem::size_of::<c_int>() as socklen_t,
                         )
                     };
                     if set == 0 {
-                        let _ = acc.endpoint.setsockopt(
-                            libc::IPPROTO_TCP,
-                            libc::TCP_NODELAY,
-                            &one.to_ne_bytes(),
-                        );
+                        let _ = acc.endpoint.setsockopt(level, name, &one.to_ne_bytes());
                     }
                 }
                 let mut e = Entry::new(acc.peer.is_ipv6(), l.as_ref().is_some_and(|l| l.forced));
@@ -267,9 +288,18 @@ unsafe fn sdp_accept_inner(
             0
         };
         let r = match &held {
-            // SAFETY: three local pollfds, no timeout, the program's mask.
+            // SAFETY: three local pollfds, a local timespec or none, the
+            // program's mask.
             Some(held) => unsafe {
-                real::ppoll(p.as_mut_ptr(), 3, std::ptr::null(), held.program_mask())
+                let left = deadline.map(|d| {
+                    let left = d.saturating_duration_since(Instant::now());
+                    libc::timespec {
+                        tv_sec: left.as_secs() as libc::time_t,
+                        tv_nsec: libc::c_long::from(left.subsec_nanos()),
+                    }
+                });
+                let left = left.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+                real::ppoll(p.as_mut_ptr(), 3, left, held.program_mask())
             },
             // SAFETY: three local pollfds.
             None => unsafe { real::poll(p.as_mut_ptr(), 3, t) },

@@ -133,7 +133,7 @@ fn timeout(fd: c_int, h: &StreamHandle, name: c_int) -> Option<Duration> {
 }
 
 /// `SO_RCVTIMEO` / `SO_SNDTIMEO` as the kernel socket has it.
-fn kernel_timeout(fd: c_int, name: c_int) -> Option<Duration> {
+pub(super) fn kernel_timeout(fd: c_int, name: c_int) -> Option<Duration> {
     let _errno = SavedErrno::save();
     let mut tv = libc::timeval {
         tv_sec: 0,

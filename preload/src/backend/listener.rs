@@ -196,7 +196,7 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    // The buffer sizes and timeouts the program gave P: a TCP connection
+    // The buffer sizes, timeouts and linger the program gave P: a TCP connection
     // accepted from P would have them (Linux copies them from the
     // listener), and the SDP connections taken from Q size their buffers
     // by them (`Config::with_socket_buffers`). Set on P later, they
@@ -226,13 +226,15 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
     Ok(TcpListener::from(q))
 }
 
-/// SO_RCVBUF or SO_SNDBUF: what a listener's accepted connections inherit.
 /// A listener's option that the connections it accepts start with, which
-/// the hidden listener takes from the program's.
+/// the hidden listener takes from the program's: the buffer sizes, the
+/// timeouts and `SO_LINGER` (Linux copies the listener's socket into each
+/// connection; an SDP close reads its linger from the kernel socket).
 pub fn passed_on(level: i32, name: i32) -> bool {
     level == libc::SOL_SOCKET
         && (name == libc::SO_RCVBUF
             || name == libc::SO_SNDBUF
+            || name == libc::SO_LINGER
             || table::TIMEOUT_OPTS.contains(&name))
 }
 
