@@ -1049,9 +1049,10 @@ fn receive_timeouts_are_tcps_wherever_they_were_set() {
 
 /// What a listener passes on as TCP's does: its `SO_RCVTIMEO` ends a
 /// blocking `accept` with EAGAIN when nobody connects; its `SO_LINGER`
-/// (0: an abortive close, the peer reads ECONNRESET) and `SO_OOBINLINE`
-/// (the urgent byte read in the stream) hold on the connections it
-/// accepts, which come through the hidden listener.
+/// (0: an abortive close, the peer reads ECONNRESET), `SO_OOBINLINE` (the
+/// urgent byte read in the stream) and keepalive hold on the connections
+/// it accepts, which come through the hidden listener. A connection has
+/// keepalive off unless the program turns it on, as TCP's.
 const WHAT_A_LISTENER_PASSES_ON: &str = r#"
 import errno, socket, struct, time
 def outcome(f):
@@ -1099,11 +1100,22 @@ while True:
         break
     got += d
 print("read inline:", got)
+keep = socket.socket()
+keep.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+keep.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 77)
+keep.bind(("127.0.0.1", 0))
+keep.listen(4)
+g = socket.create_connection(keep.getsockname())
+h, _ = keep.accept()
+def keepalive(s):
+    return (s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE))
+print("keepalive of the client, of the accepted:", keepalive(g), keepalive(h))
 "#;
 
 #[test]
-fn a_listeners_accept_timeout_linger_and_oobinline_are_tcps() {
-    same_over_sdp("sdp-listener-options", WHAT_A_LISTENER_PASSES_ON, 3);
+fn a_listeners_accept_timeout_linger_oobinline_and_keepalive_are_tcps() {
+    same_over_sdp("sdp-listener-options", WHAT_A_LISTENER_PASSES_ON, 4);
 }
 
 /// `accept` returns a connection once it answered the MPA Request; the

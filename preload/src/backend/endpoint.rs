@@ -199,11 +199,7 @@ impl Ep {
             }
             let (level, name) = KEEPALIVE[i];
             let v = kernel_int(fd, level, name).unwrap_or(default);
-            // SO_KEEPALIVE is read each time until the program sets it:
-            // the stream turns it on itself (draft §14.3).
-            if i != 0 {
-                self.keepalive[i].store(v, Ordering::Relaxed);
-            }
+            self.keepalive[i].store(v, Ordering::Relaxed);
             v
         };
         let ms = if option(0, 0) != 0 {

@@ -196,11 +196,11 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    // The buffer sizes, timeouts and linger the program gave P: a TCP connection
-    // accepted from P would have them (Linux copies them from the
-    // listener), and the SDP connections taken from Q size their buffers
-    // by them (`Config::with_socket_buffers`). Set on P later, they
-    // follow (the `setsockopt` hook).
+    // The options the program gave P that a TCP connection accepted from
+    // P would have ([`passed_on`]: Linux copies them from the listener);
+    // the SDP connections taken from Q size their buffers by them too
+    // (`Config::with_socket_buffers`). Set on P later, they follow (the
+    // `setsockopt` hook).
     let opts = table::get(p).map(|e| e.opts).unwrap_or_default();
     for o in opts.iter().filter(|o| passed_on(o.level, o.name)) {
         // SAFETY: the option value the kernel took on P, on our own socket.
@@ -228,14 +228,25 @@ fn bind_q(p: RawFd, local: SocketAddr, backlog: i32) -> io::Result<TcpListener> 
 
 /// A listener's option that the connections it accepts start with, which
 /// the hidden listener takes from the program's: the buffer sizes, the
-/// timeouts and `SO_LINGER` (Linux copies the listener's socket into each
-/// connection; an SDP close reads its linger from the kernel socket).
+/// timeouts, `SO_LINGER` and keepalive (Linux copies the listener's socket
+/// into each connection; an SDP stream reads these from its kernel socket).
 pub fn passed_on(level: i32, name: i32) -> bool {
-    level == libc::SOL_SOCKET
-        && (name == libc::SO_RCVBUF
-            || name == libc::SO_SNDBUF
-            || name == libc::SO_LINGER
-            || table::TIMEOUT_OPTS.contains(&name))
+    match level {
+        libc::SOL_SOCKET => {
+            [
+                libc::SO_RCVBUF,
+                libc::SO_SNDBUF,
+                libc::SO_LINGER,
+                libc::SO_KEEPALIVE,
+            ]
+            .contains(&name)
+                || table::TIMEOUT_OPTS.contains(&name)
+        }
+        libc::IPPROTO_TCP => {
+            [libc::TCP_KEEPIDLE, libc::TCP_KEEPINTVL, libc::TCP_KEEPCNT].contains(&name)
+        }
+        _ => false,
+    }
 }
 
 /// Opens the hidden listener for `local` (P) and registers it.

@@ -33,14 +33,12 @@ pub enum Answer {
 
 /// The responder's endpoint on an accepted TCP connection, with `config`
 /// fitted to the socket ([`fit_config`]): nonblocking (the endpoint makes
-/// it so), SO_KEEPALIVE on (draft §14.3). Returns the fitted
-/// configuration for [`answer_request`].
+/// it so). Returns the fitted configuration for [`answer_request`].
 pub fn responder(
     tcp: TcpStream,
     config: &Config,
     now: Instant,
 ) -> io::Result<(Box<Endpoint>, Config)> {
-    rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
     let config = fit_config(&tcp, config);
     let ep = Endpoint::responder(tcp, connection_config(&config), now)?;
     Ok((Box::new(ep), config))

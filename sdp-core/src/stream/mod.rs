@@ -16,7 +16,9 @@
 //!   make progress and writable exactly when a write would
 //!   ([`readiness`] explains the socket-pair construction and why not an
 //!   eventfd or the kernel socket). The kernel socket itself is
-//!   [`SdpStream::socket_fd`]; SO_KEEPALIVE is on (draft §14.3).
+//!   [`SdpStream::socket_fd`]; keepalive is off until the application
+//!   turns it on there, as TCP's (draft §14.3: SO_KEEPALIVE is TCP's
+//!   keepalive timer).
 //! * **Socket duplication.** A peer's SuspComm (draft §13.1.1) is answered
 //!   and the connection moves to a new TCP connection to the port it
 //!   names, under the same stream: nothing is lost, the application sees
@@ -553,7 +555,6 @@ impl SdpStream {
     /// The Connecting Peer's link and endpoint, the MPA Request queued.
     fn initiator(tcp: TcpStream, config: &Config) -> io::Result<(Link, Endpoint)> {
         let now = Instant::now();
-        rustix::net::sockopt::set_socket_keepalive(&tcp, true)?;
         let config = &fit_config(&tcp, config);
         let mut link = Link::connect(config);
         let mut ep = Endpoint::initiator(tcp, connection_config(config), link.hello(), now)?;
