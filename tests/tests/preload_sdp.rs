@@ -197,7 +197,18 @@ fn a_forked_worker_publishes_what_its_connections_moved() {
     let mut cmd = python_command(FORKED_WORKER, Mode::Sdp, stat.path());
     pm.apply(&mut cmd).stdin(Stdio::piped());
     let mut program = Background::start(cmd);
-    let (_, worker) = lines_until(&mut program, "worker ");
+    // Each process prints one line, in either order: the parent may read
+    // the reply before the worker's line is out.
+    let lines = [
+        lines_until(&mut program, "").1,
+        lines_until(&mut program, "").1,
+    ];
+    let line = |prefix: &str| {
+        let l = lines.iter().find(|l| l.starts_with(prefix));
+        l.unwrap_or_else(|| panic!("no {prefix:?} line in {lines:?}"))
+            .clone()
+    };
+    let worker = line("worker ");
     let n = numbers(&worker);
     let (pid, fd, got) = (n[0] as u32, n[1] as usize, n[2]);
     const TOTAL: u64 = 4 << 20;
@@ -209,8 +220,7 @@ fn a_forked_worker_publishes_what_its_connections_moved() {
     assert_eq!((r.transport, r.role), (SDP, ACCEPTED), "{r:?}");
     assert_eq!(r.counters[..2], [64, TOTAL], "{r:?}");
     assert_eq!(state.sdp_connections, 1, "{state:?}");
-    let (_, reply) = lines_until(&mut program, "reply ");
-    assert_eq!(reply.trim_end(), "reply True");
+    assert_eq!(line("reply ").trim_end(), "reply True");
     drop(program.child.stdin.take());
     let (status, _) = program.finish();
     assert!(status.success());
@@ -1116,6 +1126,98 @@ print("keepalive of the client, of the accepted:", keepalive(g), keepalive(h))
 #[test]
 fn a_listeners_accept_timeout_linger_oobinline_and_keepalive_are_tcps() {
     same_over_sdp("sdp-listener-options", WHAT_A_LISTENER_PASSES_ON, 4);
+}
+
+/// `splice` to and from an SDP socket moves the stream's bytes, not the
+/// SDP messages the kernel socket carries (1 MiB from a pipe, hashed on
+/// the other side; the other way to the end of the stream), with the
+/// kernel's errors and its answers for an empty pipe; and `FIONREAD`
+/// counts bytes still in the kernel socket, which a reader that took the
+/// socket over leaves there between its reads.
+const SPLICE_AND_FIONREAD: &str = r#"
+import array, errno, fcntl, hashlib, os, socket, termios, threading, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+# 1 MiB from a pipe into the socket by splice, a writer thread feeding
+# the pipe; read back and hashed on the other side.
+data = bytes(i % 251 for i in range(1 << 20))
+r, w = os.pipe()
+def feed():
+    os.write(w, data)
+    os.close(w)
+t = threading.Thread(target=feed)
+t.start()
+got = []
+def drain(total):
+    h, n = hashlib.sha256(), 0
+    while n < total:
+        d = a.recv(65536)
+        if not d:
+            break
+        h.update(d)
+        n += len(d)
+    got.append((n, h.hexdigest() == hashlib.sha256(data).hexdigest()))
+d = threading.Thread(target=drain, args=(len(data),))
+d.start()
+moved = 0
+while True:
+    n = os.splice(r, c.fileno(), 1 << 20)
+    if n == 0:
+        break
+    moved += n
+t.join(); d.join(); os.close(r)
+print("pipe -> socket:", moved, got)
+# The other way: the socket's bytes into a pipe, then the end of stream.
+r, w = os.pipe()
+c.sendall(b"the other way")
+c.shutdown(socket.SHUT_WR)
+out = b""
+while True:
+    n = os.splice(a.fileno(), w, 4096)
+    if n == 0:
+        break
+    out += os.read(r, n)
+print("socket -> pipe:", out)
+# Neither end a pipe, an offset on the socket's end.
+f = open("/dev/null", "rb")
+for what, call in (("no pipe", lambda: os.splice(f.fileno(), c.fileno(), 10)),
+                   ("offset", lambda: os.splice(r, c.fileno(), 10, offset_dst=0))):
+    try:
+        call()
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+# An empty nonblocking pipe, a full-stop from the writer's side.
+r2, w2 = os.pipe()
+os.set_blocking(r2, False)
+try:
+    os.splice(r2, c.fileno(), 10)
+except OSError as e:
+    print("empty nonblocking pipe", errno.errorcode[e.errno])
+os.close(w2)
+print("empty pipe, no writer:", os.splice(r2, c.fileno(), 10))
+# FIONREAD counts what the socket holds though nobody read it yet (after
+# a blocking read, which takes arrivals over from the progress thread).
+x = socket.create_connection(srv.getsockname())
+y, _ = srv.accept()
+x.sendall(b"0")
+print(y.recv(1))
+x.sendall(b"12345")
+buf = array.array("i", [0])
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline:
+    fcntl.ioctl(y.fileno(), termios.FIONREAD, buf)
+    if buf[0]:
+        break
+    time.sleep(0.01)
+print("FIONREAD:", buf[0], y.recv(16))
+"#;
+
+#[test]
+fn splice_and_fionread_see_the_stream_as_tcp_has_it() {
+    same_over_sdp("sdp-splice", SPLICE_AND_FIONREAD, 2);
 }
 
 /// `accept` returns a connection once it answered the MPA Request; the

@@ -1,5 +1,5 @@
-//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile` and their
-//! `_chk` variants.
+//! Data hooks: `read`, `write`, `recv*`, `send*`, `sendfile`, `splice`
+//! and their `_chk` variants.
 //!
 //! On an SDP fd a hook decodes the program's call into one call of the
 //! endpoint, which has the socket semantics (DESIGN §7 "Who owns
@@ -17,8 +17,8 @@ use crate::sys::guard::Guard;
 use crate::sys::real;
 use crate::table::{self, StreamHandle};
 use libc::{
-    c_int, c_uint, c_void, iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t,
-    timespec,
+    c_int, c_uint, c_void, iovec, loff_t, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t,
+    ssize_t, timespec,
 };
 use std::cell::RefCell;
 use std::io::{IoSlice, IoSliceMut};
@@ -557,11 +557,30 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flag
 const SENDFILE_CHUNK: usize = 128 * 1024;
 
 thread_local! {
-    /// The buffer `sendfile` to an SDP fd reads the file into: the
-    /// thread's, kept from call to call (a fresh zeroed one a call cost a
-    /// web server a page-sized `memset` per response, and `mmap` and
-    /// `munmap` beyond glibc's threshold).
+    /// The buffer `sendfile` to an SDP fd reads the file into, and
+    /// `splice` moves its bytes through: the thread's, kept from call to
+    /// call (a fresh zeroed one a call cost a web server a page-sized
+    /// `memset` per response, and `mmap` and `munmap` beyond glibc's
+    /// threshold).
     static SENDFILE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with the thread's buffer ([`SENDFILE_BUF`]) of at least `len`
+/// bytes. The guard the calling hook holds keeps a signal handler's call
+/// on an SDP fd out (EINTR), so the buffer is never in use here already;
+/// a thread that is exiting gets a fresh one.
+fn with_thread_buf<R>(len: usize, f: impl Fn(&mut [u8]) -> R) -> R {
+    let run = |b: &mut Vec<u8>| {
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        f(&mut b[..len])
+    };
+    SENDFILE_BUF
+        .try_with(|b| b.try_borrow_mut().ok().map(|mut b| run(&mut b)))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| run(&mut Vec::new()))
 }
 
 /// `sendfile` to an SDP fd: read from the file, send on SDP. With no
@@ -575,22 +594,10 @@ unsafe fn sdp_sendfile(
     offset: *mut off_t,
     n: size_t,
 ) -> ssize_t {
-    let want = n.min(SENDFILE_CHUNK);
-    let run = |chunk: &mut Vec<u8>| {
-        if chunk.len() < want {
-            chunk.resize(want, 0);
-        }
+    with_thread_buf(n.min(SENDFILE_CHUNK), |chunk| {
         // SAFETY: the program's arguments.
-        unsafe { sendfile_through(out, h, input, offset, n, &mut chunk[..want]) }
-    };
-    // The guard this call holds keeps a signal handler's `sendfile` to an
-    // SDP fd out (EINTR), so the buffer is never in use here already; a
-    // thread that is exiting has none.
-    SENDFILE_BUF
-        .try_with(|b| b.try_borrow_mut().ok().map(|mut b| run(&mut b)))
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| run(&mut Vec::new()))
+        unsafe { sendfile_through(out, h, input, offset, n, chunk) }
+    })
 }
 
 /// [`sdp_sendfile`] through `chunk`.
@@ -681,6 +688,175 @@ pub unsafe extern "C" fn sendfile64(
     }
     // SAFETY: the program's arguments, passed on.
     unsafe { real::sendfile64(out, input, offset, n) }
+}
+
+/// The most `splice` moves to or from an SDP fd in one call: a pipe's
+/// default capacity.
+const SPLICE_CHUNK: usize = 64 * 1024;
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut loff_t,
+    fd_out: c_int,
+    off_out: *mut loff_t,
+    n: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    // The kernel would move the bytes to or from the socket as they are,
+    // in the middle of SDP's messages: they go through the endpoint.
+    match sdp_stream(fd_out) {
+        Route::Reentrant => return fail(libc::EINTR),
+        Route::Sdp(h, _g) => {
+            return match splice_check(fd_in, off_in, off_out) {
+                Err(e) => fail(e),
+                // SAFETY: the program's arguments.
+                Ok(()) => unsafe { splice_to_sdp(fd_in, fd_out, &h, n, flags) },
+            };
+        }
+        Route::Kernel => {}
+    }
+    match sdp_stream(fd_in) {
+        Route::Reentrant => return fail(libc::EINTR),
+        Route::Sdp(h, _g) => {
+            return match splice_check(fd_out, off_out, off_in) {
+                Err(e) => fail(e),
+                // SAFETY: the program's arguments.
+                Ok(()) => unsafe { splice_from_sdp(fd_in, &h, fd_out, n, flags) },
+            };
+        }
+        Route::Kernel => {}
+    }
+    // SAFETY: the program's arguments, passed on.
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, n, flags) }
+}
+
+/// The kernel's checks of a `splice` between a socket and `pipe`, whose
+/// offsets are `pipe_off` and `socket_off`: the other end must be a pipe
+/// (EINVAL), which has no offset (ESPIPE), nor has a socket (EINVAL).
+fn splice_check(pipe: c_int, pipe_off: *mut loff_t, socket_off: *mut loff_t) -> Result<(), Errno> {
+    let _errno = SavedErrno::save();
+    // SAFETY: a zeroed stat for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a local stat.
+    let fifo =
+        unsafe { libc::fstat(pipe, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO };
+    if !fifo {
+        Err(libc::EINVAL)
+    } else if !pipe_off.is_null() {
+        Err(libc::ESPIPE)
+    } else if !socket_off.is_null() {
+        Err(libc::EINVAL)
+    } else {
+        Ok(())
+    }
+}
+
+/// `splice` from the pipe `pipe` to the SDP fd `out`: the pipe's bytes are
+/// copied with `tee` (not yet taken from it), sent, and only what the
+/// stream took is then read from the pipe, as the kernel's splice leaves
+/// in the pipe what the socket did not take.
+unsafe fn splice_to_sdp(
+    pipe: c_int,
+    out: c_int,
+    h: &StreamHandle,
+    n: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if n == 0 {
+        return 0;
+    }
+    let mut copy = [0 as c_int; 2];
+    // SAFETY: a local array of two fds.
+    if unsafe { libc::pipe2(copy.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return -1;
+    }
+    let [copy_r, copy_w] = copy;
+    with_thread_buf(n.min(SPLICE_CHUNK), |buf| {
+        // SAFETY: our pipe's write end; SPLICE_F_NONBLOCK is the program's
+        // for its pipe. The copy waits for the program's pipe as its
+        // splice would.
+        let got = unsafe { libc::tee(pipe, copy_w, buf.len(), flags & libc::SPLICE_F_NONBLOCK) };
+        let got = match got {
+            g if g <= 0 => {
+                let _errno = SavedErrno::save();
+                // SAFETY: our own pipe.
+                unsafe {
+                    real::close(copy_r);
+                    real::close(copy_w);
+                }
+                return g;
+            }
+            g => g as usize,
+        };
+        // SAFETY: `got` bytes wait in our pipe; buf has room for them.
+        let read = unsafe { real::read(copy_r, buf.as_mut_ptr().cast(), got) };
+        {
+            let _errno = SavedErrno::save();
+            // SAFETY: our own pipe.
+            unsafe {
+                real::close(copy_r);
+                real::close(copy_w);
+            }
+        }
+        if read != got as ssize_t {
+            return fail(libc::EIO);
+        }
+        let more = if flags & libc::SPLICE_F_MORE != 0 {
+            libc::MSG_MORE
+        } else {
+            0
+        };
+        let sent = sdp_send(out, h, &mut [IoSlice::new(&buf[..got])], more);
+        if sent > 0 {
+            let _errno = SavedErrno::save();
+            // What the stream took leaves the program's pipe (its bytes
+            // are there: the copy came from them).
+            // SAFETY: buf has room for `sent` bytes.
+            unsafe { real::read(pipe, buf.as_mut_ptr().cast(), sent as usize) };
+        }
+        sent
+    })
+}
+
+/// `splice` from the SDP fd `input` to the pipe `pipe`: the stream's bytes
+/// are peeked, written to the pipe, and only what the pipe took is then
+/// read from the stream.
+unsafe fn splice_from_sdp(
+    input: c_int,
+    h: &StreamHandle,
+    pipe: c_int,
+    n: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if n == 0 {
+        return 0;
+    }
+    with_thread_buf(n.min(SPLICE_CHUNK), |buf| {
+        let got = sdp_recv(input, h, &mut [IoSliceMut::new(buf)], libc::MSG_PEEK);
+        if got <= 0 {
+            return got;
+        }
+        let iov = iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: got as usize,
+        };
+        // SAFETY: one iovec over `got` bytes of buf; the pipe is the
+        // program's, waited on as its splice would (SPLICE_F_NONBLOCK or
+        // the pipe's O_NONBLOCK).
+        let put = unsafe { libc::vmsplice(pipe, &iov, 1, flags & libc::SPLICE_F_NONBLOCK) };
+        if put > 0 {
+            let _errno = SavedErrno::save();
+            // What the pipe took leaves the stream (it is there: peeked).
+            sdp_recv(
+                input,
+                h,
+                &mut [IoSliceMut::new(&mut buf[..put as usize])],
+                libc::MSG_DONTWAIT,
+            );
+        }
+        put
+    })
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use libc::{
-    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
-    pid_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
+    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, loff_t, mmsghdr, msghdr, nfds_t,
+    off_t, pid_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -111,6 +111,7 @@ real_fns! {
     sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int;
     sendfile(out: c_int, input: c_int, offset: *mut off_t, n: size_t) -> ssize_t;
     sendfile64(out: c_int, input: c_int, offset: *mut off_t, n: size_t) -> ssize_t;
+    splice(fd_in: c_int, off_in: *mut loff_t, fd_out: c_int, off_out: *mut loff_t, n: size_t, flags: c_uint) -> ssize_t;
     close(fd: c_int) -> c_int;
     close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     shutdown(fd: c_int, how: c_int) -> c_int;

@@ -1129,14 +1129,21 @@ impl SdpStream {
         Ok(self.shared().lock().link.conn_mut().take_error().map(to_io))
     }
 
-    /// FIONREAD.
+    /// FIONREAD: what a read would return now. The socket is read first,
+    /// as TCP's count takes in what the kernel holds: bytes left in the
+    /// socket (a reader that took it over leaves arrivals there between
+    /// its reads) would otherwise count as none.
     pub fn bytes_readable(&self) -> u64 {
-        self.shared().look(|g| g.link.bytes_readable())
+        let mut g = self.shared().lock();
+        g.pump(Instant::now());
+        g.link.bytes_readable()
     }
 
-    /// SIOCATMARK.
+    /// SIOCATMARK, the socket read first (see [`SdpStream::bytes_readable`]).
     pub fn at_mark(&self) -> bool {
-        self.shared().look(|g| g.link.at_mark())
+        let mut g = self.shared().lock();
+        g.pump(Instant::now());
+        g.link.at_mark()
     }
 
     /// SO_OOBINLINE.
