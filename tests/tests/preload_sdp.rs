@@ -1131,7 +1131,8 @@ fn a_listeners_accept_timeout_linger_oobinline_and_keepalive_are_tcps() {
 /// `splice` to and from an SDP socket moves the stream's bytes, not the
 /// SDP messages the kernel socket carries (1 MiB from a pipe, hashed on
 /// the other side; the other way to the end of the stream), with the
-/// kernel's errors and its answers for an empty pipe; and `FIONREAD`
+/// kernel's errors and its answers for an empty pipe, two splices into a
+/// pipe before it is read each keeping its bytes; and `FIONREAD`
 /// counts bytes still in the kernel socket, which a reader that took the
 /// socket over leaves there between its reads.
 const SPLICE_AND_FIONREAD: &str = r#"
@@ -1213,6 +1214,14 @@ while time.monotonic() < deadline:
         break
     time.sleep(0.01)
 print("FIONREAD:", buf[0], y.recv(16))
+# Two splices into a pipe before it is read: each keeps its own bytes.
+r3, w3 = os.pipe()
+for word in (b"first", b"second"):
+    x.sendall(word)
+    moved = 0
+    while moved < len(word):
+        moved += os.splice(y.fileno(), w3, len(word) - moved)
+print("two splices, then read:", os.read(r3, 64))
 "#;
 
 #[test]

@@ -705,13 +705,16 @@ pub unsafe extern "C" fn splice(
 ) -> ssize_t {
     // The kernel would move the bytes to or from the socket as they are,
     // in the middle of SDP's messages: they go through the endpoint.
+    if n == 0 {
+        return 0;
+    }
     match sdp_stream(fd_out) {
         Route::Reentrant => return fail(libc::EINTR),
         Route::Sdp(h, _g) => {
-            return match splice_check(fd_in, off_in, off_out) {
+            return match splice_check(fd_in, false, off_in, off_out, flags) {
                 Err(e) => fail(e),
                 // SAFETY: the program's arguments.
-                Ok(()) => unsafe { splice_to_sdp(fd_in, fd_out, &h, n, flags) },
+                Ok(_) => unsafe { splice_to_sdp(fd_in, fd_out, &h, n, flags) },
             };
         }
         Route::Kernel => {}
@@ -719,10 +722,10 @@ pub unsafe extern "C" fn splice(
     match sdp_stream(fd_in) {
         Route::Reentrant => return fail(libc::EINTR),
         Route::Sdp(h, _g) => {
-            return match splice_check(fd_out, off_out, off_in) {
+            return match splice_check(fd_out, true, off_out, off_in, flags) {
                 Err(e) => fail(e),
                 // SAFETY: the program's arguments.
-                Ok(()) => unsafe { splice_from_sdp(fd_in, &h, fd_out, n, flags) },
+                Ok(fl) => unsafe { splice_from_sdp(fd_in, &h, fd_out, fl, n, flags) },
             };
         }
         Route::Kernel => {}
@@ -731,31 +734,91 @@ pub unsafe extern "C" fn splice(
     unsafe { real::splice(fd_in, off_in, fd_out, off_out, n, flags) }
 }
 
-/// The kernel's checks of a `splice` between a socket and `pipe`, whose
-/// offsets are `pipe_off` and `socket_off`: the other end must be a pipe
-/// (EINVAL), which has no offset (ESPIPE), nor has a socket (EINVAL).
-fn splice_check(pipe: c_int, pipe_off: *mut loff_t, socket_off: *mut loff_t) -> Result<(), Errno> {
+/// The kernel's checks of a `splice` between a socket and `pipe`, in its
+/// order (fs/splice.c): unknown flags EINVAL; `pipe` not open (EBADF), not
+/// a pipe (EINVAL: neither end is one), with an offset (ESPIPE), not open
+/// the way the bytes go (`write`: the bytes go into it; EBADF); an offset
+/// on the socket's end EINVAL. The pipe's file flags when all hold.
+fn splice_check(
+    pipe: c_int,
+    write: bool,
+    pipe_off: *mut loff_t,
+    socket_off: *mut loff_t,
+    flags: c_uint,
+) -> Result<c_int, Errno> {
+    const SPLICE_F_ALL: c_uint =
+        libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE | libc::SPLICE_F_GIFT;
+    if flags & !SPLICE_F_ALL != 0 {
+        return Err(libc::EINVAL);
+    }
     let _errno = SavedErrno::save();
     // SAFETY: a zeroed stat for fstat to fill.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: st is a local stat.
-    let fifo =
-        unsafe { libc::fstat(pipe, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO };
-    if !fifo {
+    // SAFETY: st is a local stat; F_GETFL takes no argument.
+    let (r, fl) = unsafe {
+        (
+            libc::fstat(pipe, &mut st),
+            real::fcntl(pipe, libc::F_GETFL, 0),
+        )
+    };
+    if r != 0 || fl < 0 {
+        return Err(libc::EBADF);
+    }
+    let mode = fl & libc::O_ACCMODE;
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
         Err(libc::EINVAL)
     } else if !pipe_off.is_null() {
         Err(libc::ESPIPE)
+    } else if mode
+        == if write {
+            libc::O_RDONLY
+        } else {
+            libc::O_WRONLY
+        }
+    {
+        Err(libc::EBADF)
     } else if !socket_off.is_null() {
         Err(libc::EINVAL)
     } else {
-        Ok(())
+        Ok(fl)
+    }
+}
+
+/// A pipe of the library's own, for one `splice` (closed on drop).
+struct OwnPipe {
+    r: c_int,
+    w: c_int,
+}
+
+impl OwnPipe {
+    fn new() -> Option<OwnPipe> {
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: a local array of two fds.
+        (unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0).then_some(OwnPipe {
+            r: fds[0],
+            w: fds[1],
+        })
+    }
+}
+
+impl Drop for OwnPipe {
+    fn drop(&mut self) {
+        let _errno = SavedErrno::save();
+        // SAFETY: our own two fds, closed once.
+        unsafe {
+            real::close(self.r);
+            real::close(self.w);
+        }
     }
 }
 
 /// `splice` from the pipe `pipe` to the SDP fd `out`: the pipe's bytes are
-/// copied with `tee` (not yet taken from it), sent, and only what the
-/// stream took is then read from the pipe, as the kernel's splice leaves
-/// in the pipe what the socket did not take.
+/// copied into a pipe of our own with `tee` (not yet taken from the
+/// program's), read and sent; then exactly what the stream took moves
+/// from the program's pipe to ours, which is dropped. The kernel's splice
+/// also leaves in the pipe what the socket did not take. (A pipe that
+/// another reader empties meanwhile is not the program's to splice from
+/// alone; the move then takes what is left, and says so in the log.)
 unsafe fn splice_to_sdp(
     pipe: c_int,
     out: c_int,
@@ -763,43 +826,20 @@ unsafe fn splice_to_sdp(
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if n == 0 {
-        return 0;
-    }
-    let mut copy = [0 as c_int; 2];
-    // SAFETY: a local array of two fds.
-    if unsafe { libc::pipe2(copy.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    let Some(own) = OwnPipe::new() else {
         return -1;
-    }
-    let [copy_r, copy_w] = copy;
+    };
     with_thread_buf(n.min(SPLICE_CHUNK), |buf| {
-        // SAFETY: our pipe's write end; SPLICE_F_NONBLOCK is the program's
-        // for its pipe. The copy waits for the program's pipe as its
-        // splice would.
-        let got = unsafe { libc::tee(pipe, copy_w, buf.len(), flags & libc::SPLICE_F_NONBLOCK) };
-        let got = match got {
-            g if g <= 0 => {
-                let _errno = SavedErrno::save();
-                // SAFETY: our own pipe.
-                unsafe {
-                    real::close(copy_r);
-                    real::close(copy_w);
-                }
-                return g;
-            }
-            g => g as usize,
-        };
-        // SAFETY: `got` bytes wait in our pipe; buf has room for them.
-        let read = unsafe { real::read(copy_r, buf.as_mut_ptr().cast(), got) };
-        {
-            let _errno = SavedErrno::save();
-            // SAFETY: our own pipe.
-            unsafe {
-                real::close(copy_r);
-                real::close(copy_w);
-            }
+        // SAFETY: our pipe's write end; the wait for the program's pipe
+        // is its splice's (SPLICE_F_NONBLOCK, or the pipe's O_NONBLOCK,
+        // which `tee` honours too).
+        let got = unsafe { libc::tee(pipe, own.w, buf.len(), flags & libc::SPLICE_F_NONBLOCK) };
+        if got <= 0 {
+            return got;
         }
-        if read != got as ssize_t {
+        // SAFETY: `got` bytes wait in our pipe; buf has room for them.
+        let read = unsafe { real::read(own.r, buf.as_mut_ptr().cast(), got as usize) };
+        if read != got {
             return fail(libc::EIO);
         }
         let more = if flags & libc::SPLICE_F_MORE != 0 {
@@ -807,53 +847,101 @@ unsafe fn splice_to_sdp(
         } else {
             0
         };
-        let sent = sdp_send(out, h, &mut [IoSlice::new(&buf[..got])], more);
+        let sent = sdp_send(out, h, &mut [IoSlice::new(&buf[..got as usize])], more);
         if sent > 0 {
             let _errno = SavedErrno::save();
-            // What the stream took leaves the program's pipe (its bytes
-            // are there: the copy came from them).
-            // SAFETY: buf has room for `sent` bytes.
-            unsafe { real::read(pipe, buf.as_mut_ptr().cast(), sent as usize) };
+            // SAFETY: the program's pipe to our (empty) one; an exact
+            // count, whatever the pipe's packet mode.
+            let taken = unsafe {
+                real::splice(
+                    pipe,
+                    std::ptr::null_mut(),
+                    own.w,
+                    std::ptr::null_mut(),
+                    sent as usize,
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            if taken != sent {
+                crate::log!(
+                    crate::log::Level::Warn,
+                    "fd {out}: splice: {sent} bytes sent, {taken} taken from the pipe (another reader?)"
+                );
+            }
         }
         sent
     })
 }
 
-/// `splice` from the SDP fd `input` to the pipe `pipe`: the stream's bytes
-/// are peeked, written to the pipe, and only what the pipe took is then
-/// read from the stream.
+/// `splice` from the SDP fd `input` to the pipe `pipe` (file flags `fl`):
+/// the stream's bytes are peeked, written to a pipe of our own and
+/// spliced from it into the program's (the kernel's pipe-to-pipe move
+/// waits, or not, as the program's splice would, and raises EPIPE); then
+/// exactly what the program's pipe took is read from the stream. (Pages
+/// of our buffer are never lent to the program's pipe: `vmsplice` would
+/// leave them there, to change under a later call.)
 unsafe fn splice_from_sdp(
     input: c_int,
     h: &StreamHandle,
     pipe: c_int,
+    fl: c_int,
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if n == 0 {
-        return 0;
+    if flags & libc::SPLICE_F_NONBLOCK != 0 || fl & libc::O_NONBLOCK != 0 {
+        // The kernel looks for room in the pipe before it reads the
+        // socket: a full pipe is EAGAIN, whether bytes came or not.
+        let mut p = libc::pollfd {
+            fd: pipe,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        if p.revents & (libc::POLLOUT | libc::POLLERR) == 0 {
+            return fail(libc::EAGAIN);
+        }
     }
+    let Some(own) = OwnPipe::new() else {
+        return -1;
+    };
     with_thread_buf(n.min(SPLICE_CHUNK), |buf| {
         let got = sdp_recv(input, h, &mut [IoSliceMut::new(buf)], libc::MSG_PEEK);
         if got <= 0 {
             return got;
         }
-        let iov = iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: got as usize,
+        // SAFETY: `got` bytes of buf into our empty pipe (what it takes
+        // is what goes on).
+        let staged = unsafe { real::write(own.w, buf.as_ptr().cast(), got as usize) };
+        if staged <= 0 {
+            return fail(libc::EIO);
+        }
+        // SAFETY: our pipe's read end to the program's pipe.
+        let put = unsafe {
+            real::splice(
+                own.r,
+                std::ptr::null_mut(),
+                pipe,
+                std::ptr::null_mut(),
+                staged as usize,
+                flags & (libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE),
+            )
         };
-        // SAFETY: one iovec over `got` bytes of buf; the pipe is the
-        // program's, waited on as its splice would (SPLICE_F_NONBLOCK or
-        // the pipe's O_NONBLOCK).
-        let put = unsafe { libc::vmsplice(pipe, &iov, 1, flags & libc::SPLICE_F_NONBLOCK) };
         if put > 0 {
             let _errno = SavedErrno::save();
             // What the pipe took leaves the stream (it is there: peeked).
-            sdp_recv(
+            let taken = sdp_recv(
                 input,
                 h,
                 &mut [IoSliceMut::new(&mut buf[..put as usize])],
                 libc::MSG_DONTWAIT,
             );
+            if taken != put {
+                crate::log!(
+                    crate::log::Level::Warn,
+                    "fd {input}: splice: {put} bytes into the pipe, {taken} taken from the stream (another reader?)"
+                );
+            }
         }
         put
     })

@@ -459,7 +459,30 @@ impl Ep {
                 return;
             }
         }
-        match linger(stream.socket_fd()) {
+        let lingering = linger(stream.socket_fd());
+        if lingering.is_some_and(|t| !t.is_zero()) {
+            // The stream keeps the wait (below); the kernel socket's own
+            // close, later and perhaps in the progress thread, must not
+            // wait too: Linux's does with the linger on whatever
+            // O_NONBLOCK says, and a dead peer would hold every stream's
+            // progress that long.
+            let off = libc::linger {
+                l_onoff: 0,
+                l_linger: 0,
+            };
+            // SAFETY: a local linger struct and its length, on the
+            // stream's own socket.
+            unsafe {
+                real::setsockopt(
+                    stream.socket_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&off as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                )
+            };
+        }
+        match lingering {
             Some(t) if t.is_zero() => {
                 // SO_LINGER 0: abortive close (§8.2.2).
                 let _ = stream.set_linger(Some(Duration::ZERO));

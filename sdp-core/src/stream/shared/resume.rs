@@ -30,13 +30,13 @@ use crate::link::connection_config;
 use crate::verbs::ErrorKind;
 use iwarp::driver::Endpoint;
 
-/// A nonblocking TCP connection from `local`'s address to `peer`.
-fn reconnect(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpStream> {
+/// A nonblocking TCP connection from `local`'s address to `peer`, with
+/// the keepalive of `old`.
+fn reconnect(old: &TcpStream, local: SocketAddr, peer: SocketAddr) -> io::Result<TcpStream> {
     let socket = Socket::new(Domain::for_address(peer), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_cloexec(true)?;
     socket.set_nonblocking(true)?;
-    // §14.3: keepalive, as on the first connection.
-    socket.set_keepalive(true)?;
+    keep_keepalive(old, &socket);
     socket.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
     match socket.connect(&SockAddr::from(peer)) {
         Ok(()) => {}
@@ -44,6 +44,29 @@ fn reconnect(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpStream> {
         Err(e) => return Err(e),
     }
     Ok(socket.into())
+}
+
+/// The keepalive options the application gave the old connection's
+/// socket (§14.3: SO_KEEPALIVE is TCP's timer), on the new one: the
+/// application's settings hold across the move. Best effort: an option
+/// the kernel will not tell or take is left as the new socket has it.
+fn keep_keepalive(old: &TcpStream, new: &Socket) {
+    use rustix::net::sockopt as o;
+    if let Ok(on) = o::socket_keepalive(old) {
+        let _ = o::set_socket_keepalive(new, on);
+    }
+    if let Ok(t) = o::tcp_keepidle(old) {
+        let _ = o::set_tcp_keepidle(new, t);
+    }
+    if let Ok(t) = o::tcp_keepintvl(old) {
+        let _ = o::set_tcp_keepintvl(new, t);
+    }
+    if let Ok(n) = o::tcp_keepcnt(old) {
+        let _ = o::set_tcp_keepcnt(new, n);
+    }
+    if let Ok(ms) = o::tcp_user_timeout(old) {
+        let _ = o::set_tcp_user_timeout(new, ms);
+    }
 }
 
 impl Inner {
@@ -70,7 +93,9 @@ impl Inner {
         // IP address specified in the prior connection setup sequence."
         let config = connection_config(self.link.conn().config());
         let ep = addrs
-            .and_then(|(local, peer)| reconnect(local, SocketAddr::new(peer.ip(), port)))
+            .and_then(|(local, peer)| {
+                reconnect(self.ep.stream(), local, SocketAddr::new(peer.ip(), port))
+            })
             .and_then(|tcp| Endpoint::initiator(tcp, config, self.link.hello(), now));
         let ep = match ep {
             Ok(ep) => ep,
