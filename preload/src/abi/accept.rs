@@ -263,6 +263,11 @@ unsafe fn sdp_accept_inner(
                 unsafe { write_sockaddr(acc.peer, addr, len) };
                 return new;
             }
+            // The timeout holds also when the listeners stay readable
+            // but yield nothing (a connection another thread took).
+            Err(e) if e == libc::EAGAIN && deadline.is_some_and(|d| Instant::now() >= d) => {
+                return fail(e)
+            }
             Err(e) if e == libc::EAGAIN => {}
             Err(e) => return fail(e),
         }
