@@ -812,6 +812,14 @@ impl Drop for OwnPipe {
     }
 }
 
+/// The kernel's `splice` of up to `n` bytes from pipe `from` to pipe `to`
+/// (no offsets: pipes have none).
+fn pipe_to_pipe(from: c_int, to: c_int, n: usize, flags: c_uint) -> ssize_t {
+    let none = std::ptr::null_mut();
+    // SAFETY: two descriptors and null offsets; the kernel checks the rest.
+    unsafe { real::splice(from, none, to, none, n, flags) }
+}
+
 /// `splice` from the pipe `pipe` to the SDP fd `out`: the pipe's bytes are
 /// copied into a pipe of our own with `tee` (not yet taken from the
 /// program's), read and sent; then exactly what the stream took moves
@@ -850,18 +858,9 @@ unsafe fn splice_to_sdp(
         let sent = sdp_send(out, h, &mut [IoSlice::new(&buf[..got as usize])], more);
         if sent > 0 {
             let _errno = SavedErrno::save();
-            // SAFETY: the program's pipe to our (empty) one; an exact
-            // count, whatever the pipe's packet mode.
-            let taken = unsafe {
-                real::splice(
-                    pipe,
-                    std::ptr::null_mut(),
-                    own.w,
-                    std::ptr::null_mut(),
-                    sent as usize,
-                    libc::SPLICE_F_NONBLOCK,
-                )
-            };
+            // The program's pipe to our (empty) one: an exact count,
+            // whatever the pipe's packet mode.
+            let taken = pipe_to_pipe(pipe, own.w, sent as usize, libc::SPLICE_F_NONBLOCK);
             if taken != sent {
                 crate::log!(
                     crate::log::Level::Warn,
@@ -916,17 +915,12 @@ unsafe fn splice_from_sdp(
         if staged <= 0 {
             return fail(libc::EIO);
         }
-        // SAFETY: our pipe's read end to the program's pipe.
-        let put = unsafe {
-            real::splice(
-                own.r,
-                std::ptr::null_mut(),
-                pipe,
-                std::ptr::null_mut(),
-                staged as usize,
-                flags & (libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE),
-            )
-        };
+        let put = pipe_to_pipe(
+            own.r,
+            pipe,
+            staged as usize,
+            flags & (libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE),
+        );
         if put > 0 {
             let _errno = SavedErrno::save();
             // What the pipe took leaves the stream (it is there: peeked).
