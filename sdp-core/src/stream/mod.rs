@@ -718,9 +718,16 @@ impl SdpStream {
     }
 
     /// Sets the readiness descriptor's levels as the stream is now (after
-    /// [`SdpStream::pump_quietly`]).
+    /// [`SdpStream::pump_quietly`]), unless a call since (the program's
+    /// read or write that followed) set them already: no lock then.
     pub fn sync_readiness(&self) {
-        self.shared().lock().update_readiness();
+        let shared = self.shared();
+        if shared
+            .levels_stale
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            shared.lock().update_readiness();
+        }
     }
 
     /// An application thread starts (`on`) or stops sleeping on the

@@ -221,6 +221,9 @@ pub struct Inner {
     quiet_levels: bool,
     /// [`Inner::pump_quietly`] ran under this hold of the lock.
     quiet_unlock: bool,
+    /// The readiness descriptor's levels were left behind by a quiet pump
+    /// and no [`Inner::update_readiness`] has set them since.
+    levels_stale: bool,
     /// The connection moved to a new socket (SuspComm): epoll sets that
     /// watched the old one no longer see it ([`Shared::watch_socket`]).
     pub(super) socket_moved: bool,
@@ -506,6 +509,7 @@ impl Inner {
         // nothing either: the caller reports the levels itself.
         self.quiet_unlock = true;
         self.quiet_levels = false;
+        self.levels_stale = true;
         moved
     }
 
@@ -722,6 +726,7 @@ impl Inner {
         if self.quiet_levels {
             return;
         }
+        self.levels_stale = false;
         let readable = self.readable();
         let idle = self.readiness_idle;
         if let Some(r) = self.readiness.as_mut().filter(|_| !idle) {
@@ -838,6 +843,10 @@ pub struct Shared {
     readiness: OnceLock<Arc<OwnedFd>>,
     /// Mirror of [`Inner::released`], readable without the lock.
     released: AtomicBool,
+    /// Mirror of [`Inner::levels_stale`] as of the last unlock: a waiter
+    /// that left the levels behind learns without the lock whether a
+    /// later call set them already ([`super::SdpStream::sync_readiness`]).
+    pub(super) levels_stale: AtomicBool,
     /// An event reported hang-up, not yet passed to [`Inner`].
     hangup: AtomicBool,
     /// Epoll sets of the application that watch the socket and have their
@@ -922,6 +931,7 @@ impl Shared {
             zc_writer_waiting: false,
             quiet_levels: false,
             quiet_unlock: false,
+            levels_stale: false,
             socket_moved: false,
             last_read: 0,
             busy_poll,
@@ -942,6 +952,7 @@ impl Shared {
             deadline: AtomicU64::new(NO_DEADLINE),
             readiness: user_fd,
             released: AtomicBool::new(false),
+            levels_stale: AtomicBool::new(false),
             hangup: AtomicBool::new(false),
             watchers: AtomicUsize::new(0),
             socket_polled: AtomicBool::new(false),
@@ -1777,6 +1788,9 @@ impl Drop for Locked<'_> {
                 g.tell_watches();
             }
             shared.counters.store(g.snapshot());
+            if shared.levels_stale.load(Ordering::Relaxed) != g.levels_stale {
+                shared.levels_stale.store(g.levels_stale, Ordering::Relaxed);
+            }
             shared.sync_interest(&mut g);
             shared.wake_waiters(&mut g);
             if shared.publish_deadline(&g) {
