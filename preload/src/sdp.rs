@@ -365,6 +365,14 @@ pub trait SdpEndpoint: Send + Sync {
     }
     /// Sets the wake fd's levels as the endpoint is now.
     fn sync_readiness(&self) {}
+    /// The program's reads take a Private Buffer's worth or more (a bulk
+    /// transfer): a `poll` or `select` waiting for input sleeps at once.
+    fn reads_in_bulk(&self) -> bool {
+        false
+    }
+    /// A `poll` or `select` waited for the connection's input; the wait
+    /// ended while polling (`polled`) or after a sleep.
+    fn count_wait(&self, _polled: bool) {}
     /// Tells `w` of the connection's levels, now and at each change
     /// ([`LevelWatch`]), instead of a wake fd: an epoll set's ready list.
     /// False (and `w` is not kept) while there is no connected stream.

@@ -226,6 +226,79 @@ fn a_forked_worker_publishes_what_its_connections_moved() {
     assert!(status.success());
 }
 
+/// A client with a socket timeout, as Python's: CPython polls the socket
+/// before each `recv`, so every wait for an answer is a `poll`. Holds its
+/// connection open at the end until stdin closes.
+const TIMEOUT_PING_PONG: &str = r#"
+import hashlib, os, socket, sys, threading
+ROUNDS = 1000
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+def echo():
+    a, _ = srv.accept()
+    while True:
+        d = a.recv(64)
+        if not d:
+            break
+        a.sendall(d)
+    a.close()
+t = threading.Thread(target=echo)
+t.start()
+c = socket.create_connection(srv.getsockname())
+c.settimeout(10)
+sent, got = hashlib.sha256(), hashlib.sha256()
+for i in range(ROUNDS):
+    m = (b"%08d" % i) * 8
+    sent.update(m)
+    c.sendall(m)
+    back = b""
+    while len(back) < 64:
+        back += c.recv(64 - len(back))
+    got.update(back)
+print("echoed", sent.hexdigest() == got.hexdigest())
+print("fds", os.getpid(), c.fileno(), flush=True)
+sys.stdin.read()
+c.close()
+t.join()
+"#;
+
+/// DESIGN §7 "Latency": a `poll` waiting for a connection's input polls
+/// before it sleeps, as a blocking read and `epoll_wait` do; the waits
+/// show in the connection's statistics (sdp-stat's WAITS POLLED/SLEPT).
+/// The budget is 2 ms here, so that an answer the echo thread sends at
+/// once is caught by the polling on a loaded machine too.
+#[test]
+fn a_poll_waiting_for_an_answer_polls_first_and_counts_its_waits() {
+    let stat = TempDir::new("sdp-poll-waits");
+    let pm = PortMapper::start();
+    let mut cmd = python_command(TIMEOUT_PING_PONG, Mode::Sdp, stat.path());
+    pm.apply(&mut cmd)
+        .env("SDP_BUSY_POLL_US", "2000")
+        .stdin(Stdio::piped());
+    let mut program = Background::start(cmd);
+    let (lines, fds) = lines_until(&mut program, "fds ");
+    assert_eq!(lines[0].trim_end(), "echoed True", "{lines:?}");
+    let n = numbers(&fds);
+    let (pid, client) = (n[0] as u32, n[1] as usize);
+    let state = state_when(stat.path(), pid, |s| {
+        s.record(client)
+            .is_some_and(|r| r.counters[..2] == [64_000, 64_000])
+    });
+    let r = state.record(client).expect("the client's record");
+    assert_eq!((r.transport, r.role), (SDP, CLIENT), "{r:?}");
+    assert_eq!(r.counters[..2], [64_000, 64_000], "{r:?}");
+    // [polled, slept]: at most one wait per answer (none when it was
+    // there before the poll), answers caught while polling; the connect's
+    // waits for the MPA Reply and the HelloAck count too, two at most.
+    let [polled, slept] = r.waits;
+    assert!(polled > 2, "{r:?}");
+    assert!(polled + slept <= 1000 + 2, "{r:?}");
+    drop(program.child.stdin.take());
+    let (status, _) = program.finish();
+    assert!(status.success());
+}
+
 #[test]
 fn python_stream_over_sdp_is_identical_to_tcp() {
     let stat = TempDir::new("sdp-stream");

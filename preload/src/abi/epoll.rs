@@ -60,6 +60,7 @@
 
 use super::poll::{Side, Timeout};
 use super::protect;
+use super::spin::Spin;
 use crate::sys::errno::{fail, keep_errno_on_success, SavedErrno};
 use crate::sys::guard::{pid, Guard};
 use crate::sys::real;
@@ -70,9 +71,6 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
-
-use sdp_core::stream::busy_poll::{poll_until, BusyPoll};
 
 const TOKEN_TAG: u64 = 0x5D50 << 48;
 const TOKEN_MASK: u64 = 0xFFFF << 48;
@@ -1441,7 +1439,7 @@ fn wait_translated_inner(
     // events, as the kernel reports a ready fd at every wait (and the
     // other ready fds with it).
     let mut leftovers = max > 0 && !events.is_null() && list.is_some_and(|l| !l.is_empty());
-    let mut spin = Spin::begin(ours, &timeout);
+    let mut spin = Spin::begin(ours, timeout.expired());
     let mut look_again = true;
     loop {
         let now = timespec {
@@ -1468,7 +1466,7 @@ fn wait_translated_inner(
                 n
             }
         } else {
-            spin.wait(&wait, &mut timeout)
+            spin.wait(&wait, || timeout.remaining())
         };
         if n <= 0 || events.is_null() {
             return n;
@@ -1488,82 +1486,6 @@ fn wait_translated_inner(
                 continue;
             }
             return 0;
-        }
-    }
-}
-
-thread_local! {
-    /// How long this thread's `epoll_wait` on a set with SDP streams
-    /// polls before it sleeps (`SDP_BUSY_POLL_US`; an event loop is one
-    /// thread).
-    static BUSY_POLL: std::cell::Cell<Option<BusyPoll>> = const { std::cell::Cell::new(None) };
-}
-
-/// The busy polling of one `epoll_wait` ([`BusyPoll`]): the kernel's set
-/// looked at without sleeping for this thread's budget, then the sleep;
-/// the budget adapts to how long the call waited in all.
-struct Spin {
-    max_us: u32,
-    budget: Duration,
-    started: Instant,
-    /// The events came while polling.
-    polled: bool,
-}
-
-impl Spin {
-    /// A wait on a set with SDP streams (`ours`) that may sleep polls.
-    fn begin(ours: bool, timeout: &Timeout) -> Spin {
-        let max_us = if ours && !timeout.expired() {
-            crate::backend::sdp_config().busy_poll_us
-        } else {
-            0
-        };
-        let budget = match max_us {
-            0 => Duration::ZERO,
-            _ => BUSY_POLL
-                .try_with(|b| b.get().unwrap_or_else(|| BusyPoll::new(max_us)).budget())
-                .unwrap_or_default(),
-        };
-        Spin {
-            max_us,
-            budget,
-            started: Instant::now(),
-            polled: false,
-        }
-    }
-
-    /// `wait` for what is left of `timeout`, polling first while the
-    /// budget lasts.
-    fn wait(&mut self, wait: &impl Fn(Option<timespec>) -> c_int, timeout: &mut Timeout) -> c_int {
-        if !self.budget.is_zero() {
-            let limit = timeout.remaining().map_or(self.budget, |t| {
-                self.budget
-                    .min(Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
-            });
-            let now = timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            if let Some(n) = poll_until(self.started, limit, || {
-                Some(wait(Some(now))).filter(|&n| n != 0)
-            }) {
-                self.polled = true;
-                return n;
-            }
-        }
-        self.polled = false;
-        wait(timeout.remaining())
-    }
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        if self.max_us > 0 {
-            let _ = BUSY_POLL.try_with(|b| {
-                let mut p = b.get().unwrap_or_else(|| BusyPoll::new(self.max_us));
-                p.ended(self.started.elapsed(), self.polled, self.max_us);
-                b.set(Some(p));
-            });
         }
     }
 }

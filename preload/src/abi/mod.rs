@@ -35,6 +35,7 @@ pub mod io;
 pub mod poll;
 pub mod process;
 pub mod socket;
+mod spin;
 
 use crate::log::Level;
 use std::panic::{catch_unwind, AssertUnwindSafe};

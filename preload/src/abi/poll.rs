@@ -10,6 +10,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::protect;
+use super::spin::Spin;
 use crate::sdp::Readiness;
 use crate::sys::errno::{fail, keep_errno_on_success};
 use crate::sys::guard::Guard;
@@ -276,6 +277,19 @@ fn poll_sdp_inner(fds: &mut [pollfd], timeout: &mut Timeout, mask: *const sigset
         .collect();
     let _in_use: Few<table::Watch<'_>> = streams.iter().map(|h| h.watch()).collect();
     let mut marks = Marks::new(&streams);
+    // A wait for input on connections whose reads are small polls before
+    // it sleeps, as `epoll_wait` does (DESIGN §7 "Latency"): a program
+    // with a socket timeout (Python's) polls before each read. Not a wait
+    // for room (credit comes back at the reader's pace), nor a bulk
+    // reader's: its poller would take the time the writer's side needs.
+    let polls = !streams.is_empty()
+        && fds.iter().zip(&sides).all(|(p, side)| match side {
+            Some(Side::Stream(h)) => {
+                directions(p.events) == libc::POLLIN && !h.endpoint.reads_in_bulk()
+            }
+            _ => true,
+        });
+    let mut spin = Spin::begin(polls, timeout.expired());
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {
@@ -389,15 +403,32 @@ fn poll_sdp_inner(fds: &mut [pollfd], timeout: &mut Timeout, mask: *const sigset
             // Only streams, one of them ready: nothing to ask the kernel.
             0
         } else {
-            let tp = wait
-                .as_ref()
-                .map_or(std::ptr::null(), |t| t as *const timespec);
-            // SAFETY: our own pollfd vector, a local timespec or null, and
-            // the program's signal mask or null.
-            unsafe { real::ppoll(kfds.as_mut_ptr(), kfds.len() as nfds_t, tp, mask) }
+            let (set, n) = (kfds.as_mut_ptr(), kfds.len() as nfds_t);
+            let ppoll = |t: Option<timespec>| {
+                let tp = t
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: our own pollfd vector, a local timespec or null,
+                // and the program's signal mask or null.
+                unsafe { real::ppoll(set, n, tp, mask) }
+            };
+            if sleeps {
+                spin.wait(&ppoll, || timeout.remaining())
+            } else {
+                ppoll(wait)
+            }
         };
         if r < 0 {
             return -1;
+        }
+        if sleeps {
+            // Each connection waited for shows how its waits ended
+            // (sdp-stat's WAITS POLLED/SLEPT), as its blocking reads do.
+            for (p, side) in fds.iter().zip(&sides) {
+                if let (Some(Side::Stream(h)), true) = (side, p.events & libc::POLLIN != 0) {
+                    h.endpoint.count_wait(spin.polled());
+                }
+            }
         }
         // Input on a polled socket: read it here, so the readiness below
         // shows what came.

@@ -1260,6 +1260,15 @@ impl SdpEndpoint for Ep {
         self.mark(SdpStream::sync_readiness);
     }
 
+    fn reads_in_bulk(&self) -> bool {
+        let _g = table::enter_gate();
+        self.stream_if_open().is_some_and(SdpStream::reads_in_bulk)
+    }
+
+    fn count_wait(&self, polled: bool) {
+        self.mark(|s| s.count_wait(polled));
+    }
+
     fn pump(&self) -> bool {
         let _g = table::enter_gate();
         match self.access() {

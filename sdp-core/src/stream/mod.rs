@@ -730,6 +730,22 @@ impl SdpStream {
         }
     }
 
+    /// The reader's last read took a Private Buffer's worth or more (a
+    /// bulk transfer): a wait for its input sleeps at once, as a blocking
+    /// read's does ([`busy_poll::BusyPoll::bulk`]).
+    pub fn reads_in_bulk(&self) -> bool {
+        self.shared()
+            .bulk_reader
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A `poll` or `select` of the program waited for this stream's
+    /// input and the wait ended while polling (`polled`) or after a sleep:
+    /// counted in the statistics with the reads' own waits.
+    pub fn count_wait(&self, polled: bool) {
+        self.shared().count_wait(polled);
+    }
+
     /// An application thread starts (`on`) or stops sleeping on the
     /// readiness descriptor ([`SdpStream::readiness_fd`]); calls balance.
     pub fn await_readiness(&self, on: bool) {

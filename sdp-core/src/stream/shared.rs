@@ -43,7 +43,7 @@
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -303,7 +303,7 @@ impl Inner {
 
     /// A read took `n` bytes: a small one (a request, an answer) polls
     /// before its next sleep, a bulk one does not ([`BusyPoll`]).
-    pub fn read_got(&mut self, n: usize) {
+    fn read_got(&mut self, n: usize) {
         self.busy_poll.bulk = n >= self.message_len();
     }
 
@@ -847,6 +847,13 @@ pub struct Shared {
     /// that left the levels behind learns without the lock whether a
     /// later call set them already ([`super::SdpStream::sync_readiness`]).
     pub(super) levels_stale: AtomicBool,
+    /// Mirror of the reader's [`BusyPoll::bulk`]: whether a `poll` or
+    /// `select` that would sleep for this stream's input polls first.
+    pub(super) bulk_reader: AtomicBool,
+    /// The program's `poll` and `select` waits for this stream's input
+    /// that ended while polling, and that slept ([`Shared::count_wait`]).
+    waits_polled: AtomicU32,
+    waits_slept: AtomicU32,
     /// An event reported hang-up, not yet passed to [`Inner`].
     hangup: AtomicBool,
     /// Epoll sets of the application that watch the socket and have their
@@ -953,6 +960,9 @@ impl Shared {
             readiness: user_fd,
             released: AtomicBool::new(false),
             levels_stale: AtomicBool::new(false),
+            bulk_reader: AtomicBool::new(false),
+            waits_polled: AtomicU32::new(0),
+            waits_slept: AtomicU32::new(0),
             hangup: AtomicBool::new(false),
             watchers: AtomicUsize::new(0),
             socket_polled: AtomicBool::new(false),
@@ -1417,7 +1427,7 @@ impl Shared {
         }
         let lazy = self.mark_lazy(&mut g, now);
         self.publish_deadline(&g);
-        self.counters.store(g.snapshot());
+        self.counters.store(self.snapshot(&g));
         self.sync_interest(&mut g);
         let finished = g.released && g.finished(now);
         drop(g);
@@ -1474,6 +1484,27 @@ impl Shared {
         }
     }
 
+    /// A wait of the program's `poll` or `select` for this stream ended,
+    /// while polling or after a sleep: counted with the reads' own
+    /// ([`BusyPoll`]), for `sdp-stat`.
+    pub fn count_wait(&self, polled: bool) {
+        let n = if polled {
+            &self.waits_polled
+        } else {
+            &self.waits_slept
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures [`Counters`] keeps: the state's, and the waits counted
+    /// outside the lock.
+    fn snapshot(&self, g: &Inner) -> Snapshot {
+        let mut s = g.snapshot();
+        s.waits_polled += u64::from(self.waits_polled.load(Ordering::Relaxed));
+        s.waits_slept += u64::from(self.waits_slept.load(Ordering::Relaxed));
+        s
+    }
+
     fn publish_deadline(&self, g: &Inner) -> bool {
         let new = encode(g.next_deadline(None));
         // Most unlocks leave the deadline as it was: no write to the line
@@ -1508,6 +1539,17 @@ impl core::ops::DerefMut for Locked<'_> {
 }
 
 impl<'a> Locked<'a> {
+    /// A read took `n` bytes ([`Inner::read_got`]); the bulk mark is
+    /// mirrored for waiters that look without the lock.
+    pub fn read_got(&mut self, n: usize) {
+        let g = self.guard.as_mut().expect("lock held");
+        g.read_got(n);
+        let bulk = g.busy_poll.bulk;
+        if self.shared.bulk_reader.load(Ordering::Relaxed) != bulk {
+            self.shared.bulk_reader.store(bulk, Ordering::Relaxed);
+        }
+    }
+
     /// Blocks the calling application thread until the link may have
     /// changed, `deadline` passed, or a timer of the link is due; see the
     /// module documentation. The caller pumps afterwards.
@@ -1583,7 +1625,7 @@ impl<'a> Locked<'a> {
             // them, or two waiting threads would wake each other in turn.
             shared.wake_waiters(g);
         }
-        shared.counters.store(g.snapshot());
+        shared.counters.store(shared.snapshot(g));
         // The deadline as it is now: one the calls since the lock was
         // taken moved (a grace the program's watch ended) would have the
         // progress thread find the link due, and a poller keeps it from
@@ -1787,7 +1829,7 @@ impl Drop for Locked<'_> {
             if !std::mem::take(&mut g.quiet_unlock) {
                 g.tell_watches();
             }
-            shared.counters.store(g.snapshot());
+            shared.counters.store(shared.snapshot(&g));
             if shared.levels_stale.load(Ordering::Relaxed) != g.levels_stale {
                 shared.levels_stale.store(g.levels_stale, Ordering::Relaxed);
             }
