@@ -54,8 +54,9 @@ the same-host path (SAME HOST TX/RX: bytes written into the peer's memory
 and received without the wire, written by the peer into ours or read from
 its SrcAvail buffers, or why a direction stays on the wire: wire,
 off, other-host, peer-gone, bad-offer, refused:ERRNO), and how waits for
-the peer ended (WAITS POLLED/SLEPT, of blocking reads and a blocking
-connect's setup: while polling the socket, or after a sleep;
+the peer ended (WAITS POLLED/SLEPT, of blocking reads, a blocking
+connect's setup, and poll or select waiting for the connection's input:
+while polling the socket, or after a sleep;
 SDP_BUSY_POLL_US). After the table,
 each process's sockets that went over TCP, counted by reason.
 
