@@ -466,21 +466,7 @@ impl Ep {
             // wait too: Linux's does with the linger on whatever
             // O_NONBLOCK says, and a dead peer would hold every stream's
             // progress that long.
-            let off = libc::linger {
-                l_onoff: 0,
-                l_linger: 0,
-            };
-            // SAFETY: a local linger struct and its length, on the
-            // stream's own socket.
-            unsafe {
-                real::setsockopt(
-                    stream.socket_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&off as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                )
-            };
+            linger_off(stream.socket_fd());
         }
         match lingering {
             Some(t) if t.is_zero() => {
@@ -694,6 +680,24 @@ fn linger(fd: RawFd) -> Option<Duration> {
         )
     };
     (r == 0 && l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64))
+}
+
+/// Turns `SO_LINGER` off on the kernel socket `fd`.
+fn linger_off(fd: RawFd) {
+    let off = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    // SAFETY: a local linger struct and its length.
+    unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&off as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
 }
 
 fn kernel_readiness(fd: RawFd) -> Readiness {

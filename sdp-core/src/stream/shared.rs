@@ -301,12 +301,6 @@ impl Inner {
         self.last_read = u32::try_from(len).unwrap_or(u32::MAX);
     }
 
-    /// A read took `n` bytes: a small one (a request, an answer) polls
-    /// before its next sleep, a bulk one does not ([`BusyPoll`]).
-    fn read_got(&mut self, n: usize) {
-        self.busy_poll.bulk = n >= self.message_len();
-    }
-
     /// The payload one of our Private Buffers takes: a full message.
     pub fn message_len(&self) -> usize {
         self.link.conn().pool().buf_size()
@@ -1539,12 +1533,12 @@ impl core::ops::DerefMut for Locked<'_> {
 }
 
 impl<'a> Locked<'a> {
-    /// A read took `n` bytes ([`Inner::read_got`]); the bulk mark is
-    /// mirrored for waiters that look without the lock.
+    /// A read took `n` bytes: a small one (a request, an answer) polls
+    /// before its next sleep, a bulk one does not ([`BusyPoll`]); the
+    /// mark is mirrored for waiters that look without the lock.
     pub fn read_got(&mut self, n: usize) {
-        let g = self.guard.as_mut().expect("lock held");
-        g.read_got(n);
-        let bulk = g.busy_poll.bulk;
+        let bulk = n >= self.message_len();
+        self.busy_poll.bulk = bulk;
         if self.shared.bulk_reader.load(Ordering::Relaxed) != bulk {
             self.shared.bulk_reader.store(bulk, Ordering::Relaxed);
         }
