@@ -13,7 +13,7 @@
 //!   pair.
 //! * [`driver`] — the I/O pump that runs a connection over a kernel TCP
 //!   socket, and blocking connect/accept helpers.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod driver;
 pub mod engine;

@@ -1,17 +1,20 @@
 //! CRC32c as MPA uses it: RFC 5044 §4.4, which takes the polynomial and the
 //! procedure from iSCSI (RFC 3720 §12.1, test vectors in Appendix B.4).
 //!
-//! The computation is the `crc-fast` crate: carry-less multiplication
-//! folding (AVX-512 VPCLMULQDQ, else PCLMULQDQ, chosen at run time), three
-//! to seven times the speed of the SSE4.2 `crc32` instruction loop on
-//! FPDU-sized data. [`Crc`] is incremental so that a receiver can checksum bytes
-//! where they land (header, payload pieces, markers, pad) in stream order,
-//! and a transmitter can checksum a gather list without joining it.
+//! [`Crc`] is incremental so that a receiver can checksum bytes where they
+//! land (header, payload pieces, markers, pad) in stream order, and a
+//! transmitter can checksum a gather list without joining it. Each piece
+//! goes to the fastest kernel the CPU has for its length, chosen at run
+//! time:
 //!
-//! Pieces of [`SMALL`] octets or fewer (MPA and DDP headers, pads, the
-//! payload of a small message) go through a slice-by-8 table instead: for
-//! them the folding code's set-up costs more than their bytes, and an FPDU
-//! is checksummed in four or five pieces.
+//! * on x86-64 with SSE4.2, pieces under 256 bytes (MPA and DDP headers,
+//!   pads, small payloads) by the `crc32` instruction, and longer ones by
+//!   256-bit carry-less multiplication folding where the CPU has AVX2 and
+//!   VPCLMULQDQ but not AVX-512 ([`x86_64`]);
+//! * otherwise by the `crc-fast` crate (AVX-512 VPCLMULQDQ, else
+//!   PCLMULQDQ), with pieces of [`SMALL`] octets or fewer through a
+//!   slice-by-8 table, for which crc-fast's set-up costs more than their
+//!   bytes.
 //!
 //! # Byte order on the wire
 //!
@@ -36,6 +39,9 @@
 
 use crc_fast::{CrcAlgorithm::Crc32Iscsi, Digest};
 
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+
 /// Length of the CRC field of an FPDU (RFC 5044 §4.1).
 pub const CRC_LEN: usize = 4;
 
@@ -56,13 +62,7 @@ impl Crc {
     pub fn update(&mut self, data: &[u8]) {
         // The state is the finished value: the running register is its
         // complement (CRC32c's final XOR is all ones).
-        if data.len() <= SMALL {
-            self.0 = !by_table(!self.0, data);
-            return;
-        }
-        let mut d = Digest::new_with_init_state(Crc32Iscsi, u64::from(!self.0));
-        d.update(data);
-        self.0 = d.finalize() as u32;
+        self.0 = !advance(!self.0, data);
     }
 
     /// The CRC32c of everything fed so far. Does not consume the state.
@@ -75,13 +75,32 @@ impl Crc {
 /// The CRC32c of `data` in one go.
 #[inline]
 pub fn checksum(data: &[u8]) -> u32 {
-    if data.len() <= SMALL {
-        return !by_table(!0, data);
-    }
-    crc_fast::crc32_iscsi(data)
+    !advance(!0, data)
 }
 
-/// The longest piece checksummed by table rather than by folding.
+/// Advances the running register `reg` over `data` by the fastest kernel
+/// this CPU has for its length.
+#[inline]
+fn advance(reg: u32, data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(reg) = x86_64::advance(reg, data) {
+        return reg;
+    }
+    portable(reg, data)
+}
+
+/// [`advance`] without the x86-64 kernels.
+fn portable(reg: u32, data: &[u8]) -> u32 {
+    if data.len() <= SMALL {
+        return by_table(reg, data);
+    }
+    let mut d = Digest::new_with_init_state(Crc32Iscsi, u64::from(reg));
+    d.update(data);
+    !(d.finalize() as u32)
+}
+
+/// The longest piece the portable path checksums by table rather than by
+/// crc-fast.
 pub const SMALL: usize = 64;
 
 /// CRC32c's polynomial, bit-reflected (RFC 3720 §12.1: 0x1EDC6F41).
@@ -205,18 +224,19 @@ mod tests {
         }
     }
 
-    /// The table path and the folding path agree at every length around
-    /// the threshold, from every starting state, split anywhere.
+    /// Every path agrees with the `crc32c` crate at every length around
+    /// the thresholds, from every starting state, split anywhere.
     #[test]
-    fn table_and_folding_agree() {
-        let data: Vec<u8> = (0..3 * SMALL as u32)
+    fn every_path_agrees_with_an_independent_implementation() {
+        let data: Vec<u8> = (0..5 * SMALL as u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
         for len in 0..data.len() {
             let d = &data[..len];
-            let folded = crc_fast::crc32_iscsi(d);
+            let folded = crc32c::crc32c(d);
             assert_eq!(checksum(d), folded, "length {len}");
             assert_eq!(!by_table(!0, d), folded, "length {len}, table only");
+            assert_eq!(!portable(!0, d), folded, "length {len}, portable");
             for split in [0, 1, 7, 8, 9, len / 2, len.saturating_sub(1), len] {
                 let split = split.min(len);
                 let mut c = Crc::new();
