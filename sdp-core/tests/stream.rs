@@ -373,6 +373,37 @@ fn nonblocking_connect_turns_writable_and_reports_by_take_error() {
     (&s).read_exact(&mut b).unwrap();
 }
 
+/// FIONREAD counts what arrived though no call read it yet, and only
+/// once: asking again and again, with no read or wait in between, sees
+/// the count grow to all that was sent and stop there.
+#[test]
+fn fionread_counts_arrivals_no_call_read() {
+    let (a, b) = pair();
+    let sent = scrambled(3 * 1000 + 17, 7);
+    for part in sent.chunks(1000) {
+        (&a).write_all(part).unwrap();
+    }
+    let t = Instant::now();
+    let mut last = 0;
+    while last < sent.len() as u64 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "FIONREAD stuck at {last} of {}",
+            sent.len()
+        );
+        let n = b.bytes_readable();
+        assert!(n >= last, "FIONREAD went back from {last} to {n}");
+        last = n;
+        std::thread::yield_now();
+    }
+    assert_eq!(last, sent.len() as u64);
+    assert_eq!(b.bytes_readable(), last);
+    let mut got = vec![0; sent.len()];
+    (&b).read_exact(&mut got).unwrap();
+    assert_eq!(got, sent);
+    assert_eq!(b.bytes_readable(), 0);
+}
+
 #[test]
 fn urgent_byte_out_of_band() {
     use sdp_core::conn::{RecvFlags, SendFlags};

@@ -312,6 +312,14 @@ impl Inner {
         self.ep.rx_stopped() && !self.llp_end && !self.reset
     }
 
+    /// Whether the socket may hold input that no pump processed: what a
+    /// pump left there ([`Inner::input_left`]), or what arrived since,
+    /// by the kernel's count. One system call, where a pump that finds
+    /// the socket empty makes the same call and a pass over the stream.
+    pub fn input_waiting(&self) -> bool {
+        self.input_left() || rustix::io::ioctl_fionread(self.ep.stream()).map_or(true, |n| n > 0)
+    }
+
     /// The readable level of the readiness descriptor and the watches: the
     /// link is readable, or a pump left input in the socket
     /// ([`Inner::input_left`]) — no edge of the socket tells of it again,
