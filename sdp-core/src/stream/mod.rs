@@ -1152,25 +1152,27 @@ impl SdpStream {
         Ok(self.shared().lock().link.conn_mut().take_error().map(to_io))
     }
 
-    /// FIONREAD: what a read would return now. The socket is read first
-    /// if it holds input, as TCP's count takes in what the kernel holds:
-    /// bytes left in the socket (a reader that took it over leaves
-    /// arrivals there between its reads) would otherwise count as none.
-    /// Programs ask before each read (wrk, between its 8 KiB reads of one
-    /// response), mostly with the socket empty.
+    /// FIONREAD: what a read would return now. The stream is pumped
+    /// first if that would move anything, as TCP's count takes in what
+    /// the kernel holds: bytes left in the socket (a reader that took it
+    /// over leaves arrivals there between its reads) would otherwise
+    /// count as none. Programs ask before each read (wrk, between its
+    /// 8 KiB reads of one response), mostly with nothing to move.
     pub fn bytes_readable(&self) -> u64 {
         let mut g = self.shared().lock();
-        if g.input_waiting() {
-            g.pump(Instant::now());
+        let now = Instant::now();
+        if g.pump_would_move(now) {
+            g.pump(now);
         }
         g.link.bytes_readable()
     }
 
-    /// SIOCATMARK, the socket read first (see [`SdpStream::bytes_readable`]).
+    /// SIOCATMARK, pumped first as [`SdpStream::bytes_readable`] is.
     pub fn at_mark(&self) -> bool {
         let mut g = self.shared().lock();
-        if g.input_waiting() {
-            g.pump(Instant::now());
+        let now = Instant::now();
+        if g.pump_would_move(now) {
+            g.pump(now);
         }
         g.link.at_mark()
     }

@@ -312,12 +312,19 @@ impl Inner {
         self.ep.rx_stopped() && !self.llp_end && !self.reset
     }
 
-    /// Whether the socket may hold input that no pump processed: what a
-    /// pump left there ([`Inner::input_left`]), or what arrived since,
-    /// by the kernel's count. One system call, where a pump that finds
-    /// the socket empty makes the same call and a pass over the stream.
-    pub fn input_waiting(&self) -> bool {
-        self.input_left() || rustix::io::ioctl_fionread(self.ep.stream()).map_or(true, |n| n > 0)
+    /// Whether a pump now would move anything: input a pump left in the
+    /// socket ([`Inner::input_left`]), bytes or control messages waiting
+    /// to go, a timer due, or input that arrived since, by the kernel's
+    /// count. One `ioctl` at most, where a pump that finds nothing makes
+    /// a `read` that fails and a pass over the stream.
+    pub fn pump_would_move(&self, now: Instant) -> bool {
+        let conn = self.link.conn();
+        self.input_left()
+            || conn.tx().unsent() > 0
+            || conn.control_pending()
+            || self.ep.poll_timeout().is_some_and(|t| t <= now)
+            || self.link.poll_timeout().is_some_and(|t| t <= now)
+            || rustix::io::ioctl_fionread(self.ep.stream()).map_or(true, |n| n > 0)
     }
 
     /// The readable level of the readiness descriptor and the watches: the

@@ -12,15 +12,16 @@
 //! folded into one, the lane's CRC is taken with the `crc32` instruction,
 //! and the tail under 16 bytes follows by instruction too.
 //!
-//! On CPUs with AVX-512 the caller keeps crc-fast, whose 512-bit kernel
-//! is wider than this one; on CPUs with neither, crc-fast's 128-bit one.
+//! [`advance`] declines long pieces on CPUs with AVX-512, for crc-fast's
+//! 512-bit kernel, which is wider, and on CPUs without AVX2 and
+//! VPCLMULQDQ, for crc-fast's 128-bit one.
 #![allow(unsafe_code)]
 
 use core::arch::x86_64::*;
 
 /// Shortest piece worth folding. Below it the `crc32` instruction, eight
 /// bytes a step, is faster than folding's fixed cost (merging eight lanes
-/// takes eight dependent multiplications).
+/// takes seven dependent folding steps).
 pub const FOLD_MIN: usize = 256;
 
 /// Advances the running register `reg` over `data`, or `None` if this
@@ -61,7 +62,8 @@ fn by_instruction(mut reg: u32, data: &[u8]) -> u32 {
     reg
 }
 
-/// Advances `reg` over `data` (at least 128 bytes) by folding.
+/// Advances `reg` over `data` by folding (by instruction if it is
+/// shorter than one 128-byte block).
 #[target_feature(enable = "avx2,pclmulqdq,vpclmulqdq,sse4.2")]
 fn fold(reg: u32, data: &[u8]) -> u32 {
     let (blocks, rest) = data.as_chunks::<128>();
@@ -81,6 +83,8 @@ fn fold(reg: u32, data: &[u8]) -> u32 {
     for block in blocks {
         let next = load_block(block);
         for (lane, next) in lanes.iter_mut().zip(next) {
+            // Quadword 0 of each 128-bit lane is its first 8 bytes, the
+            // high powers: it takes the first multiplier.
             let hi = _mm256_clmulepi64_epi128::<0x00>(*lane, by_128);
             let lo = _mm256_clmulepi64_epi128::<0x11>(*lane, by_128);
             *lane = _mm256_xor_si256(_mm256_xor_si256(hi, lo), next);
@@ -166,6 +170,10 @@ mod tests {
             eprintln!("no SSE4.2: nothing to check");
             return;
         }
+        let fold_checked = can_fold();
+        if !fold_checked {
+            eprintln!("no AVX2 and VPCLMULQDQ: the folding kernel is not checked");
+        }
         let data: Vec<u8> = (0..1200u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
@@ -180,7 +188,7 @@ mod tests {
                         want,
                         "instruction, {len} bytes"
                     );
-                    if len >= 128 && can_fold() {
+                    if len >= 128 && fold_checked {
                         // SAFETY: the features checked above.
                         assert_eq!(unsafe { fold(reg, d) }, want, "folding, {len} bytes");
                     }
