@@ -2,8 +2,8 @@
 //! to once it is idle, as TCP frees a socket's queues once they are read
 //! and acknowledged. A Python program under the preload moves a burst
 //! both ways over each of its connections, then holds them idle: its
-//! resident memory grows by megabytes a connection with the burst and
-//! comes back to a few kilobytes a connection, and a second burst over
+//! resident memory grows by a megabyte or so a connection with the burst
+//! and comes back to a few kilobytes a connection, and a second burst over
 //! the same connections is delivered whole.
 //!
 //! The wire path is measured (`SDP_LOCAL=off`): a same-host ring offered
@@ -103,7 +103,10 @@ fn an_idle_connection_gives_back_the_memory_a_burst_took() {
         let (grown, idle) = figures(&line);
         // Both ends of each connection are in this process: each had its
         // receive buffers filled and its send staging written.
-        assert!(grown > 1024.0, "{line}: the burst did not grow the buffers");
+        // Twice the idle bound: a connection that passes gave back at
+        // least half of what it grew to. How far the buffers grow depends
+        // on how far the reader falls behind (926 KiB to megabytes).
+        assert!(grown > 512.0, "{line}: the burst did not grow the buffers");
         assert!(
             idle <= 256.0,
             "{line}: the idle connections kept their memory"

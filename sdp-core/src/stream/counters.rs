@@ -38,8 +38,13 @@ pub struct Snapshot {
 
 const FIELDS: usize = 22;
 
-/// How often [`Counters::load`] looks again while a store runs.
-const TRIES: usize = 10_000;
+/// How often [`Counters::load`] looks again at once while a store runs;
+/// after that it gives the core away between looks (the storing thread
+/// may have been preempted in the middle), up to [`PATIENCE`].
+const SPINS: usize = 1_000;
+
+/// How long [`Counters::load`] waits for a store to end.
+const PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -150,10 +155,11 @@ impl Counters {
 
     /// The figures of the last store, whole. A store that never ends (a
     /// child of `fork` whose parent thread was inside one) is given up on
-    /// after [`TRIES`] looks: the figures are then as they lie.
+    /// after [`PATIENCE`]: the figures are then as they lie.
     pub fn load(&self) -> Snapshot {
         let mut f = [0u64; FIELDS];
-        for _ in 0..TRIES {
+        let mut waiting_since = None;
+        for look in 0.. {
             let before = self.seq.load(Ordering::Acquire);
             for (v, cell) in f.iter_mut().zip(&self.fields) {
                 *v = cell.load(Ordering::Relaxed);
@@ -162,7 +168,15 @@ impl Counters {
             if before.is_multiple_of(2) && self.seq.load(Ordering::Relaxed) == before {
                 break;
             }
-            std::hint::spin_loop();
+            if look < SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > PATIENCE {
+                break;
+            }
+            std::thread::yield_now();
         }
         Snapshot::from_fields(f)
     }
