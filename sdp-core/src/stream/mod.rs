@@ -1159,22 +1159,24 @@ impl SdpStream {
     /// count as none. Programs ask before each read (wrk, between its
     /// 8 KiB reads of one response), mostly with nothing to move.
     pub fn bytes_readable(&self) -> u64 {
-        let mut g = self.shared().lock();
-        let now = Instant::now();
-        if g.pump_would_move(now) {
-            g.pump(now);
-        }
-        g.link.bytes_readable()
+        self.lock_pumped().link.bytes_readable()
     }
 
     /// SIOCATMARK, pumped first as [`SdpStream::bytes_readable`] is.
     pub fn at_mark(&self) -> bool {
+        self.lock_pumped().link.at_mark()
+    }
+
+    /// The stream's lock, the stream pumped first if that would move
+    /// anything ([`shared::Inner::pump_would_move`]): for a call that
+    /// only reports.
+    fn lock_pumped(&self) -> Locked<'_> {
         let mut g = self.shared().lock();
         let now = Instant::now();
         if g.pump_would_move(now) {
             g.pump(now);
         }
-        g.link.at_mark()
+        g
     }
 
     /// SO_OOBINLINE.
